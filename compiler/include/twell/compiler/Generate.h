@@ -1,0 +1,51 @@
+// The generator's entry points: from a shape description or a `.mlir` file to CUDA C++ translation
+// units, one per kernel, through the twell dialect and its passes (ARCHITECTURE.md, "Flow of one kernel").
+//
+// This header includes no MLIR headers, so the runtime and tools can call the generator cheaply.
+#pragma once
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "twell/spec.h"
+
+namespace twell::compiler {
+
+enum class KernelKind {
+  GateTwell,  // D2T: gate GEMM + activation + threshold + TwELL packing in the epilogue (GateParams)
+  GatedDown,  // gated consumer: up projection of the active neurons, times the gate, down projection
+              // (GatedDownParams)
+  DenseGatedMul,  // the dense baseline's elementwise h = act(g) * u (GatedMulParams); made by the
+                  // runtime (dense.h), not by the dialect
+};
+
+// One generated kernel: a self-contained CUDA C++ translation unit for NVRTC plus its launch geometry.
+struct KernelSource {
+  KernelKind kind;
+  std::string name;    // the extern "C" __global__ entry symbol, unique per configuration
+  std::string source;  // CUDA C++; includes only "twell/device/*.cuh" (embedded in the runtime)
+  int threads = 0;     // threads per CTA
+  int cta_m = 0;       // token rows per CTA: grid.x = ceil(tokens / cta_m)
+  int grid_y = 1;      // grid.y (the number of N tiles for GateTwell)
+  int smem_bytes = 0;  // dynamic shared memory per CTA
+};
+
+// Everything the pipeline decided, for one FFN.
+struct GeneratedFfn {
+  std::string ir;        // the module after all passes (printable, for --emit=mlir and tests)
+  TwellLayout layout;    // the layout of the hidden activation
+  Target target;
+  std::vector<KernelSource> kernels;  // GateTwell first, then GatedDown
+};
+
+// Builds the twell dialect function for `spec` with the C++ API, runs the pipeline and emits CUDA.
+// Throws twell::Error(InvalidArgument) naming the field when the spec is illegal (the verifiers'
+// messages).
+GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target);
+
+// Same from MLIR text (one module with one func.func holding a twell.gated_ffn or a twell.gate_matmul
+// feeding a twell.gated_down). `filename` is used in diagnostics. Throws twell::Error(Parse) with the
+// MLIR diagnostics on parse or verification failure.
+GeneratedFfn generateFromMlir(std::string_view mlir_text, std::string_view filename, const Target& target);
+
+}  // namespace twell::compiler

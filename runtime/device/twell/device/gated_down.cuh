@@ -1,0 +1,129 @@
+// Gated consumer, the portable correct-first version: for one token row x,
+//   y = sum over active j of  (g_j * (x . Wu_j)) * Wd[:, j]
+// where the active set {j, g_j} is read from the TwELL tile-rows the gate kernel wrote (paper §3: the
+// up projection is computed only for active neurons, so both the up and the down projection are
+// sparse). One CTA per token row; tiles are processed in ascending order and entries in ascending
+// column order, so the fp32 sums run in the same order every time (bitwise deterministic).
+//
+// Overflowing tile-rows (nnz > slots) are read densely from the backup area, or, when the backup was
+// full, recomputed from x and Wg: exact for every input (TWELL_FORMAT.md, requirement 1).
+#pragma once
+#include "twell/device/numerics.cuh"
+
+namespace twell::device {
+
+// Dot product of two K-long 16-bit rows, fp32 accumulate, reduced over the warp (every lane gets it).
+template <class Value, int K>
+__device__ __forceinline__ float warp_dot(const uint16_t* a, const uint16_t* b, int lane) {
+  float s = 0.0f;
+  for (int k = lane; k < K; k += 32) s = fmaf(Value::to_float(a[k]), Value::to_float(b[k]), s);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+  return s;
+}
+
+template <class Config>
+__device__ __forceinline__ void gated_down(const GatedDownParams& p) {
+  using Value = typename Config::Value;
+  constexpr int K = Config::d_model;
+  constexpr int N = Config::d_ff;
+  constexpr int TILE_N = Config::tile_n;
+  constexpr int SLOTS = Config::slots;
+  constexpr int THREADS = Config::threads;
+  constexpr int WARPS = THREADS / 32;
+  constexpr int TILES = (N + TILE_N - 1) / TILE_N;
+  constexpr int WORDS_PER_ROW = TILES * (SLOTS + 1);
+  constexpr int Y_PER_THREAD = (K + THREADS - 1) / THREADS;
+
+  __shared__ int active_col[TILE_N];      // column in d_ff of each active entry of the current tile
+  __shared__ float active_h[TILE_N];      // g_j, then g_j * u_j
+  __shared__ uint16_t dense_tile[TILE_N]; // an overflowing tile-row, activated, from backup or recomputed
+  __shared__ int active_count;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int64_t row = blockIdx.x;
+  if (row >= p.m) return;
+  const uint16_t* x = p.x + row * p.ldx;
+  const uint32_t* twell_row = p.twell + row * WORDS_PER_ROW;
+
+  float y[Y_PER_THREAD];
+#pragma unroll
+  for (int q = 0; q < Y_PER_THREAD; ++q) y[q] = 0.0f;
+
+  for (int tile = 0; tile < TILES; ++tile) {
+    const uint32_t* header = twell_row + tile * (SLOTS + 1);
+    const uint32_t nnz = header[0];
+    const int n0 = tile * TILE_N;
+    const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
+    if (nnz == 0) continue;  // uniform across the CTA
+    if (nnz <= SLOTS) {
+      for (int e = tid; e < static_cast<int>(nnz); e += THREADS) {
+        const uint32_t word = header[1 + e];
+        active_col[e] = n0 + static_cast<int>(word & 0xFFFFu);
+        active_h[e] = Value::to_float(static_cast<uint16_t>(word >> 16));
+      }
+      if (tid == 0) active_count = static_cast<int>(nnz);
+    } else {
+      const uint32_t slot = header[1];
+      if (slot != kBackupMissing && slot < p.backup_capacity) {
+        for (int c = tid; c < TILE_N; c += THREADS)
+          dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
+      } else {
+        for (int c = warp; c < valid_n; c += WARPS) {
+          const float g = warp_dot<Value, K>(x, p.w_gate + static_cast<int64_t>(n0 + c) * p.ldwg, lane);
+          if (lane == 0) dense_tile[c] = activate<Value, Config::activation>(Value::from_float(g));
+        }
+      }
+      __syncthreads();
+      if (warp == 0) {
+        int base = 0;
+        for (int c0 = 0; c0 < TILE_N; c0 += 32) {
+          const int c = c0 + lane;
+          const bool active = c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold);
+          const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, active);
+          if (active) {
+            const int e = base + __popc(ballot & lanemask_lt());
+            active_col[e] = n0 + c;
+            active_h[e] = Value::to_float(dense_tile[c]);
+          }
+          base += __popc(ballot);
+        }
+        if (lane == 0) active_count = base;
+      }
+    }
+    __syncthreads();
+    const int count = active_count;
+
+    // Up projection for the active neurons only: h_j = g_j * (x . Wu_j).
+    for (int e = warp; e < count; e += WARPS) {
+      const float u = warp_dot<Value, K>(x, p.w_up + static_cast<int64_t>(active_col[e]) * p.ldwu, lane);
+      if (lane == 0) active_h[e] *= u;
+    }
+    __syncthreads();
+
+    // Down projection: y[i] += h_j * Wd(i, j), in ascending j.
+    for (int e = 0; e < count; ++e) {
+      const float h = active_h[e];
+      const int64_t j = active_col[e];
+#pragma unroll
+      for (int q = 0; q < Y_PER_THREAD; ++q) {
+        const int i = tid + q * THREADS;
+        if (i < K) {
+          const uint16_t w = Config::down_in_out ? p.w_down[j * p.ldwd + i] : p.w_down[static_cast<int64_t>(i) * p.ldwd + j];
+          y[q] = fmaf(h, Value::to_float(w), y[q]);
+        }
+      }
+    }
+    __syncthreads();  // active_* are rewritten by the next tile
+  }
+
+#pragma unroll
+  for (int q = 0; q < Y_PER_THREAD; ++q) {
+    const int i = tid + q * THREADS;
+    if (i < K) p.y[row * p.ldy + i] = Value::from_float(y[q]);
+  }
+}
+
+}  // namespace twell::device

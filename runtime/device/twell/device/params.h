@@ -1,0 +1,69 @@
+// Kernel parameter blocks shared by the host runtime and the generated CUDA kernels.
+//
+// Each generated kernel takes exactly one of these structs by value (one `cuLaunchKernel` argument), so
+// host and device agree on the ABI by construction: this header is compiled by g++ on the host and by
+// NVRTC on the device and holds only fixed-width plain data.
+//
+// Pointers are device addresses. Element types: activations and weights are 16-bit floats (bf16 or fp16,
+// fixed per kernel by the generator) passed as raw uint16_t bits; the TwELL matrix is uint32 words
+// (docs/TWELL_FORMAT in README.md). Leading dimensions are in elements.
+#pragma once
+#ifdef __CUDACC_RTC__
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#else
+#include <cstdint>
+#endif
+
+namespace twell::device {
+
+// Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
+// recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
+constexpr uint32_t kBackupMissing = 0xFFFFFFFFu;
+
+// D2T: H = act(X Wg^T) packed into TwELL in the GEMM epilogue.
+struct GateParams {
+  const uint16_t* x;          // [M, K] row-major, row stride ldx
+  const uint16_t* w_gate;     // [N, K] row-major (nn.Linear [d_ff, d_model]), row stride ldw
+  uint32_t* twell;            // [M, tiles * (slots + 1)] words, row-major, dense rows
+  uint16_t* backup;           // [backup_capacity, tile_n] dense tile-rows of overflowing (row, tile)s
+  uint32_t* overflow_count;   // one counter: overflowing tile-rows seen (may exceed backup_capacity)
+  int64_t m;                  // tokens
+  int64_t ldx;
+  int64_t ldw;
+  uint32_t backup_capacity;   // tile-rows the backup can hold
+  uint32_t pad_;
+};
+
+// Gated consumer: y = ((g ⊙ (x Wu^T)) restricted to the active set of g) Wd^T.
+struct GatedDownParams {
+  const uint16_t* x;          // [M, K], row stride ldx (K = d_model)
+  const uint16_t* w_gate;     // [N, K] row stride ldwg: recomputes overflowing tile-rows the backup lacks
+  const uint16_t* w_up;       // [N, K] row-major, row stride ldwu
+  const uint16_t* w_down;     // out_in: [K, N] row stride ldwd; in_out: [N, K] row stride ldwd
+  const uint32_t* twell;      // as written by the gate kernel
+  const uint16_t* backup;
+  uint16_t* y;                // [M, K] row-major, row stride ldy
+  int64_t m;
+  int64_t ldx;
+  int64_t ldwg;
+  int64_t ldwu;
+  int64_t ldwd;
+  int64_t ldy;
+  uint32_t backup_capacity;
+  uint32_t pad_;
+};
+
+// Dense path helper: h = act(g) * u elementwise over [M, N] (g, u, h row-major with stride ld).
+struct GatedMulParams {
+  const uint16_t* gate;
+  const uint16_t* up;
+  uint16_t* h;
+  int64_t m;
+  int64_t n;
+  int64_t ld;
+};
+
+}  // namespace twell::device

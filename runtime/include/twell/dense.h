@@ -1,0 +1,32 @@
+// The dense baseline: the same gated FFN through three cuBLASLt GEMMs (bf16/fp16 in, fp32 compute)
+// and one elementwise kernel h = act(g) * u (with the same sparsity predicate, so it computes the
+// function the TwELL path computes). Used by twellc, the tests and the benchmarks as the reference
+// on the GPU, and (issue 3) as the path the plan dispatches when sparse would be slower.
+#pragma once
+#include <memory>
+
+#include "twell/plan.h"
+#include "twell/spec.h"
+
+namespace twell {
+
+class Context;
+
+class DenseFfn {
+ public:
+  // Compiles (or loads from the cache) the elementwise kernel and creates the cuBLASLt handle.
+  // Throws Error(NoDevice) without a GPU, Error(InvalidArgument) for an illegal spec.
+  DenseFfn(Context& context, const FfnSpec& spec, int64_t max_tokens);
+  ~DenseFfn();
+  DenseFfn(DenseFfn&&) noexcept;
+
+  // y = FFN(x), stream-ordered; the same argument rules as FfnPlan::run.
+  void run(Stream stream, const FfnTensors& t, int64_t tokens);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace twell

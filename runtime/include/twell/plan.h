@@ -1,0 +1,91 @@
+// A compiled gated FFN: its kernels, their compile report, its device workspace, and run().
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "twell/format.h"
+#include "twell/spec.h"
+
+struct CUstream_st;
+
+namespace twell {
+
+using Stream = CUstream_st*;  // a CUstream / cudaStream_t; nullptr = the legacy default stream
+
+struct PlanOptions {
+  // Tile-rows of the overflow backup area; unset: max_tokens * tiles / 16 (at least 256). Results are
+  // exact whatever the capacity (a full backup makes the consumer recompute); it only costs time.
+  std::optional<uint32_t> backup_capacity;
+};
+
+// How one kernel was obtained.
+struct KernelReport {
+  std::string name;
+  std::string kind;       // "gate_twell" | "gated_down"
+  std::string cache;      // "memory" | "disk" | "miss" (compiled now)
+  double compile_ms = 0;  // NVRTC time (0 on a cache hit)
+  double load_ms = 0;     // cache lookup or module load time
+  size_t ptx_bytes = 0;
+  size_t cubin_bytes = 0;
+  std::string arch;       // "sm_90a"
+  int threads = 0, cta_m = 0, grid_y = 0;
+};
+
+// Device pointers of one FFN call. Element type spec.dtype; row strides in elements (0 = dense:
+// the row length). Pointers must be device memory, non-null and 2-byte aligned; y must not overlap x.
+struct FfnTensors {
+  const void* x = nullptr;       // [tokens, d_model]
+  const void* w_gate = nullptr;  // [d_ff, d_model]
+  const void* w_up = nullptr;    // [d_ff, d_model]
+  const void* w_down = nullptr;  // [d_model, d_ff] (OutIn) or [d_ff, d_model] (InOut)
+  void* y = nullptr;             // [tokens, d_model]
+  int64_t ld_x = 0, ld_gate = 0, ld_up = 0, ld_down = 0, ld_y = 0;
+};
+
+struct OverflowReport {
+  uint32_t overflowing_tile_rows = 0;  // counted by the gate kernel in the last run
+  uint32_t backup_capacity = 0;        // capacity used by that run
+  bool recomputed = false;             // some tile-rows did not fit and were recomputed by the consumer
+};
+
+class FfnPlan {
+ public:
+  FfnPlan();
+  ~FfnPlan();
+  FfnPlan(FfnPlan&&) noexcept;
+  FfnPlan& operator=(FfnPlan&&) noexcept;
+
+  const FfnSpec& spec() const;
+  const TwellLayout& layout() const;
+  const Target& target() const;
+  int64_t max_tokens() const;
+  const std::vector<KernelReport>& kernels() const;
+  const std::string& ir() const;            // the twell dialect after the pipeline
+  const std::string& ptx(size_t kernel) const;
+  const std::string& cuda_source(size_t kernel) const;
+  bool runnable() const;                    // false without a GPU
+
+  // y = FFN(x) for `tokens` rows (0 <= tokens <= max_tokens), stream-ordered, no host synchronization.
+  // Throws Error(InvalidArgument) naming the argument for a null/misaligned/non-device pointer, bad
+  // stride or token count; Error(NoDevice) when the plan was made without a GPU; Error(Cuda).
+  // Calls on one plan must be ordered (one stream, or synchronized): they share the workspace.
+  void run(Stream stream, const FfnTensors& t, int64_t tokens);
+
+  // Synchronizes `stream` and reads the overflow counter of the last run. If the backup was too small
+  // the next run() uses a backup grown to fit (the plan reallocates; no result was ever wrong).
+  OverflowReport last_overflow(Stream stream);
+
+  // Downloads the TwELL matrix of the last run (rows = its token count); synchronizes `stream`.
+  TwellMatrix download_twell(Stream stream) const;
+
+  struct Impl;
+
+ private:
+  friend class Context;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace twell

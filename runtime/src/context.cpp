@@ -1,0 +1,108 @@
+// twell::Context: device discovery (lazy driver), the kernel cache, and loading generated kernels.
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "context_impl.h"
+#include "nvrtc.h"
+#include "twell/error.h"
+
+namespace twell {
+
+LoadedKernel::~LoadedKernel() {
+  if (module != nullptr) detail::Driver::get().cuModuleUnload(module);
+}
+
+Context::Impl::Impl(ContextOptions o)
+    : options(std::move(o)),
+      cache(options.disk_cache ? options.cache_dir.value_or(detail::KernelCache::defaultDir()) : std::filesystem::path()) {
+  if (detail::Driver::available()) {
+    const detail::Driver& d = detail::Driver::get();
+    int count = 0;
+    detail::check(d.cuDeviceGetCount(&count), "cuDeviceGetCount");
+    if (options.device < 0 || options.device >= count)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("ContextOptions::device: expected 0..{}, got {}", count - 1, options.device));
+    detail::check(d.cuDeviceGet(&device, options.device), "cuDeviceGet");
+    char name[256] = {};
+    detail::check(d.cuDeviceGetName(name, sizeof(name), device), "cuDeviceGetName");
+    device_name = name;
+    int major = 0, minor = 0;
+    detail::check(d.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device), "cuDeviceGetAttribute");
+    detail::check(d.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device), "cuDeviceGetAttribute");
+    detail::check(d.cuDeviceGetAttribute(&sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuDeviceGetAttribute");
+    detail::check(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+    gpu = true;
+    // Hopper (9.0) gets its arch-specific feature set; everything else the portable one.
+    target = options.target.value_or(Target{major * 10 + minor, major == 9 && minor == 0});
+    if (target.sm > major * 10 + minor)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("ContextOptions::target: {} cannot run on {} (sm_{}{})", target.arch(), device_name, major, minor));
+  } else {
+    no_gpu_reason = detail::Driver::unavailableReason();
+    target = options.target.value_or(Target{});
+  }
+}
+
+Context::Impl::~Impl() {
+  if (context != nullptr) detail::Driver::get().cuDevicePrimaryCtxRelease(device);
+}
+
+void Context::Impl::make_current() const {
+  if (gpu) detail::check(detail::Driver::get().cuCtxSetCurrent(context), "cuCtxSetCurrent");
+}
+
+std::shared_ptr<LoadedKernel> Context::Impl::load(const compiler::KernelSource& source) {
+  auto k = std::make_shared<LoadedKernel>();
+  k->source = source;
+  const std::string arch = target.arch();
+  const auto options_list = detail::nvrtcBaseOptions(arch);
+  const std::string key = detail::KernelCache::makeKey(source.source, detail::nvrtcVersion(), options_list, arch, TWELL_VERSION);
+  double compile_ms = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto result = cache.getOrCompile(key, [&] {
+    detail::NvrtcOutput out = detail::compileCuda(source.source, source.name + ".cu", arch, /*want_cubin=*/true);
+    compile_ms = out.compile_ms;
+    return detail::CacheEntry{std::move(out.ptx), std::move(out.cubin)};
+  });
+  k->binary = result.entry;
+  k->report.name = source.name;
+  k->report.kind = source.kind == compiler::KernelKind::GateTwell   ? "gate_twell"
+                   : source.kind == compiler::KernelKind::GatedDown ? "gated_down"
+                                                                    : "dense_gated_mul";
+  k->report.cache = result.hit == detail::CacheHit::Memory ? "memory" : result.hit == detail::CacheHit::Disk ? "disk" : "miss";
+  k->report.compile_ms = compile_ms;
+  k->report.ptx_bytes = result.entry->ptx.size();
+  k->report.cubin_bytes = result.entry->cubin.size();
+  k->report.arch = arch;
+  k->report.threads = source.threads;
+  k->report.cta_m = source.cta_m;
+  k->report.grid_y = source.grid_y;
+  if (gpu) {
+    make_current();
+    const detail::Driver& d = detail::Driver::get();
+    detail::check(d.cuModuleLoadData(&k->module, result.entry->cubin.data()), fmt::format("cuModuleLoadData({})", source.name).c_str());
+    detail::check(d.cuModuleGetFunction(&k->function, k->module, source.name.c_str()),
+                  fmt::format("cuModuleGetFunction({})", source.name).c_str());
+  }
+  k->report.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - compile_ms;
+  return k;
+}
+
+std::shared_ptr<Context::Impl> context_impl(Context& c) { return c.impl_; }
+
+Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {}
+Context::~Context() = default;
+Context::Context(Context&&) noexcept = default;
+Context& Context::operator=(Context&&) noexcept = default;
+bool Context::has_gpu() const { return impl_->gpu; }
+std::string Context::no_gpu_reason() const { return impl_->no_gpu_reason; }
+std::string Context::device_name() const { return impl_->device_name; }
+int Context::sm_count() const { return impl_->sm_count; }
+const Target& Context::target() const { return impl_->target; }
+CacheCounters Context::cache_counters() const {
+  const auto s = impl_->cache.stats();
+  return CacheCounters{s.memory_hits, s.disk_hits, s.misses, s.corrupt_entries};
+}
+
+}  // namespace twell

@@ -1,0 +1,54 @@
+// Context internals shared by plan.cpp and cublas_dense.cpp: the device, the kernel cache, and the
+// one place where generated CUDA becomes a loaded kernel.
+#pragma once
+#include <cuda.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "cache.h"
+#include "driver.h"
+#include "twell/compiler/Generate.h"
+#include "twell/context.h"
+
+namespace twell {
+
+// A loaded kernel: the module stays loaded as long as any plan holds it.
+struct LoadedKernel {
+  compiler::KernelSource source;
+  std::shared_ptr<const detail::CacheEntry> binary;
+  CUmodule module = nullptr;
+  CUfunction function = nullptr;
+  KernelReport report;
+  ~LoadedKernel();
+};
+
+struct Context::Impl {
+  ContextOptions options;
+  Target target;
+  bool gpu = false;
+  std::string no_gpu_reason;
+  std::string device_name = "none";
+  int sm_count = 0;
+  CUdevice device = 0;
+  CUcontext context = nullptr;
+  detail::KernelCache cache;
+
+  explicit Impl(ContextOptions o);
+  ~Impl();
+  // Makes the context current on the calling thread (a no-op without a GPU).
+  void make_current() const;
+  // NVRTC (through the cache), then, with a GPU, cuModuleLoadData. Thread-safe.
+  std::shared_ptr<LoadedKernel> load(const compiler::KernelSource& source);
+};
+
+// The context behind a Context object (plans and DenseFfn keep it alive).
+std::shared_ptr<Context::Impl> context_impl(Context& c);
+
+// Argument checks shared by FfnPlan::run and DenseFfn::run; throw Error(InvalidArgument) naming the
+// argument: null or misaligned pointers, pointers that are not device memory, strides shorter than
+// the row, token counts out of range.
+void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors& t, int64_t tokens, int64_t max_tokens);
+
+}  // namespace twell

@@ -1,0 +1,212 @@
+// FfnPlan: generated + compiled kernels of one gated FFN, its workspace, and the launch sequence
+//   memset(overflow counter) -> gate_twell (D2T) -> gated_down
+// all on the caller's stream, with no host synchronization.
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "context_impl.h"
+#include "twell/device/params.h"
+#include "twell/error.h"
+#include "twell/reference.h"
+
+namespace twell {
+
+struct FfnPlan::Impl {
+  std::shared_ptr<Context::Impl> context;
+  FfnSpec spec;
+  TwellLayout layout;
+  Target target;
+  int64_t max_tokens = 0;
+  std::string ir;
+  std::vector<std::shared_ptr<LoadedKernel>> kernels;
+  std::vector<KernelReport> reports;
+  std::unique_ptr<detail::DeviceBuffer> twell;     // [max_tokens, words_per_row] uint32
+  std::unique_ptr<detail::DeviceBuffer> backup;    // [backup_capacity, tile_n] 16-bit
+  std::unique_ptr<detail::DeviceBuffer> counter;   // uint32 overflow count
+  uint32_t backup_capacity = 0;
+  int64_t last_tokens = -1;
+
+  void allocate_backup(uint32_t capacity) {
+    backup_capacity = capacity;
+    backup = std::make_unique<detail::DeviceBuffer>(std::max<size_t>(1, size_t(capacity) * layout.tile_n * 2));
+  }
+};
+
+namespace {
+
+void check_spec(const FfnSpec& s, int64_t max_tokens) {
+  auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, m); };
+  if (!s.gated)
+    throw Error(ErrorCode::Unsupported,
+                "FfnSpec::gated: non-gated FFNs (y = act(x W1^T) W2^T) need the non-gated down projection of issue 3; "
+                "expected gated = true, got false");
+  if (s.d_model <= 0 || s.d_model > 65536) bad(fmt::format("FfnSpec::d_model: expected 1..65536, got {}", s.d_model));
+  if (s.d_ff <= 0 || s.d_ff > (int64_t{1} << 24)) bad(fmt::format("FfnSpec::d_ff: expected 1..16777216, got {}", s.d_ff));
+  if (max_tokens < 1 || max_tokens > (int64_t{1} << 31) - 1)
+    bad(fmt::format("max_tokens: expected 1..2147483647 (one CTA row per token in the grid), got {}", max_tokens));
+}
+
+}  // namespace
+
+void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors& t, int64_t tokens, int64_t max_tokens) {
+  auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
+  if (tokens < 0 || tokens > max_tokens) bad(fmt::format("tokens: expected 0..{} (the plan's max_tokens), got {}", max_tokens, tokens));
+  const detail::Driver& d = detail::Driver::get();
+  auto check_ptr = [&](const char* name, const void* p) {
+    if (p == nullptr) bad(fmt::format("{}: expected a device pointer, got null", name));
+    if (reinterpret_cast<uintptr_t>(p) % 2 != 0) bad(fmt::format("{}: expected a 2-byte aligned device pointer, got {}", name, p));
+    unsigned int memory_type = 0;
+    const CUresult r = d.cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p));
+    if (r != CUDA_SUCCESS || (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED))
+      bad(fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {} which is {}", name, p,
+                      r != CUDA_SUCCESS ? "not known to CUDA (host memory?)" : "host memory"));
+  };
+  check_ptr("x", t.x);
+  check_ptr("w_gate", t.w_gate);
+  check_ptr("w_up", t.w_up);
+  check_ptr("w_down", t.w_down);
+  check_ptr("y", t.y);
+  const bool in_out = spec.down_layout == WeightLayout::InOut;
+  auto check_ld = [&](const char* name, int64_t ld, int64_t row) {
+    if (ld != 0 && ld < row) bad(fmt::format("{}: expected a row stride >= {} elements (or 0 = dense), got {}", name, row, ld));
+  };
+  check_ld("ld_x", t.ld_x, spec.d_model);
+  check_ld("ld_gate", t.ld_gate, spec.d_model);
+  check_ld("ld_up", t.ld_up, spec.d_model);
+  check_ld("ld_down", t.ld_down, in_out ? spec.d_model : spec.d_ff);
+  check_ld("ld_y", t.ld_y, spec.d_model);
+  const int64_t ldx = t.ld_x ? t.ld_x : spec.d_model, ldy = t.ld_y ? t.ld_y : spec.d_model;
+  const auto xb = reinterpret_cast<uintptr_t>(t.x), yb = reinterpret_cast<uintptr_t>(t.y);
+  const uintptr_t xe = xb + uintptr_t(std::max<int64_t>(tokens, 1) * ldx * 2), ye = yb + uintptr_t(std::max<int64_t>(tokens, 1) * ldy * 2);
+  if (tokens > 0 && xb < ye && yb < xe) bad("y: must not overlap x (the consumer reads x while writing y)");
+}
+
+FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options) {
+  check_spec(spec, max_tokens);
+  FfnPlan plan;
+  plan.impl_ = std::make_unique<FfnPlan::Impl>();
+  FfnPlan::Impl& p = *plan.impl_;
+  p.context = impl_;
+  p.spec = spec;
+  p.max_tokens = max_tokens;
+  compiler::GeneratedFfn generated = compiler::generateFfn(spec, impl_->target);
+  p.layout = generated.layout;
+  p.target = generated.target;
+  p.ir = std::move(generated.ir);
+  for (const auto& k : generated.kernels) {
+    p.kernels.push_back(impl_->load(k));
+    p.reports.push_back(p.kernels.back()->report);
+  }
+  if (impl_->gpu) {
+    impl_->make_current();
+    p.twell = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * p.layout.words_per_row(spec.d_ff) * 4);
+    p.counter = std::make_unique<detail::DeviceBuffer>(4);
+    const int64_t tile_rows = max_tokens * p.layout.tiles(spec.d_ff);
+    p.allocate_backup(options.backup_capacity.value_or(
+        static_cast<uint32_t>(std::clamp<int64_t>(tile_rows / 16, 256, int64_t{1} << 24))));
+  }
+  return plan;
+}
+
+FfnPlan::FfnPlan() = default;
+FfnPlan::~FfnPlan() = default;
+FfnPlan::FfnPlan(FfnPlan&&) noexcept = default;
+FfnPlan& FfnPlan::operator=(FfnPlan&&) noexcept = default;
+const FfnSpec& FfnPlan::spec() const { return impl_->spec; }
+const TwellLayout& FfnPlan::layout() const { return impl_->layout; }
+const Target& FfnPlan::target() const { return impl_->target; }
+int64_t FfnPlan::max_tokens() const { return impl_->max_tokens; }
+const std::vector<KernelReport>& FfnPlan::kernels() const { return impl_->reports; }
+const std::string& FfnPlan::ir() const { return impl_->ir; }
+const std::string& FfnPlan::ptx(size_t i) const { return impl_->kernels.at(i)->binary->ptx; }
+const std::string& FfnPlan::cuda_source(size_t i) const { return impl_->kernels.at(i)->source.source; }
+bool FfnPlan::runnable() const { return impl_->context->gpu; }
+
+void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
+  Impl& p = *impl_;
+  if (!p.context->gpu)
+    throw Error(ErrorCode::NoDevice, "FfnPlan::run: this plan was made without a GPU (" + p.context->no_gpu_reason + ")");
+  p.context->make_current();
+  check_run_arguments("FfnPlan::run", p.spec, t, tokens, p.max_tokens);
+  const detail::Driver& d = detail::Driver::get();
+  const FfnSpec& s = p.spec;
+  const bool in_out = s.down_layout == WeightLayout::InOut;
+  auto u16 = [](const void* ptr) { return static_cast<const uint16_t*>(ptr); };
+  auto cu = reinterpret_cast<CUstream>(stream);
+  detail::check(d.cuMemsetD32Async(p.counter->get(), 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(overflow counter)");
+  p.last_tokens = tokens;
+  if (tokens == 0) return;
+
+  device::GateParams gate{};
+  gate.x = u16(t.x);
+  gate.w_gate = u16(t.w_gate);
+  gate.twell = reinterpret_cast<uint32_t*>(p.twell->get());
+  gate.backup = reinterpret_cast<uint16_t*>(p.backup->get());
+  gate.overflow_count = reinterpret_cast<uint32_t*>(p.counter->get());
+  gate.m = tokens;
+  gate.ldx = t.ld_x ? t.ld_x : s.d_model;
+  gate.ldw = t.ld_gate ? t.ld_gate : s.d_model;
+  gate.backup_capacity = p.backup_capacity;
+
+  device::GatedDownParams down{};
+  down.x = gate.x;
+  down.w_gate = gate.w_gate;
+  down.w_up = u16(t.w_up);
+  down.w_down = u16(t.w_down);
+  down.twell = gate.twell;
+  down.backup = gate.backup;
+  down.y = static_cast<uint16_t*>(t.y);
+  down.m = tokens;
+  down.ldx = gate.ldx;
+  down.ldwg = gate.ldw;
+  down.ldwu = t.ld_up ? t.ld_up : s.d_model;
+  down.ldwd = t.ld_down ? t.ld_down : (in_out ? s.d_model : s.d_ff);
+  down.ldy = t.ld_y ? t.ld_y : s.d_model;
+  down.backup_capacity = p.backup_capacity;
+
+  for (const auto& k : p.kernels) {
+    const compiler::KernelSource& src = k->source;
+    void* args[1] = {src.kind == compiler::KernelKind::GateTwell ? static_cast<void*>(&gate) : static_cast<void*>(&down)};
+    const unsigned grid_x = static_cast<unsigned>((tokens + src.cta_m - 1) / src.cta_m);
+    detail::check(d.cuLaunchKernel(k->function, grid_x, static_cast<unsigned>(src.grid_y), 1, static_cast<unsigned>(src.threads), 1, 1,
+                                   static_cast<unsigned>(src.smem_bytes), cu, args, nullptr),
+                  fmt::format("FfnPlan::run: launching {}", src.name).c_str());
+  }
+}
+
+OverflowReport FfnPlan::last_overflow(Stream stream) {
+  Impl& p = *impl_;
+  if (!p.context->gpu) throw Error(ErrorCode::NoDevice, "FfnPlan::last_overflow: this plan was made without a GPU");
+  p.context->make_current();
+  const detail::Driver& d = detail::Driver::get();
+  detail::check(d.cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "FfnPlan::last_overflow: cuStreamSynchronize");
+  uint32_t count = 0;
+  detail::check(d.cuMemcpyDtoH(&count, p.counter->get(), 4), "FfnPlan::last_overflow: cuMemcpyDtoH");
+  OverflowReport r{count, p.backup_capacity, count > p.backup_capacity};
+  // Grow for the next run; the workspace is reused only after this synchronization point.
+  if (r.recomputed) p.allocate_backup(static_cast<uint32_t>(std::min<uint64_t>(uint64_t(count) + count / 4, uint64_t{1} << 24)));
+  return r;
+}
+
+TwellMatrix FfnPlan::download_twell(Stream stream) const {
+  const Impl& p = *impl_;
+  if (!p.context->gpu) throw Error(ErrorCode::NoDevice, "FfnPlan::download_twell: this plan was made without a GPU");
+  if (p.last_tokens < 0) throw Error(ErrorCode::InvalidArgument, "FfnPlan::download_twell: run() has not been called");
+  p.context->make_current();
+  const detail::Driver& d = detail::Driver::get();
+  detail::check(d.cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "FfnPlan::download_twell: cuStreamSynchronize");
+  TwellMatrix m;
+  m.layout = p.layout;
+  m.rows = p.last_tokens;
+  m.d_ff = p.spec.d_ff;
+  m.backup_capacity = p.backup_capacity;
+  m.words.resize(size_t(m.rows) * p.layout.words_per_row(m.d_ff));
+  if (!m.words.empty()) detail::check(d.cuMemcpyDtoH(m.words.data(), p.twell->get(), m.words.size() * 4), "cuMemcpyDtoH(twell)");
+  detail::check(d.cuMemcpyDtoH(&m.overflow_count, p.counter->get(), 4), "cuMemcpyDtoH(overflow count)");
+  m.backup.resize(size_t(std::min(m.overflow_count, m.backup_capacity)) * p.layout.tile_n);
+  if (!m.backup.empty()) detail::check(d.cuMemcpyDtoH(m.backup.data(), p.backup->get(), m.backup.size() * 2), "cuMemcpyDtoH(backup)");
+  return m;
+}
+
+}  // namespace twell

@@ -1,0 +1,184 @@
+// CPU reference of the gated TwELL FFN (twell/reference.h).
+#include "twell/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "twell/error.h"
+#include "twell/half.h"
+
+namespace twell {
+namespace {
+
+// Runs body(begin, end) over [0, n) split across hardware threads. Each index is computed by exactly
+// one thread with the same arithmetic, so results do not depend on the split.
+template <class Body>
+void parallel_rows(int64_t n, Body body) {
+  const int64_t workers = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 64);
+  const int64_t chunk = (n + workers - 1) / workers;
+  std::vector<std::thread> threads;
+  for (int64_t b = 0; b < n; b += chunk) threads.emplace_back(body, b, std::min(n, b + chunk));
+  for (auto& t : threads) t.join();
+}
+
+std::vector<float> widen(DType t, std::span<const uint16_t> bits) {
+  std::vector<float> f(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i) f[i] = to_float(t, bits[i]);
+  return f;
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t k = 0; k < n; ++k) s = std::fma(a[k], b[k], s);
+  return s;
+}
+
+void check_size(const char* what, size_t got, int64_t want, const std::string& shape) {
+  if (static_cast<int64_t>(got) != want)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{}: expected {} elements ({}), got {}", what, want, shape, got));
+}
+
+void check_weights(const FfnSpec& s, const HostFfnWeights& w) {
+  const std::string gate_shape = fmt::format("[{}, {}] = [d_ff, d_model]", s.d_ff, s.d_model);
+  check_size("w_gate", w.w_gate.size(), s.d_ff * s.d_model, gate_shape);
+  check_size("w_up", w.w_up.size(), s.d_ff * s.d_model, gate_shape);
+  check_size("w_down", w.w_down.size(), s.d_ff * s.d_model,
+             s.down_layout == WeightLayout::OutIn ? fmt::format("[{}, {}] = [d_model, d_ff]", s.d_model, s.d_ff)
+                                                  : gate_shape);
+}
+
+}  // namespace
+
+TwellLayout layout_for(const FfnSpec& s) {
+  TwellLayout l;
+  l.tile_n = s.tile_n.value_or(256);
+  l.slots = s.slots.value_or(31);
+  l.value = s.dtype;
+  l.activation = s.activation;
+  l.threshold = s.threshold;
+  return l;
+}
+
+std::vector<uint16_t> reference_gate(const FfnSpec& s, std::span<const uint16_t> x, int64_t tokens,
+                                     std::span<const uint16_t> w_gate) {
+  check_size("x", x.size(), tokens * s.d_model, fmt::format("[{}, {}] = [tokens, d_model]", tokens, s.d_model));
+  check_size("w_gate", w_gate.size(), s.d_ff * s.d_model, fmt::format("[{}, {}] = [d_ff, d_model]", s.d_ff, s.d_model));
+  const TwellLayout l = layout_for(s);
+  const std::vector<float> xf = widen(s.dtype, x), wf = widen(s.dtype, w_gate);
+  std::vector<uint16_t> a(tokens * s.d_ff);
+  parallel_rows(tokens, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r)
+      for (int64_t j = 0; j < s.d_ff; ++j) {
+        const uint16_t g = from_float(s.dtype, dot(&xf[r * s.d_model], &wf[j * s.d_model], s.d_model));
+        const uint16_t v = activate(l, g);
+        a[r * s.d_ff + j] = is_active(l, v) ? v : from_float(s.dtype, 0.0f);
+      }
+  });
+  return a;
+}
+
+std::vector<float> reference_gated_down(const FfnSpec& s, std::span<const uint16_t> x, const TwellMatrix& h,
+                                        const HostFfnWeights& w) {
+  check_weights(s, w);
+  check_size("x", x.size(), h.rows * s.d_model, fmt::format("[{}, {}] = [tokens, d_model]", h.rows, s.d_model));
+  const TwellLayout& l = h.layout;
+  const int64_t K = s.d_model, N = s.d_ff, tiles = l.tiles(N), wpr = l.words_per_row(N);
+  const std::vector<float> xf = widen(s.dtype, x), gf = widen(s.dtype, w.w_gate), uf = widen(s.dtype, w.w_up),
+                           df = widen(s.dtype, w.w_down);
+  std::vector<float> y(h.rows * K, 0.0f);
+  parallel_rows(h.rows, [&](int64_t b, int64_t e) {
+    std::vector<std::pair<int64_t, float>> active;  // (column, a_j) of one tile, ascending
+    for (int64_t r = b; r < e; ++r) {
+      const float* xr = &xf[r * K];
+      float* yr = &y[r * K];
+      for (int64_t t = 0; t < tiles; ++t) {
+        const uint32_t* hw = &h.words[r * wpr + t * (l.slots + 1)];
+        const int64_t n0 = t * l.tile_n, valid = std::min<int64_t>(l.tile_n, N - n0);
+        active.clear();
+        if (hw[0] <= static_cast<uint32_t>(l.slots)) {
+          for (uint32_t i = 0; i < hw[0]; ++i)
+            active.emplace_back(n0 + (hw[1 + i] & 0xFFFFu), to_float(s.dtype, static_cast<uint16_t>(hw[1 + i] >> 16)));
+        } else {
+          for (int64_t c = 0; c < valid; ++c) {
+            uint16_t v;
+            if (hw[1] != kBackupMissing) {
+              v = h.backup[static_cast<size_t>(hw[1]) * l.tile_n + c];
+            } else {
+              v = activate(l, from_float(s.dtype, dot(xr, &gf[(n0 + c) * K], K)));
+            }
+            if (is_active(l, v)) active.emplace_back(n0 + c, to_float(s.dtype, v));
+          }
+        }
+        for (auto& [j, a] : active) a *= dot(xr, &uf[j * K], K);
+        for (const auto& [j, hj] : active)
+          for (int64_t i = 0; i < K; ++i)
+            yr[i] = std::fma(hj, s.down_layout == WeightLayout::OutIn ? df[i * N + j] : df[j * K + i], yr[i]);
+      }
+    }
+  });
+  return y;
+}
+
+std::vector<float> reference_gated_ffn(const FfnSpec& s, std::span<const uint16_t> x, int64_t tokens,
+                                       const HostFfnWeights& w, uint32_t backup_capacity) {
+  check_weights(s, w);
+  const std::vector<uint16_t> a = reference_gate(s, x, tokens, w.w_gate);
+  const TwellMatrix h = pack_twell(layout_for(s), a, tokens, s.d_ff, backup_capacity);
+  return reference_gated_down(s, x, h, w);
+}
+
+std::vector<double> naive_dense_ffn(const FfnSpec& s, std::span<const uint16_t> x, const HostFfnWeights& w,
+                                    std::span<const int64_t> rows) {
+  check_weights(s, w);
+  const TwellLayout l = layout_for(s);
+  const int64_t K = s.d_model, N = s.d_ff;
+  std::vector<double> y(rows.size() * K, 0.0);
+  for (size_t ri = 0; ri < rows.size(); ++ri) {
+    const int64_t r = rows[ri];
+    if (r < 0 || (r + 1) * K > static_cast<int64_t>(x.size()))
+      throw Error(ErrorCode::InvalidArgument, fmt::format("naive_dense_ffn: rows[{}] = {} is outside x", ri, r));
+    for (int64_t j = 0; j < N; ++j) {
+      double g = 0.0, u = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double xv = to_float(s.dtype, x[r * K + k]);
+        g += xv * to_float(s.dtype, w.w_gate[j * K + k]);
+        u += xv * to_float(s.dtype, w.w_up[j * K + k]);
+      }
+      const uint16_t a = activate(l, from_float(s.dtype, static_cast<float>(g)));
+      const double h = is_active(l, a) ? to_float(s.dtype, a) * u : 0.0;
+      for (int64_t i = 0; i < K; ++i)
+        y[ri * K + i] += h * to_float(s.dtype, s.down_layout == WeightLayout::OutIn ? w.w_down[i * N + j] : w.w_down[j * K + i]);
+    }
+  }
+  return y;
+}
+
+namespace {
+template <class Ref>
+double relative_error_impl(std::span<const float> out, std::span<const Ref> ref) {
+  if (out.size() != ref.size())
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("relative_error: out has {} elements, ref has {}", out.size(), ref.size()));
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const bool on = std::isnan(out[i]), rn = std::isnan(static_cast<double>(ref[i]));
+    if (on && rn) continue;
+    if (on != rn) return INFINITY;
+    const double d = static_cast<double>(out[i]) - static_cast<double>(ref[i]);
+    num += d * d;
+    den += static_cast<double>(ref[i]) * static_cast<double>(ref[i]);
+  }
+  if (den == 0.0) return num == 0.0 ? 0.0 : INFINITY;
+  return std::sqrt(num / den);
+}
+}  // namespace
+
+double relative_error(std::span<const float> out, std::span<const float> ref) { return relative_error_impl(out, ref); }
+double relative_error(std::span<const float> out, std::span<const double> ref) { return relative_error_impl(out, ref); }
+
+std::vector<float> to_float(DType dtype, std::span<const uint16_t> bits) { return widen(dtype, bits); }
+
+}  // namespace twell

@@ -1,0 +1,125 @@
+// safetensors reader (twell/safetensors.h).
+#include "twell/safetensors.h"
+
+#include <cstring>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "twell/error.h"
+
+namespace twell {
+namespace {
+
+int64_t dtype_size(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
+
+}  // namespace
+
+int64_t TensorView::elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+SafeTensors SafeTensors::read(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorCode::NotFound, fmt::format("safetensors file '{}': cannot open ({})", path.string(), std::strerror(errno)));
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse(std::move(bytes), path.string());
+}
+
+SafeTensors SafeTensors::parse(std::vector<uint8_t> bytes, const std::string& source) {
+  auto fail = [&](const std::string& what) {
+    throw Error(ErrorCode::Parse, fmt::format("'{}' is not a valid safetensors file: {}", source, what));
+  };
+  if (bytes.size() < 8) fail(fmt::format("expected at least 8 bytes (header length), got {}", bytes.size()));
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | bytes[i];
+  if (header_len > bytes.size() - 8)
+    fail(fmt::format("header length {} exceeds the {} bytes after it", header_len, bytes.size() - 8));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(header_len));
+  } catch (const nlohmann::json::exception& e) {
+    fail(fmt::format("header is not JSON: {}", e.what()));
+  }
+  if (!header.is_object()) fail("header is not a JSON object");
+  SafeTensors st;
+  st.source_ = source;
+  st.bytes_ = std::move(bytes);
+  const uint64_t data_begin = 8 + header_len, data_size = st.bytes_.size() - data_begin;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (entry.is_object())
+        for (const auto& [k, v] : entry.items()) st.metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      continue;
+    }
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets") ||
+        !entry["dtype"].is_string() || !entry["shape"].is_array() || !entry["data_offsets"].is_array() ||
+        entry["data_offsets"].size() != 2)
+      fail(fmt::format("tensor '{}': expected {{dtype, shape, data_offsets: [begin, end]}}, got {}", name, entry.dump()));
+    TensorView t;
+    t.dtype = entry["dtype"].get<std::string>();
+    const int64_t esize = dtype_size(t.dtype);
+    if (esize == 0) fail(fmt::format("tensor '{}': unknown dtype '{}'", name, t.dtype));
+    for (const auto& d : entry["shape"]) {
+      if (!d.is_number_unsigned()) fail(fmt::format("tensor '{}': shape entries must be non-negative integers, got {}", name, d.dump()));
+      t.shape.push_back(d.get<int64_t>());
+    }
+    const auto& off = entry["data_offsets"];
+    if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+      fail(fmt::format("tensor '{}': data_offsets must be non-negative integers", name));
+    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
+    if (b > e || e > data_size)
+      fail(fmt::format("tensor '{}': data_offsets [{}, {}] outside the {} data bytes", name, b, e, data_size));
+    if (static_cast<int64_t>(e - b) != t.elements() * esize)
+      fail(fmt::format("tensor '{}': {} {} x {} needs {} bytes, data_offsets give {}", name, t.dtype,
+                       fmt::join(t.shape, "x"), esize, t.elements() * esize, e - b));
+    t.data = std::span<const uint8_t>(st.bytes_.data() + data_begin + b, e - b);
+    st.tensors_.emplace(name, std::move(t));
+  }
+  return st;
+}
+
+std::vector<std::string> SafeTensors::names() const {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : tensors_) n.push_back(k);
+  return n;
+}
+
+const TensorView& SafeTensors::at(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end())
+    throw Error(ErrorCode::NotFound,
+                fmt::format("tensor '{}' not found in '{}'; it has: {}", name, source_, fmt::join(names(), ", ")));
+  return it->second;
+}
+
+std::vector<uint16_t> SafeTensors::matrix16(const std::string& name, DType dtype, int64_t rows, int64_t cols,
+                                            int64_t* rows_out, int64_t* cols_out) const {
+  const TensorView& t = at(name);
+  const char* want = dtype == DType::BF16 ? "BF16" : "F16";
+  if (t.dtype != want)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("tensor '{}' in '{}': expected dtype {}, got {}", name, source_, want, t.dtype));
+  if (t.shape.size() != 2 || (rows >= 0 && t.shape[0] != rows) || (cols >= 0 && t.shape[1] != cols))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("tensor '{}' in '{}': expected shape [{}, {}], got [{}]", name, source_,
+                            rows >= 0 ? std::to_string(rows) : "any", cols >= 0 ? std::to_string(cols) : "any",
+                            fmt::join(t.shape, ", ")));
+  std::vector<uint16_t> out(t.elements());
+  std::memcpy(out.data(), t.data.data(), t.data.size());
+  if (rows_out) *rows_out = t.shape[0];
+  if (cols_out) *cols_out = t.shape[1];
+  return out;
+}
+
+}  // namespace twell

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what twell builds and tests with on Debian 12 (bookworm). Safe to run twice: apt-get skips
+# installed packages. The CUDA toolkit is expected at /usr/local/cuda (it is not a Debian package).
+set -euo pipefail
+packages=(
+  cmake ninja-build g++ python3
+  llvm-22-dev libmlir-22-dev mlir-22-tools libzstd-dev zstd   # MLIR 22 (bookworm-security); lit + FileCheck
+  libfmt-dev nlohmann-json3-dev libxxhash-dev                  # formatting, JSON, cache keys
+  libgtest-dev libbenchmark-dev                                # tests and benchmarks
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "twell setup: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  echo "twell setup: all packages present"
+fi
+if [ ! -x /usr/local/cuda/bin/nvcc ]; then
+  echo "twell setup: the CUDA toolkit is expected at /usr/local/cuda (nvcc, NVRTC, cuBLASLt headers)" >&2
+  exit 1
+fi
