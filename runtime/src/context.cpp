@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "context_impl.h"
-#include "nvrtc.h"
+#include "nvrtc_compiler.h"
 #include "twell/error.h"
 
 namespace twell {
@@ -56,7 +56,7 @@ std::shared_ptr<LoadedKernel> Context::Impl::load(const compiler::KernelSource& 
   auto k = std::make_shared<LoadedKernel>();
   k->source = source;
   const std::string arch = target.arch();
-  const auto options_list = detail::nvrtcBaseOptions(arch);
+  const auto options_list = detail::nvrtcCompileOptions(arch, /*want_cubin=*/true);
   const std::string key = detail::KernelCache::makeKey(source.source, detail::nvrtcVersion(), options_list, arch, TWELL_VERSION);
   double compile_ms = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -90,6 +90,15 @@ std::shared_ptr<LoadedKernel> Context::Impl::load(const compiler::KernelSource& 
 }
 
 std::shared_ptr<Context::Impl> context_impl(Context& c) { return c.impl_; }
+
+std::vector<CompiledKernel> Context::compile(const compiler::GeneratedFfn& generated) {
+  std::vector<CompiledKernel> out;
+  for (const auto& source : generated.kernels) {
+    auto k = impl_->load(source);
+    out.push_back(CompiledKernel{k->report, source.source, k->binary->ptx, k->binary->cubin.size()});
+  }
+  return out;
+}
 
 Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {}
 Context::~Context() = default;

@@ -83,7 +83,8 @@ SafeTensors SafeTensors::parse(std::vector<uint8_t> bytes, const std::string& so
     if (static_cast<int64_t>(e - b) != t.elements() * esize)
       fail(fmt::format("tensor '{}': {} {} x {} needs {} bytes, data_offsets give {}", name, t.dtype,
                        fmt::join(t.shape, "x"), esize, t.elements() * esize, e - b));
-    t.data = std::span<const uint8_t>(st.bytes_.data() + data_begin + b, e - b);
+    t.offset = data_begin + b;
+    t.data = std::span<const uint8_t>(static_cast<const uint8_t*>(nullptr), e - b);  // bound in at()
     st.tensors_.emplace(name, std::move(t));
   }
   return st;
@@ -95,17 +96,19 @@ std::vector<std::string> SafeTensors::names() const {
   return n;
 }
 
-const TensorView& SafeTensors::at(const std::string& name) const {
+TensorView SafeTensors::at(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end())
     throw Error(ErrorCode::NotFound,
                 fmt::format("tensor '{}' not found in '{}'; it has: {}", name, source_, fmt::join(names(), ", ")));
-  return it->second;
+  TensorView t = it->second;
+  t.data = std::span<const uint8_t>(bytes_.data() + t.offset, t.data.size());
+  return t;
 }
 
 std::vector<uint16_t> SafeTensors::matrix16(const std::string& name, DType dtype, int64_t rows, int64_t cols,
                                             int64_t* rows_out, int64_t* cols_out) const {
-  const TensorView& t = at(name);
+  const TensorView t = at(name);
   const char* want = dtype == DType::BF16 ? "BF16" : "F16";
   if (t.dtype != want)
     throw Error(ErrorCode::InvalidArgument,

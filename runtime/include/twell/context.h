@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "twell/compiler/Generate.h"
 #include "twell/plan.h"
 #include "twell/spec.h"
 
@@ -24,6 +25,14 @@ struct ContextOptions {
   bool disk_cache = true;
   // Feature set to generate for; unset: the device's (sm_90a on an H100/H200), or sm_90a without a GPU.
   std::optional<Target> target;
+};
+
+// A generated kernel compiled by NVRTC (ahead of time or just in time), with its report.
+struct CompiledKernel {
+  KernelReport report;
+  std::string cuda_source;
+  std::string ptx;
+  size_t cubin_bytes = 0;
 };
 
 struct CacheCounters {
@@ -51,6 +60,10 @@ class Context {
   // but not run. Throws Error(InvalidArgument) naming the spec field for an illegal spec,
   // Error(Unsupported) for non-gated FFNs (issue 3), Error(Compile) if NVRTC rejects generated code.
   FfnPlan plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options = {});
+
+  // Compiles generated kernels through NVRTC and the cache for this context's target; needs no GPU.
+  // Throws Error(Compile) with the NVRTC log.
+  std::vector<CompiledKernel> compile(const compiler::GeneratedFfn& generated);
 
   struct Impl;
 

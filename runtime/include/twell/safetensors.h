@@ -16,7 +16,8 @@ namespace twell {
 struct TensorView {
   std::string dtype;            // safetensors dtype string: "BF16", "F16", "F32", "I32", "I16", ...
   std::vector<int64_t> shape;
-  std::span<const uint8_t> data;  // row-major bytes, inside the owning SafeTensors
+  std::span<const uint8_t> data;  // row-major bytes inside the SafeTensors that returned this view
+  uint64_t offset = 0;            // of data from the start of the file
   int64_t elements() const;
 };
 
@@ -34,8 +35,9 @@ class SafeTensors {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& source() const { return source_; }
 
-  // Throws Error(NotFound) naming the tensor, the file and the tensors it has.
-  const TensorView& at(const std::string& name) const;
+  // Throws Error(NotFound) naming the tensor, the file and the tensors it has. The view's data lives
+  // as long as this object (copies of a SafeTensors own their bytes).
+  TensorView at(const std::string& name) const;
 
   // The tensor as 16-bit float bits, checked: dtype must be `dtype` and the shape [rows, cols] where
   // a negative expected extent accepts any. Throws Error(InvalidArgument) naming tensor, expected and

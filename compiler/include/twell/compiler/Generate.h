@@ -39,13 +39,16 @@ struct GeneratedFfn {
 };
 
 // Builds the twell dialect function for `spec` with the C++ API, runs the pipeline and emits CUDA.
-// Throws twell::Error(InvalidArgument) naming the field when the spec is illegal (the verifiers'
-// messages).
+// Throws twell::Error(InvalidArgument) naming the field when the spec or the target is illegal (the
+// verifiers' messages), Error(Unsupported) for spec.gated = false, Error(Compile) if the pipeline
+// rejects the IR it built (a bug). Thread-safe: every call has its own MLIRContext.
 GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target);
 
 // Same from MLIR text (one module with one func.func holding a twell.gated_ffn or a twell.gate_matmul
 // feeding a twell.gated_down). `filename` is used in diagnostics. Throws twell::Error(Parse) with the
-// MLIR diagnostics on parse or verification failure.
+// MLIR diagnostics (file:line:col, source line) on parse or verification failure, and
+// Error(InvalidArgument) with the diagnostics when the pipeline rejects the IR (not one FFN, a
+// kernel's explicit #twell.target differs from `target`) or `target` is illegal. Thread-safe.
 GeneratedFfn generateFromMlir(std::string_view mlir_text, std::string_view filename, const Target& target);
 
 }  // namespace twell::compiler

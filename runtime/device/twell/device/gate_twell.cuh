@@ -40,6 +40,7 @@ __device__ __forceinline__ void gate_twell(const GateParams& p) {
   constexpr int OPERAND_BYTES = CTA_K * (CTA_M + TILE_N) * 4;
   constexpr int EPILOGUE_BYTES = CTA_M * TILE_N * 2;
   constexpr int SMEM_BYTES = OPERAND_BYTES > EPILOGUE_BYTES ? OPERAND_BYTES : EPILOGUE_BYTES;
+  static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory is limited to 48 KiB: lower cta_k (config)");
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
   float (*As)[CTA_M] = reinterpret_cast<float (*)[CTA_M]>(smem);
   float (*Bs)[TILE_N] = reinterpret_cast<float (*)[TILE_N]>(smem + CTA_K * CTA_M * 4);

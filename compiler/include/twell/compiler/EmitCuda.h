@@ -1,0 +1,22 @@
+// Emission of CUDA C++: one translation unit per specialized kernel op (after twell-specialize).
+// Each unit instantiates a device template of runtime/device/twell/device/ (gate_twell.cuh,
+// gated_down.cuh) with the kernel's constants and defines its extern "C" __global__ entry point.
+#pragma once
+
+#include <vector>
+
+#include "mlir/Support/LLVM.h"
+#include "twell/compiler/Generate.h"
+
+namespace mlir {
+class Operation;
+}
+
+namespace mlir::twell {
+
+// Emits the kernels of every twell.gate_matmul and twell.gated_down nested in `root`, in IR order.
+// Fails, with an error diagnostic on the op, when an op is not specialized (no kernel_name, target
+// or config) or its kernel_name is stale (the configuration changed after twell-specialize).
+FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operation* root);
+
+}  // namespace mlir::twell

@@ -1,0 +1,23 @@
+// The twell compiler's passes (Passes.td) and the kernel pipeline that the generator runs.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "mlir/Pass/Pass.h"
+#include "mlir/Pass/PassManager.h"
+
+namespace mlir::twell {
+
+#define GEN_PASS_DECL
+#include "twell/compiler/Passes.h.inc"
+
+// Adds, nested on every func.func of the module `pm` runs on: twell-split-gated-ffn,
+// twell-select-config{target=arch} and twell-specialize. After it every kernel op is explicit and
+// named, ready for emitCudaKernels (EmitCuda.h). `pm` must be anchored on builtin.module.
+void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch);
+
+#define GEN_PASS_REGISTRATION
+#include "twell/compiler/Passes.h.inc"
+
+}  // namespace mlir::twell

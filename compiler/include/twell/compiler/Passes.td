@@ -1,0 +1,65 @@
+// Passes of the twell compiler (ARCHITECTURE.md, "Flow of one kernel"): fuse / split the FFN, choose a
+// kernel configuration, specialize, emit CUDA C++. Generated into Passes.h.inc (-gen-pass-decls).
+#ifndef TWELL_COMPILER_PASSES_TD
+#define TWELL_COMPILER_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+def TwellFuseGatedFfn : Pass<"twell-fuse-gated-ffn", "::mlir::func::FuncOp"> {
+  let summary = "Fuse a twell.gate_matmul feeding one twell.gated_down into twell.gated_ffn";
+  let description = [{
+    Rewrites `%h = twell.gate_matmul %x, %wg` whose only use is
+    `twell.gated_down %x, %h, %wu, %wd` (the same %x) into `twell.gated_ffn %x, %wg, %wu, %wd` with
+    the layout of %h. Kernel attributes (target, config, kernel_name) are dropped: they describe the
+    two kernels, not the fused op.
+  }];
+  let dependentDialects = ["::mlir::twell::TwellDialect"];
+}
+
+def TwellSplitGatedFfn : Pass<"twell-split-gated-ffn", "::mlir::func::FuncOp"> {
+  let summary = "Split twell.gated_ffn into its two kernels, gate_matmul and gated_down";
+  let description = [{
+    The kernel-level form: the gate GEMM with the TwELL epilogue writes H, the gated consumer reads
+    it. The inverse of twell-fuse-gated-ffn.
+  }];
+  let dependentDialects = ["::mlir::twell::TwellDialect"];
+}
+
+def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
+  let summary = "Attach a #twell.target and a #twell.config to every kernel op";
+  let description = [{
+    Sets `target` (the `target` option's arch with its default features: wgmma, tma, multicast on
+    sm_90a; mma_sync, cp_async elsewhere) and `config` on each twell.gate_matmul and
+    twell.gated_down that lacks them; attributes already present are kept. The configuration comes
+    from a heuristic: the gate kernel uses cta_m = 16384 / tile_n, cta_k = 16 (8 at tile_n = 1024,
+    where 16 would overflow 48 KiB of static shared memory), 256 threads; the gated consumer one
+    token row per CTA and 256 threads.
+  }];
+  let options = [
+    Option<"target", "target", "std::string", /*default=*/"\"sm_90a\"",
+           "GPU architecture, sm_<major><minor>[a]">,
+  ];
+  let dependentDialects = ["::mlir::twell::TwellDialect"];
+}
+
+def TwellSpecialize : Pass<"twell-specialize", "::mlir::func::FuncOp"> {
+  let summary = "Check every kernel is fully static and explicit, and name it";
+  let description = [{
+    Fails, naming the op and what is missing, when a twell.gated_ffn is left unsplit, a kernel lacks
+    its target or config, or a size does not fit the kernels' int constants. Sets `kernel_name` on
+    each kernel op: a C identifier that reads the shape and layout
+    (`twell_gate_k2048_n5632_t256_s31_relu_bf16_1a2b3c4d`) and ends with a hash of every constant
+    the emitted kernel depends on, so a kernel's identity changes whenever any of them does.
+  }];
+}
+
+def TwellEmitCuda : Pass<"twell-emit-cuda", "::mlir::ModuleOp"> {
+  let summary = "Print the CUDA C++ translation unit of every specialized kernel";
+  let description = [{
+    For lit tests and inspection: writes, for each specialized kernel op in order, a line
+    `// ----- kernel <name> <kind> threads=.. cta_m=.. grid_y=.. smem_bytes=..` followed by the
+    translation unit that EmitCuda.h's emitCudaKernels returns, to stdout. The IR is unchanged.
+  }];
+}
+
+#endif  // TWELL_COMPILER_PASSES_TD

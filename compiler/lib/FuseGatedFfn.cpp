@@ -1,0 +1,36 @@
+// twell-fuse-gated-ffn: gate_matmul + gated_down on the same x -> gated_ffn.
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/PatternMatch.h"
+#include "twell/Dialect/TwellOps.h"
+#include "twell/compiler/Passes.h"
+
+namespace mlir::twell {
+
+#define GEN_PASS_DEF_TWELLFUSEGATEDFFN
+#include "twell/compiler/Passes.h.inc"
+
+namespace {
+
+// Fuses only when no other op reads H: the fused op never materializes it.
+LogicalResult fuse(GatedDownOp down, RewriterBase& rewriter) {
+  auto gate = down.getH().getDefiningOp<GateMatmulOp>();
+  if (!gate || !gate.getH().hasOneUse() || gate.getX() != down.getX()) return failure();
+  rewriter.setInsertionPoint(down);
+  rewriter.replaceOpWithNewOp<GatedFfnOp>(down, down.getY().getType(), down.getX(), gate.getWGate(),
+                                          down.getWUp(), down.getWDown(), gate.getLayout(),
+                                          down.getDownLayoutAttr());
+  rewriter.eraseOp(gate);
+  return success();
+}
+
+struct TwellFuseGatedFfn : impl::TwellFuseGatedFfnBase<TwellFuseGatedFfn> {
+  void runOnOperation() override {
+    llvm::SmallVector<GatedDownOp> candidates;
+    getOperation().walk([&](GatedDownOp down) { candidates.push_back(down); });
+    IRRewriter rewriter(&getContext());
+    for (GatedDownOp down : candidates) (void)fuse(down, rewriter);
+  }
+};
+
+}  // namespace
+}  // namespace mlir::twell

@@ -1,0 +1,232 @@
+// The generator (Generate.h): spec or MLIR text -> twell IR -> kernel pipeline -> CUDA C++.
+//
+// Each call owns its MLIRContext (threading disabled: the pipeline is small, and a context per call
+// makes concurrent calls independent without locks).
+#include "twell/compiler/Generate.h"
+
+#include <algorithm>
+#include <optional>
+#include <string>
+
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/SourceMgr.h"
+#include "llvm/Support/raw_ostream.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Parser/Parser.h"
+#include "mlir/Pass/PassManager.h"
+#include "twell/Dialect/TwellOps.h"
+#include "twell/compiler/EmitCuda.h"
+#include "twell/compiler/Passes.h"
+#include "twell/error.h"
+
+namespace twell::compiler {
+namespace {
+
+namespace tw = mlir::twell;
+
+std::unique_ptr<mlir::MLIRContext> makeContext() {
+  mlir::DialectRegistry registry;
+  registry.insert<tw::TwellDialect, mlir::func::FuncDialect>();
+  auto context =
+      std::make_unique<mlir::MLIRContext>(registry, mlir::MLIRContext::Threading::DISABLED);
+  context->loadAllAvailableDialects();
+  // Messages name the operand and what is wrong; a dump of the op would bury them.
+  context->printOpOnDiagnostic(false);
+  return context;
+}
+
+// The caller's target, checked like the IR's #twell.target (arch form, sm_80 or newer).
+void checkTarget(mlir::MLIRContext* context, const Target& target, const char* function) {
+  std::string arch = target.arch();
+  std::string message;
+  mlir::ScopedDiagnosticHandler handler(context, [&](mlir::Diagnostic& diagnostic) {
+    message = diagnostic.str();
+    return mlir::success();
+  });
+  auto emitError = [&] { return mlir::emitError(mlir::UnknownLoc::get(context)); };
+  if (!tw::TargetAttr::getChecked(
+          llvm::function_ref<mlir::InFlightDiagnostic()>(emitError), context, llvm::StringRef(arch),
+          llvm::ArrayRef<tw::Feature>(tw::TargetAttr::defaultFeatures(arch))))
+    throw Error(ErrorCode::InvalidArgument, std::string(function) + ": target: " + message);
+}
+
+// SourceMgrDiagnosticHandler ends every diagnostic with a newline.
+std::string trimmed(std::string text) {
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+// Collects diagnostics as "message" lines (the spec path, where locations say nothing useful).
+class MessageCollector {
+ public:
+  explicit MessageCollector(mlir::MLIRContext* context)
+      : handler_(context, [this](mlir::Diagnostic& diagnostic) {
+          append(diagnostic);
+          return mlir::success();
+        }) {}
+
+  std::string take() {
+    std::string text = std::move(text_);
+    text_.clear();
+    return text;
+  }
+
+ private:
+  void append(mlir::Diagnostic& diagnostic) {
+    if (!text_.empty()) text_ += "\n";
+    text_ += diagnostic.str();
+    for (mlir::Diagnostic& note : diagnostic.getNotes()) text_ += "\n  note: " + note.str();
+  }
+
+  std::string text_;
+  mlir::ScopedDiagnosticHandler handler_;
+};
+
+TwellLayout layoutOf(tw::LayoutAttr layout) {
+  TwellLayout result;
+  result.tile_n = static_cast<int>(layout.getTileN());
+  result.slots = static_cast<int>(layout.getSlots());
+  result.value = layout.getValue().isBF16() ? DType::BF16 : DType::FP16;
+  result.index_bits = static_cast<int>(layout.getIndexBits());
+  result.activation =
+      layout.getActivation() == tw::Activation::ReLU ? Activation::ReLU : Activation::SiLU;
+  result.threshold = layout.getThresholdValue();
+  return result;
+}
+
+// Runs the kernel pipeline and the emitter on `module`. Failures are reported through the context's
+// diagnostic handler; returns nullopt then.
+std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& target) {
+  mlir::PassManager pm(module.getContext());
+  tw::buildTwellKernelPipeline(pm, target.arch());
+  if (mlir::failed(pm.run(module))) return std::nullopt;
+
+  // One gate kernel feeding one consumer (the shape Generate.h documents).
+  llvm::SmallVector<tw::GateMatmulOp> gates;
+  llvm::SmallVector<tw::GatedDownOp> consumers;
+  module.walk([&](tw::GateMatmulOp op) { gates.push_back(op); });
+  module.walk([&](tw::GatedDownOp op) { consumers.push_back(op); });
+  if (gates.size() != 1 || consumers.size() != 1 ||
+      consumers.front().getH() != gates.front().getH()) {
+    mlir::emitError(module.getLoc())
+        << "expected one FFN: a twell.gated_ffn, or one twell.gate_matmul feeding one "
+           "twell.gated_down; got "
+        << gates.size() << " twell.gate_matmul and " << consumers.size() << " twell.gated_down";
+    return std::nullopt;
+  }
+  tw::GateMatmulOp gate = gates.front();
+  tw::GatedDownOp consumer = consumers.front();
+  for (mlir::Operation* kernel : {gate.getOperation(), consumer.getOperation()}) {
+    auto kernelTarget = kernel->getAttrOfType<tw::TargetAttr>("target");
+    if (kernelTarget.getArch() != target.arch()) {
+      kernel->emitOpError() << "targets \"" << kernelTarget.getArch() << "\" but \""
+                            << target.arch() << "\" was requested";
+      return std::nullopt;
+    }
+  }
+
+  mlir::FailureOr<std::vector<KernelSource>> kernels = tw::emitCudaKernels(module);
+  if (mlir::failed(kernels)) return std::nullopt;
+  std::stable_partition(kernels->begin(), kernels->end(), [](const KernelSource& kernel) {
+    return kernel.kind == KernelKind::GateTwell;
+  });
+
+  GeneratedFfn result;
+  llvm::raw_string_ostream ir(result.ir);
+  module.print(ir);
+  result.layout = layoutOf(gate.getLayout());
+  result.target = target;
+  result.kernels = std::move(*kernels);
+  return result;
+}
+
+}  // namespace
+
+GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
+  auto fail = [](const std::string& message) {
+    throw Error(ErrorCode::InvalidArgument, "generateFfn: " + message);
+  };
+  if (!spec.gated)
+    throw Error(ErrorCode::Unsupported,
+                "generateFfn: spec.gated = false: non-gated FFN layers come with the sparse "
+                "consumers of issue 3");
+  if (spec.d_model < 1)
+    fail("spec.d_model: expected a positive integer, got " + std::to_string(spec.d_model));
+  if (spec.d_ff < 1)
+    fail("spec.d_ff: expected a positive integer, got " + std::to_string(spec.d_ff));
+
+  std::unique_ptr<mlir::MLIRContext> context = makeContext();
+  checkTarget(context.get(), target, "generateFfn");
+  MessageCollector messages(context.get());
+  mlir::OpBuilder b(context.get());
+  mlir::Location loc = mlir::NameLoc::get(b.getStringAttr("twell::FfnSpec"));
+
+  mlir::Type element = spec.dtype == DType::BF16 ? mlir::Type(b.getBF16Type()) : b.getF16Type();
+  auto activation =
+      spec.activation == Activation::ReLU ? tw::Activation::ReLU : tw::Activation::SiLU;
+  auto emitLayoutError = [&] { return mlir::emitError(loc); };
+  tw::LayoutAttr layout = tw::LayoutAttr::getChecked(
+      llvm::function_ref<mlir::InFlightDiagnostic()>(emitLayoutError), context.get(),
+      int64_t{spec.tile_n.value_or(256)}, int64_t{spec.slots.value_or(31)}, element,
+      mlir::Type(b.getIntegerType(16)), activation, llvm::APFloat(spec.threshold));
+  if (!layout) fail(messages.take());
+
+  constexpr int64_t kDynamic = mlir::ShapedType::kDynamic;
+  auto tensor = [&](int64_t rows, int64_t columns) {
+    return mlir::RankedTensorType::get({rows, columns}, element);
+  };
+  auto xType = tensor(kDynamic, spec.d_model);
+  auto weightType = tensor(spec.d_ff, spec.d_model);
+  auto downType = spec.down_layout == WeightLayout::OutIn ? tensor(spec.d_model, spec.d_ff)
+                                                          : tensor(spec.d_ff, spec.d_model);
+  auto downLayout = tw::DownLayoutAttr::get(context.get(), spec.down_layout == WeightLayout::OutIn
+                                                               ? tw::DownLayout::OutIn
+                                                               : tw::DownLayout::InOut);
+
+  mlir::OwningOpRef<mlir::ModuleOp> module = mlir::ModuleOp::create(loc);
+  b.setInsertionPointToEnd(module->getBody());
+  auto function = mlir::func::FuncOp::create(
+      b, loc, "ffn", b.getFunctionType({xType, weightType, weightType, downType}, {xType}));
+  mlir::Block* entry = function.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  auto ffn =
+      tw::GatedFfnOp::create(b, loc, xType, entry->getArgument(0), entry->getArgument(1),
+                             entry->getArgument(2), entry->getArgument(3), layout, downLayout);
+  mlir::func::ReturnOp::create(b, loc, ffn.getY());
+  if (mlir::failed(mlir::verify(*module))) fail(messages.take());
+
+  std::optional<GeneratedFfn> result = runPipeline(*module, target);
+  if (!result)
+    throw Error(ErrorCode::Compile, "generateFfn: the twell pipeline failed: " + messages.take());
+  return std::move(*result);
+}
+
+GeneratedFfn generateFromMlir(std::string_view mlir_text, std::string_view filename,
+                              const Target& target) {
+  std::unique_ptr<mlir::MLIRContext> context = makeContext();
+  checkTarget(context.get(), target, "generateFromMlir");
+  llvm::SourceMgr sourceMgr;
+  sourceMgr.AddNewSourceBuffer(
+      llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(mlir_text.data(), mlir_text.size()),
+                                           llvm::StringRef(filename.data(), filename.size())),
+      llvm::SMLoc());
+  std::string diagnostics;
+  llvm::raw_string_ostream os(diagnostics);
+  // Prints "file:line:col: error: message" with the source line, as mlir-opt does.
+  mlir::SourceMgrDiagnosticHandler handler(sourceMgr, context.get(), os);
+
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      mlir::parseSourceFile<mlir::ModuleOp>(sourceMgr, mlir::ParserConfig(context.get()));
+  if (!module) throw Error(ErrorCode::Parse, trimmed(diagnostics));
+
+  std::optional<GeneratedFfn> result = runPipeline(*module, target);
+  if (!result) throw Error(ErrorCode::InvalidArgument, trimmed(diagnostics));
+  return std::move(*result);
+}
+
+}  // namespace twell::compiler

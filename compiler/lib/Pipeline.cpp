@@ -1,0 +1,48 @@
+// The kernel pipeline (split -> select-config -> specialize) and the registration for drivers.
+#include <mutex>
+
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/DialectRegistry.h"
+#include "mlir/Pass/PassRegistry.h"
+#include "twell/Dialect/TwellDialect.h"
+#include "twell/compiler/Passes.h"
+#include "twell/compiler/Registration.h"
+
+namespace mlir::twell {
+
+void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch) {
+  // Nest explicitly: a func-anchored pass added to a module-anchored manager would not run on funcs
+  // (BUILD_NOTES.md).
+  OpPassManager& funcPm = pm.nest<func::FuncOp>();
+  funcPm.addPass(createTwellSplitGatedFfn());
+  TwellSelectConfigOptions options;
+  options.target = arch.str();
+  funcPm.addPass(createTwellSelectConfig(options));
+  funcPm.addPass(createTwellSpecialize());
+}
+
+namespace {
+
+struct KernelPipelineOptions : PassPipelineOptions<KernelPipelineOptions> {
+  Option<std::string> target{*this, "target",
+                             llvm::cl::desc("GPU architecture, sm_<major><minor>[a]"),
+                             llvm::cl::init("sm_90a")};
+};
+
+}  // namespace
+
+void registerTwellDialectsAndPasses(DialectRegistry& registry) {
+  registry.insert<TwellDialect, func::FuncDialect>();
+  static std::once_flag once;
+  std::call_once(once, [] {
+    registerTwellPasses();
+    PassPipelineRegistration<KernelPipelineOptions>(
+        "twell-kernel-pipeline",
+        "Split every twell.gated_ffn into kernels, select their configuration and specialize them",
+        [](OpPassManager& pm, const KernelPipelineOptions& options) {
+          buildTwellKernelPipeline(pm, options.target);
+        });
+  });
+}
+
+}  // namespace mlir::twell

@@ -1,0 +1,35 @@
+// twell-specialize: every kernel op becomes fully explicit and gets its identity, `kernel_name`.
+#include "KernelInstance.h"
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "twell/Dialect/TwellOps.h"
+#include "twell/compiler/Passes.h"
+
+namespace mlir::twell {
+
+#define GEN_PASS_DEF_TWELLSPECIALIZE
+#include "twell/compiler/Passes.h.inc"
+
+namespace {
+
+struct TwellSpecialize : impl::TwellSpecializeBase<TwellSpecialize> {
+  void runOnOperation() override {
+    bool failedAny = false;
+    getOperation().walk([&](Operation* op) {
+      if (!llvm::isa<GateMatmulOp, GatedDownOp, GatedFfnOp>(op)) return;
+      FailureOr<KernelInstance> kernel = KernelInstance::read(op);
+      if (failed(kernel)) {
+        failedAny = true;
+        return;
+      }
+      auto name = StringAttr::get(&getContext(), kernel->name());
+      if (auto gate = llvm::dyn_cast<GateMatmulOp>(op))
+        gate.setKernelNameAttr(name);
+      else
+        llvm::cast<GatedDownOp>(op).setKernelNameAttr(name);
+    });
+    if (failedAny) signalPassFailure();
+  }
+};
+
+}  // namespace
+}  // namespace mlir::twell

@@ -1,0 +1,38 @@
+// twell-split-gated-ffn: gated_ffn -> gate_matmul (TwELL epilogue) + gated_down, the two kernels
+// the runtime launches.
+#include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/PatternMatch.h"
+#include "twell/Dialect/TwellOps.h"
+#include "twell/compiler/Passes.h"
+
+namespace mlir::twell {
+
+#define GEN_PASS_DEF_TWELLSPLITGATEDFFN
+#include "twell/compiler/Passes.h.inc"
+
+namespace {
+
+void split(GatedFfnOp ffn, RewriterBase& rewriter) {
+  auto xType = llvm::cast<RankedTensorType>(ffn.getX().getType());
+  int64_t dFF = llvm::cast<RankedTensorType>(ffn.getWGate().getType()).getDimSize(0);
+  auto hType =
+      RankedTensorType::get({xType.getDimSize(0), dFF}, xType.getElementType(), ffn.getLayout());
+  rewriter.setInsertionPoint(ffn);
+  auto gate = GateMatmulOp::create(rewriter, ffn.getLoc(), hType, ffn.getX(), ffn.getWGate(),
+                                   TargetAttr(), ConfigAttr(), StringAttr());
+  rewriter.replaceOpWithNewOp<GatedDownOp>(ffn, ffn.getY().getType(), ffn.getX(), gate.getH(),
+                                           ffn.getWUp(), ffn.getWDown(), ffn.getDownLayoutAttr(),
+                                           TargetAttr(), ConfigAttr(), StringAttr());
+}
+
+struct TwellSplitGatedFfn : impl::TwellSplitGatedFfnBase<TwellSplitGatedFfn> {
+  void runOnOperation() override {
+    llvm::SmallVector<GatedFfnOp> ffns;
+    getOperation().walk([&](GatedFfnOp ffn) { ffns.push_back(ffn); });
+    IRRewriter rewriter(&getContext());
+    for (GatedFfnOp ffn : ffns) split(ffn, rewriter);
+  }
+};
+
+}  // namespace
+}  // namespace mlir::twell

@@ -1,0 +1,24 @@
+// twellc's subcommands. Each returns the process exit code: 0 success, 1 a reported error, 2 bad usage.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace twellc {
+
+int run_command(const std::vector<std::string>& args);
+int emit_command(const std::vector<std::string>& args);
+
+// Parses "--name value" / "--name=value" options and positional arguments; unknown options are errors.
+struct Args {
+  std::vector<std::string> positional;
+  std::vector<std::pair<std::string, std::string>> options;  // name (without --), value ("" for flags)
+  bool has(const std::string& name) const;
+  std::string get(const std::string& name, const std::string& fallback = "") const;
+  long long get_int(const std::string& name, long long fallback) const;
+  double get_double(const std::string& name, double fallback) const;
+};
+// `flags` take no value; `valued` take one. Throws std::invalid_argument with a usage message.
+Args parse_args(const std::vector<std::string>& args, const std::vector<std::string>& flags,
+                const std::vector<std::string>& valued);
+
+}  // namespace twellc

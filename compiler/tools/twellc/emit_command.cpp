@@ -1,0 +1,119 @@
+// `twellc emit`: ahead-of-time output of the pipeline: the twell IR after the passes, the CUDA C++
+// of each kernel, or its PTX (NVRTC; no GPU needed).
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "twell/compiler/Generate.h"
+#include "twell/context.h"
+#include "twell/error.h"
+
+namespace twellc {
+namespace {
+
+const char* kEmitHelp =
+    "usage: twellc emit FILE.mlir [options]              from a twell dialect file\n"
+    "       twellc emit --d-model D --d-ff F [options]   from a shape\n"
+    "  --emit mlir|cuda|ptx   what to write (default ptx)\n"
+    "  --target ARCH          sm_90a (default), sm_90, sm_80, ...\n"
+    "  --out DIR              write one file per kernel into DIR (default: stdout)\n"
+    "  shape options: --tile-n T --slots S --threshold t --activation relu|silu --dtype bf16|f16\n"
+    "                 --down-layout out_in|in_out\n";
+
+twell::Target parse_target(const std::string& s) {
+  // sm_<major><minor>[a]
+  const bool a = !s.empty() && s.back() == 'a';
+  const std::string digits = s.substr(0, s.size() - (a ? 1 : 0));
+  if (digits.rfind("sm_", 0) != 0 || digits.size() < 5 || digits.find_first_not_of("0123456789", 3) != std::string::npos)
+    throw std::invalid_argument(fmt::format("--target: expected sm_XY or sm_XYa (e.g. sm_90a), got '{}'", s));
+  const int sm = std::stoi(digits.substr(3));
+  if (sm < 80) throw std::invalid_argument(fmt::format("--target: twell needs sm_80 or newer (bf16 cvt), got '{}'", s));
+  return twell::Target{sm, a};
+}
+
+}  // namespace
+
+int emit_command(const std::vector<std::string>& argv) {
+  try {
+    const Args args = parse_args(argv, {"help"},
+                                 {"emit", "target", "out", "d-model", "d-ff", "tile-n", "slots", "threshold", "activation",
+                                  "dtype", "down-layout"});
+    if (args.has("help")) {
+      std::fputs(kEmitHelp, stdout);
+      return 0;
+    }
+    const std::string what = args.get("emit", "ptx");
+    if (what != "mlir" && what != "cuda" && what != "ptx")
+      throw std::invalid_argument(fmt::format("--emit: expected mlir, cuda or ptx, got '{}'", what));
+    const twell::Target target = parse_target(args.get("target", "sm_90a"));
+    twell::compiler::GeneratedFfn gen;
+    if (args.positional.size() == 1) {
+      std::ifstream in(args.positional[0]);
+      if (!in) throw twell::Error(twell::ErrorCode::NotFound, fmt::format("cannot open '{}'", args.positional[0]));
+      std::stringstream text;
+      text << in.rdbuf();
+      gen = twell::compiler::generateFromMlir(text.str(), args.positional[0], target);
+    } else if (args.positional.empty()) {
+      if (!args.has("d-model") || !args.has("d-ff"))
+        throw std::invalid_argument("expected FILE.mlir or --d-model D --d-ff F");
+      twell::FfnSpec spec;
+      spec.d_model = args.get_int("d-model", 0);
+      spec.d_ff = args.get_int("d-ff", 0);
+      spec.threshold = static_cast<float>(args.get_double("threshold", 0.0));
+      if (args.has("tile-n")) spec.tile_n = static_cast<int>(args.get_int("tile-n", 256));
+      if (args.has("slots")) spec.slots = static_cast<int>(args.get_int("slots", 31));
+      const std::string act = args.get("activation", "relu"), dtype = args.get("dtype", "bf16"), down = args.get("down-layout", "out_in");
+      if (act != "relu" && act != "silu") throw std::invalid_argument(fmt::format("--activation: expected relu or silu, got '{}'", act));
+      if (dtype != "bf16" && dtype != "f16") throw std::invalid_argument(fmt::format("--dtype: expected bf16 or f16, got '{}'", dtype));
+      if (down != "out_in" && down != "in_out")
+        throw std::invalid_argument(fmt::format("--down-layout: expected out_in or in_out, got '{}'", down));
+      spec.activation = act == "relu" ? twell::Activation::ReLU : twell::Activation::SiLU;
+      spec.dtype = dtype == "bf16" ? twell::DType::BF16 : twell::DType::FP16;
+      spec.down_layout = down == "out_in" ? twell::WeightLayout::OutIn : twell::WeightLayout::InOut;
+      gen = twell::compiler::generateFfn(spec, target);
+    } else {
+      throw std::invalid_argument(fmt::format("expected at most one FILE.mlir, got {}", args.positional.size()));
+    }
+
+    const std::string out_dir = args.get("out");
+    auto write = [&](const std::string& name, const std::string& text) {
+      if (out_dir.empty()) {
+        std::printf("%s\n", text.c_str());
+        return;
+      }
+      std::filesystem::create_directories(out_dir);
+      const auto path = std::filesystem::path(out_dir) / name;
+      std::ofstream f(path, std::ios::binary);
+      f << text;
+      if (!f) throw twell::Error(twell::ErrorCode::NotFound, fmt::format("cannot write '{}'", path.string()));
+      std::fprintf(stderr, "wrote %s (%zu bytes)\n", path.c_str(), text.size());
+    };
+    if (what == "mlir") {
+      write("ffn.mlir", gen.ir);
+    } else if (what == "cuda") {
+      for (const auto& k : gen.kernels) write(k.name + ".cu", k.source);
+    } else {
+      twell::ContextOptions options;
+      options.target = target;
+      twell::Context ctx(options);
+      for (const auto& k : ctx.compile(gen)) {
+        std::fprintf(stderr, "%s: %s, cache %s, NVRTC %.1f ms, PTX %zu bytes\n", k.report.name.c_str(), k.report.arch.c_str(),
+                     k.report.cache.c_str(), k.report.compile_ms, k.ptx.size());
+        write(k.report.name + ".ptx", k.ptx);
+      }
+    }
+    return 0;
+  } catch (const twell::Error& e) {
+    std::fprintf(stderr, "twellc emit: error: %s\n", e.what());
+    return 1;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "twellc emit: %s\n%s", e.what(), kEmitHelp);
+    return 2;
+  }
+}
+
+}  // namespace twellc

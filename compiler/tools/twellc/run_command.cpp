@@ -1,0 +1,266 @@
+// `twellc run`: the main job. Loads a real layer, measures its sparsity, generates and compiles the
+// TwELL kernels, and (with a GPU) runs the TwELL FFN and the dense cuBLASLt FFN against the CPU
+// reference. Human-readable progress on stdout, or one JSON document with --json.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "twell/context.h"
+#include "twell/dense.h"
+#include "twell/device_memory.h"
+#include "twell/error.h"
+#include "twell/half.h"
+#include "twell/layer_data.h"
+#include "twell/reference.h"
+
+extern "C" const unsigned char twell_sample_begin[];
+extern "C" const unsigned char twell_sample_end[];
+
+namespace twellc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+const char* kRunHelp =
+    "usage: twellc run [FILE.safetensors ...] [options]\n"
+    "  With no file, runs on the embedded real sample (layer 1 of model 'tiny', 1024 tokens).\n"
+    "  Several files are merged (e.g. the paper model's gate shards and x).\n"
+    "  --layer N          which layer (required when the files hold several)\n"
+    "  --tile-n T         TwELL tile width (default 256)\n"
+    "  --slots S          entries per tile-row (default: chosen from the measured nnz, see output)\n"
+    "  --threshold t      sparsity threshold (default 0: relu(g) > 0)\n"
+    "  --random-up-down   draw missing up/down weights at random (seeded) instead of failing\n"
+    "  --reps R           timed repetitions per path (default 20; median reported)\n"
+    "  --json             print one JSON document instead of the report\n";
+
+struct Stats {
+  double mean = 0;
+  int64_t p99 = 0, max = 0, tile_max = 0, tile_p99 = 0;
+  int64_t rows_overflowing = 0, tile_rows_overflowing = 0;
+  double density = 0;
+};
+
+// nnz statistics of the activated gate a [tokens, d_ff] for a layout (tile width + slots).
+Stats sparsity_stats(const std::vector<uint16_t>& a, int64_t tokens, int64_t d_ff, const twell::TwellLayout& l) {
+  Stats s;
+  std::vector<int64_t> row_nnz(tokens), tile_nnz;
+  const int64_t tiles = l.tiles(d_ff);
+  for (int64_t r = 0; r < tokens; ++r) {
+    bool overflow = false;
+    for (int64_t t = 0; t < tiles; ++t) {
+      int64_t n = 0;
+      for (int64_t c = t * l.tile_n; c < std::min<int64_t>(d_ff, (t + 1) * l.tile_n); ++c) n += twell::is_active(l, a[r * d_ff + c]);
+      tile_nnz.push_back(n);
+      row_nnz[r] += n;
+      if (n > l.slots) {
+        ++s.tile_rows_overflowing;
+        overflow = true;
+      }
+    }
+    s.rows_overflowing += overflow;
+  }
+  auto pct = [](std::vector<int64_t> v, double q) {
+    if (v.empty()) return int64_t{0};
+    std::sort(v.begin(), v.end());
+    return v[std::min<size_t>(v.size() - 1, static_cast<size_t>(std::ceil(q * v.size())) - (q > 0 ? 1 : 0))];
+  };
+  for (int64_t n : row_nnz) s.mean += static_cast<double>(n);
+  s.mean = tokens ? s.mean / tokens : 0;
+  s.density = s.mean / d_ff;
+  s.p99 = pct(row_nnz, 0.99);
+  s.max = pct(row_nnz, 1.0);
+  s.tile_p99 = pct(tile_nnz, 0.99);
+  s.tile_max = pct(tile_nnz, 1.0);
+  return s;
+}
+
+// Smallest slots of the form 2^k - 1 (one word is the header, so a tile-row is 2^k words) that holds
+// at least 99% of tile-rows; the rest go to the overflow path (exact, slower).
+int choose_slots(int64_t tile_p99, int tile_n) {
+  int words = 8;
+  while (words - 1 < tile_p99 && words < tile_n) words *= 2;
+  return std::min(words - 1, tile_n);
+}
+
+std::vector<float> download_y(twell::DeviceMemory& y, int64_t count, size_t* poisoned) {
+  auto bits = y.download_vector<uint16_t>(static_cast<size_t>(count));
+  *poisoned = static_cast<size_t>(std::count(bits.begin(), bits.end(), uint16_t{0xFFFF}));
+  return twell::to_float(twell::DType::BF16, bits);
+}
+
+}  // namespace
+
+int run_command(const std::vector<std::string>& argv) {
+  Args args;
+  try {
+    args = parse_args(argv, {"json", "random-up-down", "help"}, {"layer", "tile-n", "slots", "threshold", "reps"});
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "twellc run: %s\n%s", e.what(), kRunHelp);
+    return 2;
+  }
+  if (args.has("help")) {
+    std::fputs(kRunHelp, stdout);
+    return 0;
+  }
+  const bool json_out = args.has("json");
+  nlohmann::json report;
+  auto say = [&](const std::string& line) {
+    if (!json_out) std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
+  };
+  try {
+    // 1. Load.
+    auto t0 = Clock::now();
+    std::vector<twell::SafeTensors> files;
+    if (args.positional.empty()) {
+      files.push_back(twell::SafeTensors::parse(std::vector<uint8_t>(twell_sample_begin, twell_sample_end),
+                                                "<embedded sample: tiny_l01 layer 1>"));
+    } else {
+      for (const auto& f : args.positional) files.push_back(twell::SafeTensors::read(f));
+    }
+    std::optional<int> layer;
+    if (args.has("layer")) layer = static_cast<int>(args.get_int("layer", 0));
+    const twell::LayerData d = twell::load_layer(files, layer, args.has("random-up-down"));
+    const int reps = static_cast<int>(args.get_int("reps", 20));
+    if (reps < 1 || reps > 100000) throw std::invalid_argument(fmt::format("--reps: expected 1..100000, got {}", reps));
+    say(fmt::format("== twell run: layer {} of {}", d.layer, fmt::join(d.sources, " + ")));
+    say(fmt::format("   tokens {}, d_model {}, d_ff {}, bf16{}  (loaded in {:.0f} ms)", d.tokens, d.d_model, d.d_ff,
+                    d.random_up_down ? ", up/down weights RANDOM (absent from the files)" : "", ms_since(t0)));
+    report["input"] = {{"sources", d.sources}, {"layer", d.layer},       {"tokens", d.tokens},
+                       {"d_model", d.d_model}, {"d_ff", d.d_ff},         {"random_up_down", d.random_up_down}};
+
+    // 2. Sparsity of the real activations, and the layout.
+    twell::FfnSpec spec;
+    spec.d_model = d.d_model;
+    spec.d_ff = d.d_ff;
+    spec.threshold = static_cast<float>(args.get_double("threshold", 0.0));
+    spec.tile_n = static_cast<int>(args.get_int("tile-n", 256));
+    t0 = Clock::now();
+    twell::TwellLayout probe = twell::layout_for(spec);
+    twell::validate_layout(probe);
+    const std::vector<uint16_t> a = twell::reference_gate(spec, d.x, d.tokens, d.w_gate);
+    const Stats pre = sparsity_stats(a, d.tokens, d.d_ff, probe);
+    spec.slots = static_cast<int>(args.get_int("slots", choose_slots(pre.tile_p99, *spec.tile_n)));
+    const twell::TwellLayout layout = twell::layout_for(spec);
+    twell::validate_layout(layout);
+    const Stats st = sparsity_stats(a, d.tokens, d.d_ff, layout);
+    const int64_t tile_rows = d.tokens * layout.tiles(d.d_ff);
+    say(fmt::format("== sparsity of relu(x Wg^T) (CPU, {:.0f} ms)", ms_since(t0)));
+    say(fmt::format("   nnz per row: mean {:.1f} ({:.2f}% dense), p99 {}, max {}", st.mean, 100 * st.density, st.p99, st.max));
+    say(fmt::format("   nnz per {}-wide tile-row: p99 {}, max {}", layout.tile_n, st.tile_p99, st.tile_max));
+    say(fmt::format("   layout: tile_n {}, slots {} ({}{})", layout.tile_n, layout.slots,
+                    args.has("slots") ? "given" : "chosen: smallest 2^k-1 holding 99% of tile-rows",
+                    layout.threshold != 0 ? fmt::format(", threshold {}", layout.threshold) : ""));
+    say(fmt::format("   overflow: {} of {} rows and {} of {} tile-rows exceed {} slots (routed exactly via the backup)",
+                    st.rows_overflowing, d.tokens, st.tile_rows_overflowing, tile_rows, layout.slots));
+    report["sparsity"] = {{"nnz_mean", st.mean}, {"density", st.density}, {"nnz_p99", st.p99}, {"nnz_max", st.max},
+                          {"tile_nnz_p99", st.tile_p99}, {"tile_nnz_max", st.tile_max},
+                          {"rows_overflowing", st.rows_overflowing}, {"tile_rows_overflowing", st.tile_rows_overflowing},
+                          {"tile_rows", tile_rows}};
+    report["layout"] = {{"tile_n", layout.tile_n}, {"slots", layout.slots}, {"value", "bf16"}, {"index_bits", layout.index_bits},
+                        {"activation", twell::to_string(layout.activation)}, {"threshold", layout.threshold}};
+
+    // 3. Generate and compile.
+    twell::Context ctx;
+    t0 = Clock::now();
+    twell::FfnPlan plan = ctx.plan(spec, d.tokens);
+    say(fmt::format("== kernels for {} ({}), generated and compiled in {:.0f} ms", ctx.target().arch(),
+                    ctx.target().arch_specific ? "Hopper feature set: wgmma, tma, multicast" : "portable feature set: mma.sync, cp.async",
+                    ms_since(t0)));
+    nlohmann::json kernels = nlohmann::json::array();
+    for (const auto& k : plan.kernels()) {
+      say(fmt::format("   {:<11} {:<52} cache {:<6} compile {:7.1f} ms  PTX {:6} B  cubin {:6} B  CTA {} rows x {} threads, grid.y {}",
+                      k.kind, k.name, k.cache, k.compile_ms, k.ptx_bytes, k.cubin_bytes, k.cta_m, k.threads, k.grid_y));
+      kernels.push_back({{"kind", k.kind}, {"name", k.name}, {"cache", k.cache}, {"compile_ms", k.compile_ms},
+                         {"ptx_bytes", k.ptx_bytes}, {"cubin_bytes", k.cubin_bytes}, {"arch", k.arch},
+                         {"cta_m", k.cta_m}, {"threads", k.threads}, {"grid_y", k.grid_y}});
+    }
+    report["target"] = ctx.target().arch();
+    report["kernels"] = kernels;
+
+    // 4. CPU reference.
+    t0 = Clock::now();
+    const twell::HostFfnWeights w{d.w_gate, d.w_up, d.w_down};
+    const std::vector<float> y_ref = twell::reference_gated_ffn(spec, d.x, d.tokens, w);
+    say(fmt::format("== CPU reference (fp32 accumulate) in {:.0f} ms", ms_since(t0)));
+
+    if (!ctx.has_gpu()) {
+      say(fmt::format("== no GPU: {} -- kernels were generated and compiled, nothing was run on a GPU", ctx.no_gpu_reason()));
+      report["gpu"] = {{"present", false}, {"reason", ctx.no_gpu_reason()}};
+      if (json_out) std::printf("%s\n", report.dump(2).c_str());
+      return 0;
+    }
+
+    // 5. GPU: TwELL and dense, each checked against the CPU reference, then timed.
+    twell::StreamHandle stream(ctx);
+    auto upload = [&](const std::vector<uint16_t>& v) {
+      twell::DeviceMemory m(ctx, v.size() * 2);
+      m.upload(v);
+      return m;
+    };
+    twell::DeviceMemory x = upload(d.x), wg = upload(d.w_gate), wu = upload(d.w_up), wd = upload(d.w_down);
+    twell::DeviceMemory y(ctx, static_cast<size_t>(d.tokens * d.d_model) * 2);
+    const twell::FfnTensors tensors{x.data(), wg.data(), wu.data(), wd.data(), y.data()};
+    const int64_t y_count = d.tokens * d.d_model;
+
+    y.fill(0xFF);  // poison: 0xFFFF is a NaN no correct run writes here
+    plan.run(stream.get(), tensors, d.tokens);
+    const twell::OverflowReport overflow = plan.last_overflow(stream.get());
+    const twell::TwellMatrix h = plan.download_twell(stream.get());
+    twell::validate_twell(h);
+    size_t poisoned = 0;
+    const std::vector<float> y_twell = download_y(y, y_count, &poisoned);
+    const double err_twell = twell::relative_error(y_twell, y_ref);
+    y.fill(0xFF);
+    plan.run(stream.get(), tensors, d.tokens);
+    stream.synchronize();
+    size_t poisoned2 = 0;
+    const bool deterministic = download_y(y, y_count, &poisoned2) == y_twell && poisoned2 == poisoned;  // NaN-free data
+    const std::vector<double> t_twell = twell::time_on_stream(stream.get(), [&] { plan.run(stream.get(), tensors, d.tokens); }, 3, reps);
+
+    twell::DenseFfn dense(ctx, spec, d.tokens);
+    y.fill(0xFF);
+    dense.run(stream.get(), tensors, d.tokens);
+    stream.synchronize();
+    size_t poisoned_dense = 0;
+    const double err_dense = twell::relative_error(download_y(y, y_count, &poisoned_dense), y_ref);
+    const std::vector<double> t_dense = twell::time_on_stream(stream.get(), [&] { dense.run(stream.get(), tensors, d.tokens); }, 3, reps);
+
+    const double med_twell = t_twell[t_twell.size() / 2], med_dense = t_dense[t_dense.size() / 2];
+    say(fmt::format("== GPU: {} ({} SMs)", ctx.device_name(), ctx.sm_count()));
+    say(fmt::format("   TwELL FFN   rel. error vs CPU reference {:.3e}  unwritten outputs {}  bitwise deterministic {}  "
+                    "median {:.3f} ms over {} runs",
+                    err_twell, poisoned, deterministic ? "yes" : "NO", med_twell, reps));
+    say(fmt::format("   dense FFN   rel. error vs CPU reference {:.3e}  unwritten outputs {}  (cuBLASLt)  median {:.3f} ms",
+                    err_dense, poisoned_dense, med_dense));
+    say(fmt::format("   overflow: {} tile-rows reported by the gate kernel (CPU: {}), backup capacity {}{}",
+                    overflow.overflowing_tile_rows, st.tile_rows_overflowing, overflow.backup_capacity,
+                    overflow.recomputed ? " (full: the rest were recomputed by the consumer)" : ""));
+    say(fmt::format("   TwELL / dense time: {:.2f}x {}", med_dense / med_twell, med_twell < med_dense ? "faster" : "slower (issue 3: Hopper fast path)"));
+    const bool ok = err_twell < 1e-2 && err_dense < 1e-2 && poisoned == 0 && poisoned_dense == 0 && deterministic;
+    say(ok ? "== PASS: TwELL and dense agree with the CPU reference (rel. error < 1e-2)" : "== FAIL: see above");
+    report["gpu"] = {{"present", true}, {"device", ctx.device_name()}, {"sm_count", ctx.sm_count()},
+                     {"twell", {{"rel_error", err_twell}, {"unwritten", poisoned}, {"deterministic", deterministic},
+                                {"median_ms", med_twell}, {"overflow_tile_rows", overflow.overflowing_tile_rows},
+                                {"backup_capacity", overflow.backup_capacity}}},
+                     {"dense", {{"rel_error", err_dense}, {"unwritten", poisoned_dense}, {"median_ms", med_dense}}},
+                     {"reps", reps}, {"pass", ok}};
+    if (json_out) std::printf("%s\n", report.dump(2).c_str());
+    return ok ? 0 : 1;
+  } catch (const twell::Error& e) {
+    std::fprintf(stderr, "twellc run: error: %s\n", e.what());
+    return 1;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "twellc run: %s\n", e.what());
+    return 2;
+  }
+}
+
+}  // namespace twellc

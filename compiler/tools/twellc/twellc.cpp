@@ -1,0 +1,110 @@
+// twellc — twell's command-line driver.
+//   twellc run [FILE.safetensors ...] [--layer N] ...   the main job (see `twellc run --help`)
+//   twellc emit (FILE.mlir | --d-model D --d-ff F) ...   ahead-of-time MLIR / CUDA / PTX
+#include <cstdio>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "commands.h"
+
+namespace twellc {
+
+bool Args::has(const std::string& name) const {
+  for (const auto& [n, v] : options)
+    if (n == name) return true;
+  return false;
+}
+
+std::string Args::get(const std::string& name, const std::string& fallback) const {
+  for (const auto& [n, v] : options)
+    if (n == name) return v;
+  return fallback;
+}
+
+long long Args::get_int(const std::string& name, long long fallback) const {
+  if (!has(name)) return fallback;
+  const std::string v = get(name);
+  size_t used = 0;
+  long long r = 0;
+  try {
+    r = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty()) throw std::invalid_argument(fmt::format("--{}: expected an integer, got '{}'", name, v));
+  return r;
+}
+
+double Args::get_double(const std::string& name, double fallback) const {
+  if (!has(name)) return fallback;
+  const std::string v = get(name);
+  size_t used = 0;
+  double r = 0;
+  try {
+    r = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || v.empty()) throw std::invalid_argument(fmt::format("--{}: expected a number, got '{}'", name, v));
+  return r;
+}
+
+Args parse_args(const std::vector<std::string>& args, const std::vector<std::string>& flags,
+                const std::vector<std::string>& valued) {
+  auto in = [](const std::vector<std::string>& v, const std::string& s) {
+    for (const auto& x : v)
+      if (x == s) return true;
+    return false;
+  };
+  Args a;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& s = args[i];
+    if (s.rfind("--", 0) != 0 || s == "--") {
+      a.positional.push_back(s);
+      continue;
+    }
+    std::string name = s.substr(2), value;
+    const size_t eq = name.find('=');
+    const bool inline_value = eq != std::string::npos;
+    if (inline_value) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    }
+    if (in(flags, name)) {
+      if (inline_value) throw std::invalid_argument(fmt::format("--{} takes no value, got '{}'", name, value));
+    } else if (in(valued, name)) {
+      if (!inline_value) {
+        if (i + 1 >= args.size()) throw std::invalid_argument(fmt::format("--{} expects a value", name));
+        value = args[++i];
+      }
+    } else {
+      throw std::invalid_argument(fmt::format("unknown option --{}", name));
+    }
+    a.options.emplace_back(name, value);
+  }
+  return a;
+}
+
+}  // namespace twellc
+
+int main(int argc, char** argv) {
+  const std::string usage =
+      "usage: twellc run [FILE.safetensors ...] [options]   run the sparse FFN on real data (default: embedded sample)\n"
+      "       twellc emit (FILE.mlir | --d-model D --d-ff F) [--emit=mlir|cuda|ptx] [-o DIR]\n"
+      "       twellc <command> --help                       options of a command\n";
+  if (argc < 2) {
+    std::fputs(usage.c_str(), stderr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  std::vector<std::string> rest(argv + 2, argv + argc);
+  if (cmd == "run") return twellc::run_command(rest);
+  if (cmd == "emit") return twellc::emit_command(rest);
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(usage.c_str(), stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "twellc: unknown command '%s'\n%s", cmd.c_str(), usage.c_str());
+  return 2;
+}

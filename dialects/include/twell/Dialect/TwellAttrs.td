@@ -1,0 +1,162 @@
+// Attributes of the twell dialect: the TwELL layout (a tensor encoding), the GPU target and the
+// kernel configuration, and the enums they use.
+#ifndef TWELL_ATTRS_TD
+#define TWELL_ATTRS_TD
+
+include "twell/Dialect/TwellDialect.td"
+include "mlir/IR/AttrTypeBase.td"
+include "mlir/IR/EnumAttr.td"
+include "mlir/IR/TensorEncoding.td"
+
+//===----------------------------------------------------------------------===//
+// Enums
+//===----------------------------------------------------------------------===//
+
+// The gate activation and its sparsity predicate (runtime/include/twell/spec.h, twell::Activation):
+// relu: active iff relu(g) > threshold; silu: active iff |silu(g)| > threshold.
+def Twell_Activation : I32EnumAttr<"Activation", "gate activation", [
+    I32EnumAttrCase<"ReLU", 0, "relu">,
+    I32EnumAttrCase<"SiLU", 1, "silu">]> {
+  let cppNamespace = "::mlir::twell";
+  let genSpecializedAttr = 0;
+}
+def Twell_ActivationAttr : EnumAttr<Twell_Dialect, Twell_Activation, "activation"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
+// Layout of the down projection weight: out_in is nn.Linear's [d_model, d_ff] (the default),
+// in_out is [d_ff, d_model] and must be declared.
+def Twell_DownLayout : I32EnumAttr<"DownLayout", "layout of the down projection weight", [
+    I32EnumAttrCase<"OutIn", 0, "out_in">,
+    I32EnumAttrCase<"InOut", 1, "in_out">]> {
+  let cppNamespace = "::mlir::twell";
+  let genSpecializedAttr = 0;
+}
+def Twell_DownLayoutAttr : EnumAttr<Twell_Dialect, Twell_DownLayout, "down_layout"> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
+// GPU features a kernel may use. wgmma, tma and multicast (TMA multicast across a cluster) exist only
+// on sm_90a; mma_sync and cp_async are portable (sm_80 and later).
+def Twell_Feature : I32EnumAttr<"Feature", "GPU feature", [
+    I32EnumAttrCase<"Wgmma", 0, "wgmma">,
+    I32EnumAttrCase<"Tma", 1, "tma">,
+    I32EnumAttrCase<"Multicast", 2, "multicast">,
+    I32EnumAttrCase<"MmaSync", 3, "mma_sync">,
+    I32EnumAttrCase<"CpAsync", 4, "cp_async">]> {
+  let cppNamespace = "::mlir::twell";
+  let genSpecializedAttr = 0;
+}
+
+//===----------------------------------------------------------------------===//
+// Parameters with their own syntax
+//===----------------------------------------------------------------------===//
+
+// An f32 printed in its shortest round-trip decimal form (`0.0`, `0.25`, `1.0e-05`).
+def Twell_ThresholdParameter : APFloatParameter<"sparsity threshold (f32)"> {
+  let parser = "::mlir::twell::parseF32Parameter($_parser)";
+  let printer = "::mlir::twell::printF32Parameter($_printer, $_self)";
+}
+
+// `[wgmma, tma]`, possibly empty.
+def Twell_FeatureListParameter : ArrayRefParameter<"::mlir::twell::Feature", "GPU features"> {
+  let parser = "::mlir::twell::parseFeatureList($_parser)";
+  let printer = "::mlir::twell::printFeatureList($_printer, $_self)";
+}
+
+//===----------------------------------------------------------------------===//
+// #twell.layout
+//===----------------------------------------------------------------------===//
+
+def Twell_LayoutAttr : AttrDef<Twell_Dialect, "Layout",
+                               [DeclareAttrInterfaceMethods<VerifiableTensorEncoding>]> {
+  let mnemonic = "layout";
+  let summary = "TwELL layout of the hidden activation H [M, d_ff]";
+  let description = [{
+    Encoding of a rank-2 tensor H [M, d_ff] stored in TwELL (TWELL_FORMAT.md): d_ff is cut into
+    ceil(d_ff / tile_n) tiles of `tile_n` columns (the N extent of the gate GEMM's CTA tile); every
+    (row, tile) owns `slots` + 1 words of 32 bits: the nnz of the tile-row, then the entries in
+    ascending column order, each the value (`value` type, high bits) and its column inside the tile
+    (`index` type, low bits). An entry is active iff act(g) > threshold (relu) or |act(g)| > threshold
+    (silu).
+
+    ```mlir
+    tensor<?x5632xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16,
+                                      activation = relu, threshold = 0.0>>
+    ```
+  }];
+  let parameters = (ins
+    "int64_t":$tile_n,
+    "int64_t":$slots,
+    "::mlir::Type":$value,
+    "::mlir::Type":$index,
+    EnumParameter<Twell_Activation>:$activation,
+    Twell_ThresholdParameter:$threshold
+  );
+  let builders = [
+    AttrBuilder<(ins "int64_t":$tile_n, "int64_t":$slots, "::mlir::Type":$value,
+                     "::mlir::Type":$index, "::mlir::twell::Activation":$activation,
+                     "float":$threshold), [{
+      return $_get($_ctxt, tile_n, slots, value, index, activation, ::llvm::APFloat(threshold));
+    }]>
+  ];
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    /// The threshold as a float (the parameter is always an f32 APFloat).
+    float getThresholdValue() const { return getThreshold().convertToFloat(); }
+    /// Width of a column index, in bits.
+    unsigned getIndexBits() const;
+    /// Number of tiles of a row of d_ff columns.
+    int64_t getNumTiles(int64_t d_ff) const { return (d_ff + getTileN() - 1) / getTileN(); }
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// #twell.target
+//===----------------------------------------------------------------------===//
+
+def Twell_TargetAttr : AttrDef<Twell_Dialect, "Target"> {
+  let mnemonic = "target";
+  let summary = "GPU architecture and the features kernels may use";
+  let description = [{
+    `#twell.target<"sm_90a", [wgmma, tma, multicast]>`. The arch string is part of a kernel's
+    identity (ptxas for sm_90 rejects sm_90a PTX). Hopper-only features (wgmma, tma, multicast)
+    require "sm_90a"; every arch may use the portable ones (mma_sync, cp_async).
+  }];
+  let parameters = (ins
+    StringRefParameter<"compute architecture, sm_<major><minor>[a]">:$arch,
+    Twell_FeatureListParameter:$features
+  );
+  let assemblyFormat = "`<` $arch `,` $features `>`";
+  let genVerifyDecl = 1;
+  let extraClassDeclaration = [{
+    bool hasFeature(::mlir::twell::Feature feature) const {
+      return ::llvm::is_contained(getFeatures(), feature);
+    }
+    /// The target's default feature set: all Hopper features on sm_90a, the portable ones elsewhere.
+    static ::llvm::SmallVector<::mlir::twell::Feature> defaultFeatures(::llvm::StringRef arch);
+  }];
+}
+
+//===----------------------------------------------------------------------===//
+// #twell.config
+//===----------------------------------------------------------------------===//
+
+def Twell_ConfigAttr : AttrDef<Twell_Dialect, "Config"> {
+  let mnemonic = "config";
+  let summary = "kernel configuration: CTA tile and block size";
+  let description = [{
+    `#twell.config<cta_m = 64, cta_k = 16, threads = 256>`: token rows per CTA (`cta_m`), the K
+    step of the GEMM main loop (`cta_k`, gate kernel only; omitted means none) and threads per CTA.
+  }];
+  let parameters = (ins
+    "int64_t":$cta_m,
+    DefaultValuedParameter<"int64_t", "0", "K step of the GEMM main loop; 0 = none">:$cta_k,
+    "int64_t":$threads
+  );
+  let assemblyFormat = "`<` struct(params) `>`";
+  let genVerifyDecl = 1;
+}
+
+#endif  // TWELL_ATTRS_TD

@@ -1,0 +1,209 @@
+// Verifiers, parsers and printers of the twell attributes. Every illegal parameter combination is
+// rejected with a message naming the parameter, what is expected and what was given.
+#include "twell/Dialect/TwellAttrs.h"
+
+#include <charconv>
+#include <string>
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/SmallString.h"
+#include "llvm/ADT/TypeSwitch.h"
+#include "llvm/Support/MathExtras.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/DialectImplementation.h"
+#include "twell/Dialect/TwellDialect.h"
+
+namespace mlir::twell {
+
+// Parameter syntax used by the generated parsers and printers (TwellAttrs.td).
+static FailureOr<llvm::APFloat> parseF32Parameter(AsmParser& parser);
+static void printF32Parameter(AsmPrinter& printer, const llvm::APFloat& value);
+static FailureOr<llvm::SmallVector<Feature>> parseFeatureList(AsmParser& parser);
+static void printFeatureList(AsmPrinter& printer, llvm::ArrayRef<Feature> features);
+
+}  // namespace mlir::twell
+
+#include "twell/Dialect/TwellEnums.cpp.inc"
+#define GET_ATTRDEF_CLASSES
+#include "twell/Dialect/TwellAttrs.cpp.inc"
+
+namespace mlir::twell {
+
+void TwellDialect::registerAttributes() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "twell/Dialect/TwellAttrs.cpp.inc"
+      >();
+}
+
+static FailureOr<llvm::APFloat> parseF32Parameter(AsmParser& parser) {
+  llvm::APFloat value(0.0f);
+  if (parser.parseFloat(llvm::APFloat::IEEEsingle(), value)) return failure();
+  return value;
+}
+
+// Shortest decimal that reads back as the same f32, with the '.' that MLIR's float literals require
+// (`0.0`, `0.25`, `1.0e-05`). Non-finite values (rejected by the verifier) read "nan", "inf".
+static std::string formatF32(const llvm::APFloat& value) {
+  if (!value.isFinite()) {
+    llvm::SmallString<16> text;
+    value.toString(text);
+    return std::string(text);
+  }
+  char buffer[64];
+  auto result = std::to_chars(buffer, buffer + sizeof(buffer), value.convertToFloat());
+  std::string text(buffer, result.ptr);
+  size_t exponent = text.find('e');
+  std::string mantissa = text.substr(0, exponent);
+  if (mantissa.find('.') == std::string::npos) mantissa += ".0";
+  return mantissa + (exponent == std::string::npos ? "" : text.substr(exponent));
+}
+
+static void printF32Parameter(AsmPrinter& printer, const llvm::APFloat& value) {
+  // MLIR's own form (hexadecimal bits) round-trips the values the decimal form cannot.
+  if (&value.getSemantics() != &llvm::APFloat::IEEEsingle() || !value.isFinite())
+    printer.printFloat(value);
+  else
+    printer.getStream() << formatF32(value);
+}
+
+static FailureOr<llvm::SmallVector<Feature>> parseFeatureList(AsmParser& parser) {
+  llvm::SmallVector<Feature> features;
+  auto parseOne = [&]() -> ParseResult {
+    SMLoc loc = parser.getCurrentLocation();
+    StringRef keyword;
+    if (parser.parseKeyword(&keyword)) return failure();
+    std::optional<Feature> feature = symbolizeFeature(keyword);
+    if (!feature)
+      return parser.emitError(loc, "unknown feature '")
+             << keyword << "', expected one of wgmma, tma, multicast, mma_sync, cp_async";
+    features.push_back(*feature);
+    return success();
+  };
+  if (parser.parseCommaSeparatedList(AsmParser::Delimiter::Square, parseOne)) return failure();
+  return features;
+}
+
+static void printFeatureList(AsmPrinter& printer, llvm::ArrayRef<Feature> features) {
+  printer << '[';
+  llvm::interleaveComma(features, printer, [&](Feature f) { printer << stringifyFeature(f); });
+  printer << ']';
+}
+
+//===----------------------------------------------------------------------===//
+// #twell.layout
+//===----------------------------------------------------------------------===//
+
+static bool isTwellValueType(Type type) { return type.isBF16() || type.isF16(); }
+
+LogicalResult LayoutAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError, int64_t tile_n,
+                                 int64_t slots, Type value, Type index, Activation activation,
+                                 llvm::APFloat threshold) {
+  if (tile_n < 32 || tile_n > 1024 || !llvm::isPowerOf2_64(tile_n))
+    return emitError() << "tile_n must be a power of two between 32 and 1024, got " << tile_n;
+  if (slots < 1 || slots > tile_n)
+    return emitError() << "slots must be between 1 and tile_n (" << tile_n << "), got " << slots;
+  if (!value || !isTwellValueType(value))
+    return emitError() << "value must be bf16 or f16, got " << value;
+  auto indexType = llvm::dyn_cast_if_present<IntegerType>(index);
+  if (!indexType || !indexType.isSignless())
+    return emitError() << "index must be a signless integer type, got " << index;
+  unsigned valueBits = value.getIntOrFloatBitWidth();
+  unsigned indexBits = indexType.getWidth();
+  if (valueBits + indexBits != 32)
+    return emitError() << "index must be i" << 32 - valueBits << " so that an entry (value "
+                       << value << ", " << valueBits
+                       << " bits, and its column) fills one 32-bit word, got " << index;
+  if (indexBits < 63 && (int64_t{1} << indexBits) < tile_n)
+    return emitError() << "index " << index << " cannot address tile_n = " << tile_n
+                       << " columns (2^" << indexBits << " < " << tile_n << ")";
+  if (&threshold.getSemantics() != &llvm::APFloat::IEEEsingle())
+    return emitError() << "threshold must be an f32";
+  if (!threshold.isFinite())
+    return emitError() << "threshold must be finite, got " << formatF32(threshold);
+  switch (activation) {
+    case Activation::ReLU:
+      if (threshold.isNegative() && !threshold.isZero())
+        return emitError() << "threshold must be >= 0 for activation relu (active iff relu(g) > "
+                              "threshold), got "
+                           << formatF32(threshold);
+      break;
+    case Activation::SiLU:
+      if (threshold.isNegative() || threshold.isZero())
+        return emitError() << "threshold must be > 0 for activation silu (active iff |silu(g)| > "
+                              "threshold), got "
+                           << formatF32(threshold);
+      break;
+  }
+  return success();
+}
+
+LogicalResult LayoutAttr::verifyEncoding(llvm::ArrayRef<int64_t> shape, Type elementType,
+                                         llvm::function_ref<InFlightDiagnostic()> emitError) const {
+  if (shape.size() != 2)
+    return emitError() << "#twell.layout encodes a rank-2 tensor [M, d_ff], got rank "
+                       << shape.size();
+  if (elementType != getValue())
+    return emitError() << "#twell.layout: the tensor's element type " << elementType
+                       << " differs from the layout's value type " << getValue();
+  return success();
+}
+
+unsigned LayoutAttr::getIndexBits() const { return llvm::cast<IntegerType>(getIndex()).getWidth(); }
+
+//===----------------------------------------------------------------------===//
+// #twell.target
+//===----------------------------------------------------------------------===//
+
+// "sm_<digits>[a]" -> compute capability major*10 + minor, or -1.
+static int parseComputeCapability(StringRef arch, bool& archSpecific) {
+  if (!arch.consume_front("sm_")) return -1;
+  archSpecific = arch.consume_back("a");
+  int cc = 0;
+  if (arch.size() < 2 || arch.getAsInteger(10, cc)) return -1;
+  return cc;
+}
+
+static bool isHopperOnly(Feature feature) {
+  return feature == Feature::Wgmma || feature == Feature::Tma || feature == Feature::Multicast;
+}
+
+LogicalResult TargetAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError, StringRef arch,
+                                 llvm::ArrayRef<Feature> features) {
+  bool archSpecific = false;
+  int cc = parseComputeCapability(arch, archSpecific);
+  if (cc < 0)
+    return emitError() << "arch must be of the form sm_<major><minor>[a] (e.g. \"sm_90a\"), got \""
+                       << arch << "\"";
+  if (cc < 80)
+    return emitError() << "arch must be sm_80 or newer (bf16 tensor cores), got \"" << arch << "\"";
+  for (auto [i, feature] : llvm::enumerate(features)) {
+    if (llvm::is_contained(features.take_front(i), feature))
+      return emitError() << "feature '" << stringifyFeature(feature) << "' is listed twice";
+    if (isHopperOnly(feature) && arch != "sm_90a")
+      return emitError() << "feature '" << stringifyFeature(feature)
+                         << "' requires arch \"sm_90a\", got \"" << arch << "\"";
+  }
+  return success();
+}
+
+llvm::SmallVector<Feature> TargetAttr::defaultFeatures(StringRef arch) {
+  if (arch == "sm_90a") return {Feature::Wgmma, Feature::Tma, Feature::Multicast};
+  return {Feature::MmaSync, Feature::CpAsync};
+}
+
+//===----------------------------------------------------------------------===//
+// #twell.config
+//===----------------------------------------------------------------------===//
+
+LogicalResult ConfigAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError, int64_t cta_m,
+                                 int64_t cta_k, int64_t threads) {
+  if (cta_m < 1) return emitError() << "cta_m must be positive, got " << cta_m;
+  if (cta_k < 0) return emitError() << "cta_k must be positive (or omitted), got " << cta_k;
+  if (threads < 32 || threads > 1024 || threads % 32 != 0)
+    return emitError() << "threads must be a multiple of 32 between 32 and 1024, got " << threads;
+  return success();
+}
+
+}  // namespace mlir::twell

@@ -1,0 +1,277 @@
+// Verifiers of the twell operations. Messages name the operand and the dimension, say what is
+// expected (with the layout convention it follows) and what was given, e.g.
+//   w_up: expected shape [5632, 2048] (d_ff x d_model, nn.Linear layout), got [5632, 1024]
+#include "twell/Dialect/TwellOps.h"
+
+#include <string>
+
+#include "llvm/ADT/STLExtras.h"
+#include "llvm/ADT/StringExtras.h"
+#include "mlir/IR/Builders.h"
+#include "mlir/IR/BuiltinTypes.h"
+#include "mlir/IR/OpImplementation.h"
+#include "twell/Dialect/KernelConstraints.h"
+
+#define GET_OP_CLASSES
+#include "twell/Dialect/TwellOps.cpp.inc"
+
+namespace mlir::twell {
+namespace {
+
+std::string formatShape(llvm::ArrayRef<int64_t> shape) {
+  std::string text = "[";
+  for (auto [i, extent] : llvm::enumerate(shape)) {
+    if (i) text += ", ";
+    text += ShapedType::isDynamic(extent) ? std::string("?") : std::to_string(extent);
+  }
+  return text + "]";
+}
+
+// Checks the parts shared by all twell ops, in operand order, and records the sizes they fix.
+class ShapeChecker {
+ public:
+  explicit ShapeChecker(Operation* op) : op_(op) {}
+
+  // x [M, d_model]: fixes the element type, M and d_model.
+  LogicalResult checkX(Value x) {
+    auto type = getMatrix("x", x.getType());
+    if (!type) return failure();
+    element_ = type.getElementType();
+    if (!element_.isBF16() && !element_.isF16())
+      return op_->emitOpError() << "x: expected element type bf16 or f16, got " << element_;
+    if (type.getEncoding())
+      return op_->emitOpError() << "x: expected a tensor without encoding, got " << type;
+    tokens_ = type.getDimSize(0);
+    dModel_ = type.getDimSize(1);
+    if (ShapedType::isDynamic(dModel_))
+      return op_->emitOpError() << "x: d_model (dimension 1) must be static, got " << type;
+    if (dModel_ < 1)
+      return op_->emitOpError() << "x: d_model (dimension 1) must be positive, got " << dModel_;
+    return success();
+  }
+
+  // A TwELL tensor [M, d_ff] (gate_matmul's result, gated_down's h): fixes d_ff and the layout.
+  LogicalResult checkTwell(StringRef name, Value value) {
+    auto type = getMatrix(name, value.getType());
+    if (!type || failed(checkElement(name, type))) return failure();
+    layout_ = llvm::dyn_cast_if_present<LayoutAttr>(type.getEncoding());
+    if (!layout_)
+      return op_->emitOpError() << name << ": expected a tensor with a #twell.layout encoding, got "
+                                << type;
+    if (failed(checkTokens(name, type))) return failure();
+    int64_t dFF = type.getDimSize(1);
+    if (ShapedType::isDynamic(dFF))
+      return op_->emitOpError() << name << ": d_ff (dimension 1) must be static, got " << type;
+    return setDFF(name, "dimension 1", dFF);
+  }
+
+  // A weight with both dimensions fixed by what was checked before.
+  LogicalResult checkWeight(StringRef name, Value value, llvm::ArrayRef<int64_t> expected,
+                            StringRef convention) {
+    auto type = getMatrix(name, value.getType());
+    if (!type || failed(checkElement(name, type))) return failure();
+    if (type.getEncoding())
+      return op_->emitOpError() << name << ": expected a tensor without encoding, got " << type;
+    if (type.getShape() != expected)
+      return op_->emitOpError() << name << ": expected shape " << formatShape(expected) << " ("
+                                << convention << "), got " << formatShape(type.getShape());
+    return success();
+  }
+
+  // gated_ffn's w_gate [d_ff, d_model]: fixes d_ff.
+  LogicalResult checkGateWeight(Value value) {
+    auto type = getMatrix("w_gate", value.getType());
+    if (!type) return failure();
+    int64_t dFF = type.getDimSize(0);
+    if (ShapedType::isDynamic(dFF))
+      return op_->emitOpError() << "w_gate: d_ff (dimension 0) must be static, got "
+                                << formatShape(type.getShape());
+    if (failed(setDFF("w_gate", "dimension 0", dFF))) return failure();
+    return checkWeight("w_gate", value, {dFF_, dModel_}, "d_ff x d_model, nn.Linear layout");
+  }
+
+  LogicalResult checkDownWeight(Value value, DownLayout layout) {
+    if (layout == DownLayout::OutIn)
+      return checkWeight("w_down", value, {dModel_, dFF_},
+                         "d_model x d_ff, nn.Linear layout; declare down_layout = in_out for "
+                         "[d_ff, d_model]");
+    return checkWeight("w_down", value, {dFF_, dModel_}, "d_ff x d_model, down_layout = in_out");
+  }
+
+  // y [M, d_model], plain tensor.
+  LogicalResult checkY(Value y) {
+    auto type = getMatrix("y", y.getType());
+    if (!type || failed(checkElement("y", type))) return failure();
+    if (type.getEncoding())
+      return op_->emitOpError() << "y: expected a tensor without encoding, got " << type;
+    if (failed(checkTokens("y", type))) return failure();
+    if (type.getDimSize(1) != dModel_)
+      return op_->emitOpError() << "y: expected shape " << formatShape({tokens_, dModel_})
+                                << " (tokens x d_model), got " << formatShape(type.getShape());
+    return success();
+  }
+
+  // The layout's value type is the element type of every operand.
+  LogicalResult checkLayout(LayoutAttr layout) {
+    if (layout.getValue() != element_)
+      return op_->emitOpError() << "layout: value type " << layout.getValue()
+                                << " differs from the element type " << element_ << " of x";
+    return success();
+  }
+
+  int64_t dModel() const { return dModel_; }
+  int64_t dFF() const { return dFF_; }
+  LayoutAttr layout() const { return layout_; }
+
+ private:
+  RankedTensorType getMatrix(StringRef name, Type type) {
+    auto ranked = llvm::dyn_cast<RankedTensorType>(type);
+    if (!ranked) {
+      op_->emitOpError() << name << ": expected a ranked tensor, got " << type;
+      return {};
+    }
+    if (ranked.getRank() != 2) {
+      op_->emitOpError() << name << ": expected a rank-2 tensor, got rank " << ranked.getRank()
+                         << " (" << type << ")";
+      return {};
+    }
+    return ranked;
+  }
+
+  LogicalResult checkElement(StringRef name, RankedTensorType type) {
+    if (type.getElementType() != element_)
+      return op_->emitOpError() << name << ": expected element type " << element_
+                                << " (the element type of x), got " << type.getElementType();
+    return success();
+  }
+
+  LogicalResult checkTokens(StringRef name, RankedTensorType type) {
+    int64_t tokens = type.getDimSize(0);
+    if (!ShapedType::isDynamic(tokens) && !ShapedType::isDynamic(tokens_) && tokens != tokens_)
+      return op_->emitOpError() << name << ": dimension 0 (tokens) is " << tokens << ", but x has "
+                                << tokens_ << " tokens";
+    return success();
+  }
+
+  LogicalResult setDFF(StringRef name, StringRef where, int64_t dFF) {
+    if (dFF < 1)
+      return op_->emitOpError() << name << ": d_ff (" << where << ") must be positive, got " << dFF;
+    dFF_ = dFF;
+    return success();
+  }
+
+  Operation* op_;
+  Type element_;
+  int64_t tokens_ = ShapedType::kDynamic;
+  int64_t dModel_ = 0;
+  int64_t dFF_ = 0;
+  LayoutAttr layout_;
+};
+
+bool isCIdentifier(StringRef name) {
+  if (name.empty() || llvm::isDigit(name.front())) return false;
+  return llvm::all_of(name, [](char c) { return llvm::isAlnum(c) || c == '_'; });
+}
+
+// target / config / kernel_name of a kernel-level op.
+LogicalResult verifyKernelAttributes(Operation* op, TargetAttr target, ConfigAttr config,
+                                     StringAttr kernelName) {
+  if (kernelName) {
+    if (!isCIdentifier(kernelName.getValue()))
+      return op->emitOpError() << "kernel_name: expected a C identifier (the kernel's extern \"C\" "
+                                  "symbol), got \""
+                               << kernelName.getValue() << "\"";
+    if (!target || !config)
+      return op->emitOpError()
+             << "kernel_name: a specialized kernel must also carry its target and config";
+  }
+  return success();
+}
+
+}  // namespace
+
+//===----------------------------------------------------------------------===//
+// twell.gate_matmul
+//===----------------------------------------------------------------------===//
+
+LayoutAttr GateMatmulOp::getLayout() {
+  auto type = llvm::dyn_cast<RankedTensorType>(getH().getType());
+  return type ? llvm::dyn_cast_if_present<LayoutAttr>(type.getEncoding()) : LayoutAttr();
+}
+
+LogicalResult GateMatmulOp::verify() {
+  ShapeChecker check(*this);
+  if (failed(check.checkX(getX())) || failed(check.checkTwell("h", getH())) ||
+      failed(check.checkWeight("w_gate", getWGate(), {check.dFF(), check.dModel()},
+                               "d_ff x d_model, nn.Linear layout")) ||
+      failed(check.checkLayout(check.layout())))
+    return failure();
+  if (ConfigAttr config = getConfigAttr()) {
+    using Gate = GateKernelConstraints;
+    int64_t tileN = check.layout().getTileN();
+    if (config.getCtaK() < 1)
+      return emitOpError() << "config: the gate kernel needs a K step, cta_k must be positive, got "
+                           << config;
+    if (config.getCtaM() * tileN != Gate::kTileElements)
+      return emitOpError() << "config: cta_m * tile_n must be " << Gate::kTileElements
+                           << " for the gate kernel (cta_m = " << Gate::kTileElements / tileN
+                           << " at tile_n = " << tileN << "), got cta_m = " << config.getCtaM();
+    if (config.getThreads() != Gate::kThreads)
+      return emitOpError() << "config: the gate kernel lays its threads out 16 x 16, threads must be "
+                           << Gate::kThreads << ", got " << config.getThreads();
+    int64_t sharedBytes = Gate::staticSharedBytes(config.getCtaM(), config.getCtaK(), tileN);
+    if (sharedBytes > Gate::kMaxStaticSharedBytes)
+      return emitOpError() << "config: the gate kernel would need " << sharedBytes
+                           << " bytes of static shared memory (cta_k * (cta_m + tile_n) * 4 at cta_k = "
+                           << config.getCtaK() << "), more than " << Gate::kMaxStaticSharedBytes
+                           << ": lower cta_k";
+  }
+  return verifyKernelAttributes(*this, getTargetAttr(), getConfigAttr(), getKernelNameAttr());
+}
+
+//===----------------------------------------------------------------------===//
+// twell.gated_down
+//===----------------------------------------------------------------------===//
+
+LayoutAttr GatedDownOp::getLayout() {
+  auto type = llvm::dyn_cast<RankedTensorType>(getH().getType());
+  return type ? llvm::dyn_cast_if_present<LayoutAttr>(type.getEncoding()) : LayoutAttr();
+}
+
+LogicalResult GatedDownOp::verify() {
+  ShapeChecker check(*this);
+  if (failed(check.checkX(getX())) || failed(check.checkTwell("h", getH())) ||
+      failed(check.checkLayout(check.layout())) ||
+      failed(check.checkWeight("w_up", getWUp(), {check.dFF(), check.dModel()},
+                               "d_ff x d_model, nn.Linear layout")) ||
+      failed(check.checkDownWeight(getWDown(), getDownLayout())) || failed(check.checkY(getY())))
+    return failure();
+  if (ConfigAttr config = getConfigAttr()) {
+    if (config.getCtaK() != 0)
+      return emitOpError() << "config: the gated_down kernel has no K loop, cta_k must be omitted, "
+                              "got "
+                           << config;
+    if (config.getCtaM() != GatedDownKernelConstraints::kCtaM)
+      return emitOpError() << "config: the gated_down kernel processes one token row per CTA, "
+                              "cta_m must be "
+                           << GatedDownKernelConstraints::kCtaM << ", got " << config.getCtaM();
+  }
+  return verifyKernelAttributes(*this, getTargetAttr(), getConfigAttr(), getKernelNameAttr());
+}
+
+//===----------------------------------------------------------------------===//
+// twell.gated_ffn
+//===----------------------------------------------------------------------===//
+
+LogicalResult GatedFfnOp::verify() {
+  ShapeChecker check(*this);
+  if (failed(check.checkX(getX())) || failed(check.checkLayout(getLayout())) ||
+      failed(check.checkGateWeight(getWGate())) ||
+      failed(check.checkWeight("w_up", getWUp(), {check.dFF(), check.dModel()},
+                               "d_ff x d_model, nn.Linear layout")) ||
+      failed(check.checkDownWeight(getWDown(), getDownLayout())) || failed(check.checkY(getY())))
+    return failure();
+  return success();
+}
+
+}  // namespace mlir::twell

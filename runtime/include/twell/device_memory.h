@@ -1,0 +1,65 @@
+// Small host-side helpers over the lazily loaded CUDA driver, so host programs (twellc, tests,
+// benchmarks, examples) need neither the CUDA runtime nor libcuda at link time.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "twell/plan.h"
+
+namespace twell {
+
+class Context;
+
+// Device memory owned by one object (cuMemAlloc / cuMemFree). Throws Error(NoDevice) without a GPU,
+// Error(Cuda) when allocation fails (the message gives the size asked and the free memory).
+class DeviceMemory {
+ public:
+  DeviceMemory(Context& context, size_t bytes);
+  ~DeviceMemory();
+  DeviceMemory(DeviceMemory&& other) noexcept;
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  void* data() const { return reinterpret_cast<void*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+  // Synchronous copies; `offset + bytes` must lie inside the allocation (else Error(InvalidArgument)).
+  void upload(const void* host, size_t bytes, size_t offset = 0);
+  void download(void* host, size_t bytes, size_t offset = 0) const;
+  void fill(uint8_t byte);  // poisons or clears the whole allocation
+
+  template <class T>
+  void upload(const std::vector<T>& v) { upload(v.data(), v.size() * sizeof(T)); }
+  template <class T>
+  std::vector<T> download_vector(size_t count) const {
+    std::vector<T> v(count);
+    download(v.data(), count * sizeof(T));
+    return v;
+  }
+
+ private:
+  uint64_t ptr_ = 0;
+  size_t bytes_ = 0;
+};
+
+// A non-blocking CUDA stream (never the legacy default stream).
+class StreamHandle {
+ public:
+  explicit StreamHandle(Context& context);
+  ~StreamHandle();
+  StreamHandle(const StreamHandle&) = delete;
+  StreamHandle& operator=(const StreamHandle&) = delete;
+  Stream get() const { return stream_; }
+  void synchronize() const;
+
+ private:
+  Stream stream_ = nullptr;
+};
+
+// Times fn (which enqueues work on `stream`) with CUDA events: `warmup` untimed calls, then `reps`
+// timed ones, each between its own pair of events. Returns every time in milliseconds, sorted.
+std::vector<double> time_on_stream(Stream stream, const std::function<void()>& fn, int warmup, int reps);
+
+}  // namespace twell

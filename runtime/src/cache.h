@@ -1,0 +1,105 @@
+// The kernel cache (ARCHITECTURE.md, "Cache"): compiled kernels keyed by everything that can change
+// the binary, in memory and on disk.
+//
+// On disk: one file per key, <dir>/<key>.twk, little-endian:
+//   offset  0  char[8]  magic "TWELLK01"
+//           8  u32      format version (kFormatVersion)
+//          12  u32      header bytes (48)
+//          16  u64      PTX bytes
+//          24  u64      cubin bytes
+//          32  u64      XXH64 (seed 0) of the payload (PTX then cubin)
+//          40  u64      XXH64 (seed 0) of the key (a file renamed to another key is not loaded)
+//          48  PTX, then cubin
+// A file is published whole (written to a unique temp file in the same directory, fsync'ed, renamed
+// over <key>.twk, directory fsync'ed), so readers never see a partial one. Writers of one key are
+// serialized across processes by flock on <key>.lock (lock files stay: unlinking a lock file others may
+// be waiting on would let two processes hold "the" lock at once). An entry that fails validation
+// (magic, version, sizes against the file size, key, checksum) is deleted, counted and recompiled —
+// never loaded.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace twell::detail {
+
+struct CacheEntry {
+  std::string ptx;
+  std::vector<char> cubin;  // empty for PTX-only entries
+};
+
+enum class CacheHit { Memory, Disk, Miss };
+
+struct CacheStats {
+  uint64_t memory_hits = 0;
+  uint64_t disk_hits = 0;
+  uint64_t misses = 0;           // compile callbacks run (including ones that threw)
+  uint64_t corrupt_entries = 0;  // disk entries that failed validation and were deleted
+};
+
+class KernelCache {
+ public:
+  static constexpr uint32_t kFormatVersion = 1;
+
+  // `dir` empty: memory only. Otherwise the directory is created if needed and probed for writing; if
+  // that fails (or any later write fails) the cache continues in memory only, after one warning on
+  // stderr for this cache: compiles never fail because of the disk cache.
+  explicit KernelCache(std::filesystem::path dir);
+  ~KernelCache();
+  KernelCache(const KernelCache&) = delete;
+  KernelCache& operator=(const KernelCache&) = delete;
+
+  // $TWELL_CACHE_DIR if set and non-empty; else $XDG_CACHE_HOME/twell if that is an absolute path;
+  // else $HOME/.cache/twell (the passwd entry's home when HOME is unset); empty (memory only) if no home.
+  static std::filesystem::path defaultDir();
+
+  // 32 lowercase hex digits: XXH3-128 over the fields, each prefixed by its length (options by their
+  // count, then each option), after a format tag, so no two different field lists share a key.
+  static std::string makeKey(std::string_view source, std::string_view nvrtc_version,
+                             const std::vector<std::string>& options, std::string_view arch,
+                             std::string_view twell_version);
+
+  struct Result {
+    std::shared_ptr<const CacheEntry> entry;
+    CacheHit hit;
+  };
+
+  // The entry for `key`: from memory; else from disk (then kept in memory); else from compile(), which
+  // is then published to memory and disk. Thread-safe: concurrent calls for one key run compile() once
+  // (the others wait and get a Memory hit); across processes sharing the directory, the per-key lock
+  // makes the later process wait and load the earlier one's entry. An exception from compile()
+  // propagates and caches nothing. Throws Error(InvalidArgument) for a key that is empty, longer than 128
+  // characters or has characters outside [0-9A-Za-z_-] (keys become file names).
+  Result getOrCompile(const std::string& key, const std::function<CacheEntry()>& compile);
+
+  CacheStats stats() const;
+  // The directory as configured (empty for memory only), whether or not it is still in use.
+  const std::filesystem::path& dir() const noexcept { return dir_; }
+  // True while entries go to disk: a directory was given and nothing has failed on it.
+  bool persistent() const noexcept { return persistent_.load(std::memory_order_relaxed); }
+  // <dir>/<key>.twk
+  std::filesystem::path entryPath(std::string_view key) const;
+  // Forgets the in-memory entries (entries handed out stay valid); the next lookups go to disk.
+  void dropMemory();
+
+ private:
+  struct Slot;
+  std::shared_ptr<Slot> slot(const std::string& key);
+  void disableDisk(const std::string& why);
+
+  std::filesystem::path dir_;
+  std::atomic<bool> persistent_{false};
+  std::once_flag warned_;
+  mutable std::mutex mutex_;  // guards slots_
+  std::unordered_map<std::string, std::shared_ptr<Slot>> slots_;
+  std::atomic<uint64_t> memory_hits_{0}, disk_hits_{0}, misses_{0}, corrupt_entries_{0};
+};
+
+}  // namespace twell::detail

@@ -1,0 +1,100 @@
+// twell/device_memory.h over the lazily loaded driver.
+#include "twell/device_memory.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "context_impl.h"
+#include "twell/error.h"
+
+namespace twell {
+namespace {
+const detail::Driver& current(Context& c, const char* who) {
+  auto impl = context_impl(c);
+  if (!impl->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, impl->no_gpu_reason));
+  impl->make_current();
+  return detail::Driver::get();
+}
+}  // namespace
+
+DeviceMemory::DeviceMemory(Context& context, size_t bytes) : bytes_(bytes) {
+  const detail::Driver& d = current(context, "DeviceMemory");
+  CUdeviceptr p = 0;
+  const CUresult r = d.cuMemAlloc(&p, std::max<size_t>(bytes, 1));
+  if (r != CUDA_SUCCESS) {
+    size_t free_bytes = 0, total = 0;
+    d.cuMemGetInfo(&free_bytes, &total);
+    detail::check(r, fmt::format("DeviceMemory: cuMemAlloc of {} bytes ({} bytes free)", bytes, free_bytes).c_str());
+  }
+  ptr_ = p;
+}
+
+DeviceMemory::~DeviceMemory() {
+  if (ptr_ != 0) detail::Driver::get().cuMemFree(static_cast<CUdeviceptr>(ptr_));
+}
+
+DeviceMemory::DeviceMemory(DeviceMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = 0; o.bytes_ = 0; }
+
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& o) noexcept {
+  std::swap(ptr_, o.ptr_);
+  std::swap(bytes_, o.bytes_);
+  return *this;
+}
+
+void DeviceMemory::upload(const void* host, size_t bytes, size_t offset) {
+  if (offset > bytes_ || bytes > bytes_ - offset)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("DeviceMemory::upload: [{}, {}) outside the {}-byte allocation", offset, offset + bytes, bytes_));
+  if (bytes) detail::check(detail::Driver::get().cuMemcpyHtoD(ptr_ + offset, host, bytes), "DeviceMemory::upload: cuMemcpyHtoD");
+}
+
+void DeviceMemory::download(void* host, size_t bytes, size_t offset) const {
+  if (offset > bytes_ || bytes > bytes_ - offset)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("DeviceMemory::download: [{}, {}) outside the {}-byte allocation", offset, offset + bytes, bytes_));
+  if (bytes) detail::check(detail::Driver::get().cuMemcpyDtoH(host, ptr_ + offset, bytes), "DeviceMemory::download: cuMemcpyDtoH");
+}
+
+void DeviceMemory::fill(uint8_t byte) {
+  detail::check(detail::Driver::get().cuMemsetD8(ptr_, byte, bytes_), "DeviceMemory::fill: cuMemsetD8");
+}
+
+StreamHandle::StreamHandle(Context& context) {
+  CUstream s = nullptr;
+  detail::check(current(context, "StreamHandle").cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  stream_ = reinterpret_cast<Stream>(s);
+}
+
+StreamHandle::~StreamHandle() {
+  if (stream_ != nullptr) detail::Driver::get().cuStreamDestroy(reinterpret_cast<CUstream>(stream_));
+}
+
+void StreamHandle::synchronize() const {
+  detail::check(detail::Driver::get().cuStreamSynchronize(reinterpret_cast<CUstream>(stream_)), "cuStreamSynchronize");
+}
+
+std::vector<double> time_on_stream(Stream stream, const std::function<void()>& fn, int warmup, int reps) {
+  const detail::Driver& d = detail::Driver::get();
+  auto s = reinterpret_cast<CUstream>(stream);
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<CUevent> events(2 * static_cast<size_t>(reps));
+  for (auto& e : events) detail::check(d.cuEventCreate(&e, CU_EVENT_DEFAULT), "cuEventCreate");
+  for (int i = 0; i < reps; ++i) {
+    detail::check(d.cuEventRecord(events[2 * i], s), "cuEventRecord");
+    fn();
+    detail::check(d.cuEventRecord(events[2 * i + 1], s), "cuEventRecord");
+  }
+  detail::check(d.cuStreamSynchronize(s), "cuStreamSynchronize");
+  std::vector<double> ms(reps);
+  for (int i = 0; i < reps; ++i) {
+    float t = 0;
+    detail::check(d.cuEventElapsedTime(&t, events[2 * i], events[2 * i + 1]), "cuEventElapsedTime");
+    ms[i] = t;
+  }
+  for (auto& e : events) d.cuEventDestroy(e);
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+}  // namespace twell

@@ -1,0 +1,573 @@
+// Every illegal combination is a verifier error naming the parameter or operand, what is expected and
+// what was given.
+// RUN: twell-opt %s -split-input-file -verify-diagnostics
+
+//===----------------------------------------------------------------------===//
+// #twell.layout
+//===----------------------------------------------------------------------===//
+
+// expected-error @+1 {{tile_n must be a power of two between 32 and 1024, got 300}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 300, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{tile_n must be a power of two between 32 and 1024, got 16}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 16, slots = 15, value = bf16, index = i16, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{tile_n must be a power of two between 32 and 1024, got 2048}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 2048, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{slots must be between 1 and tile_n (256), got 0}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 0, value = bf16, index = i16, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{slots must be between 1 and tile_n (256), got 257}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 257, value = bf16, index = i16, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{value must be bf16 or f16, got 'f32'}}
+func.func private @f(tensor<?x600xf32, #twell.layout<tile_n = 256, slots = 31, value = f32, index = i16, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{index must be a signless integer type, got 'f16'}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = f16, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{index must be a signless integer type, got 'ui16'}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = ui16, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{index must be i16 so that an entry (value 'bf16', 16 bits, and its column) fills one 32-bit word, got 'i8'}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i8, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{index must be i16 so that an entry (value 'f16', 16 bits, and its column) fills one 32-bit word, got 'i32'}}
+func.func private @f(tensor<?x600xf16, #twell.layout<tile_n = 256, slots = 31, value = f16, index = i32, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{threshold must be >= 0 for activation relu (active iff relu(g) > threshold), got -0.5}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = -0.5>>)
+
+// -----
+
+// expected-error @+1 {{threshold must be > 0 for activation silu (active iff |silu(g)| > threshold), got 0.0}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = silu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{threshold must be > 0 for activation silu (active iff |silu(g)| > threshold), got -1.0}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = silu, threshold = -1.0>>)
+
+// -----
+
+// The bits of an f32 NaN.
+// expected-error @+1 {{threshold must be finite, got NaN}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0x7FC00000>>)
+
+// -----
+
+// The bits of +inf.
+// expected-error @+1 {{threshold must be finite, got +Inf}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = silu, threshold = 0x7F800000>>)
+
+// -----
+
+// expected-error @+1 {{#twell.layout encodes a rank-2 tensor [M, d_ff], got rank 3}}
+func.func private @f(tensor<2x?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+1 {{#twell.layout: the tensor's element type 'f16' differs from the layout's value type 'bf16'}}
+func.func private @f(tensor<?x600xf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>>)
+
+// -----
+
+// expected-error @+2 {{expected ::mlir::twell::Activation to be one of: relu, silu}}
+// expected-error @+1 {{failed to parse Twell_LayoutAttr parameter 'activation'}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = gelu, threshold = 0.0>>)
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// #twell.target
+//===----------------------------------------------------------------------===//
+
+// expected-error @+1 {{arch must be of the form sm_<major><minor>[a] (e.g. "sm_90a"), got "hopper"}}
+func.func private @f() attributes {target = #twell.target<"hopper", []>}
+
+// -----
+
+// expected-error @+1 {{arch must be sm_80 or newer (bf16 tensor cores), got "sm_75"}}
+func.func private @f() attributes {target = #twell.target<"sm_75", [mma_sync]>}
+
+// -----
+
+// expected-error @+1 {{feature 'wgmma' requires arch "sm_90a", got "sm_90"}}
+func.func private @f() attributes {target = #twell.target<"sm_90", [mma_sync, wgmma]>}
+
+// -----
+
+// expected-error @+1 {{feature 'tma' requires arch "sm_90a", got "sm_100a"}}
+func.func private @f() attributes {target = #twell.target<"sm_100a", [tma]>}
+
+// -----
+
+// expected-error @+1 {{feature 'tma' is listed twice}}
+func.func private @f() attributes {target = #twell.target<"sm_90a", [tma, wgmma, tma]>}
+
+// -----
+
+// expected-error @+2 {{unknown feature 'tcgen05', expected one of wgmma, tma, multicast, mma_sync, cp_async}}
+// expected-error @+1 {{failed to parse Twell_TargetAttr parameter 'features'}}
+func.func private @f() attributes {target = #twell.target<"sm_100a", [tcgen05]>}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// #twell.config
+//===----------------------------------------------------------------------===//
+
+// expected-error @+1 {{cta_m must be positive, got 0}}
+func.func private @f() attributes {config = #twell.config<cta_m = 0, cta_k = 16, threads = 256>}
+
+// -----
+
+// expected-error @+1 {{cta_k must be positive (or omitted), got -16}}
+func.func private @f() attributes {config = #twell.config<cta_m = 64, cta_k = -16, threads = 256>}
+
+// -----
+
+// expected-error @+1 {{threads must be a multiple of 32 between 32 and 1024, got 100}}
+func.func private @f() attributes {config = #twell.config<cta_m = 64, cta_k = 16, threads = 100>}
+
+// -----
+
+// expected-error @+1 {{threads must be a multiple of 32 between 32 and 1024, got 2048}}
+func.func private @f() attributes {config = #twell.config<cta_m = 1, threads = 2048>}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// twell.gate_matmul
+//===----------------------------------------------------------------------===//
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xf32>, %wg: tensor<5632x2048xf32>) {
+  // expected-error @+1 {{'twell.gate_matmul' op x: expected element type bf16 or f16, got 'f32'}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x2048xf32>, tensor<5632x2048xf32>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<*xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op x: expected a ranked tensor, got 'tensor<*xbf16>'}}
+  %h = twell.gate_matmul %x, %wg : (tensor<*xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<2x?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op x: expected a rank-2 tensor, got rank 3 ('tensor<2x?x2048xbf16>')}}
+  %h = twell.gate_matmul %x, %wg : (tensor<2x?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x?xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op x: d_model (dimension 1) must be static, got 'tensor<?x?xbf16>'}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x?xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x0xbf16>, %wg: tensor<5632x0xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op x: d_model (dimension 1) must be positive, got 0}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x0xbf16>, tensor<5632x0xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16, #L>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op x: expected a tensor without encoding, got 'tensor<?x2048xbf16, #twell.layout<}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x2048xbf16, #L>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op w_gate: expected element type 'bf16' (the element type of x), got 'f16'}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x2048xbf16>, tensor<5632x2048xf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x1024xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op w_gate: expected shape [5632, 2048] (d_ff x d_model, nn.Linear layout), got [5632, 1024]}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x2048xbf16>, tensor<5632x1024xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op w_gate: expected shape [5632, 2048] (d_ff x d_model, nn.Linear layout), got [2048, 5632]}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<?x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op w_gate: expected shape [5632, 2048] (d_ff x d_model, nn.Linear layout), got [?, 2048]}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x2048xbf16>, tensor<?x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op h: expected a tensor with a #twell.layout encoding, got 'tensor<?x5632xbf16>'}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op h: d_ff (dimension 1) must be static, got 'tensor<?x?xbf16, #twell.layout<}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x?xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = f16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op h: expected element type 'bf16' (the element type of x), got 'f16'}}
+  %h = twell.gate_matmul %x, %wg : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<16x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op h: dimension 0 (tokens) is 8, but x has 16 tokens}}
+  %h = twell.gate_matmul %x, %wg : (tensor<16x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<8x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: cta_m * tile_n must be 16384 for the gate kernel (cta_m = 64 at tile_n = 256), got cta_m = 32}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 32, cta_k = 16, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: the gate kernel needs a K step, cta_k must be positive, got #twell.config<cta_m = 64, threads = 256>}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: the gate kernel lays its threads out 16 x 16, threads must be 256, got 128}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, cta_k = 16, threads = 128>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 1024, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: the gate kernel would need 66560 bytes of static shared memory (cta_k * (cta_m + tile_n) * 4 at cta_k = 16), more than 49152: lower cta_k}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 16, cta_k = 16, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op kernel_name: expected a C identifier (the kernel's extern "C" symbol), got "9-lives"}}
+  %h = twell.gate_matmul %x, %wg {kernel_name = "9-lives",
+      target = #twell.target<"sm_90a", []>, config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op kernel_name: a specialized kernel must also carry its target and config}}
+  %h = twell.gate_matmul %x, %wg {kernel_name = "gate", target = #twell.target<"sm_90a", []>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// twell.gated_down
+//===----------------------------------------------------------------------===//
+
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op h: expected a tensor with a #twell.layout encoding, got 'tensor<?x5632xbf16>'}}
+  %y = twell.gated_down %x, %h, %wu, %wd
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xf16>,
+             %wd: tensor<2048x5632xf16>) {
+  // expected-error @+1 {{'twell.gated_down' op h: expected element type 'f16' (the element type of x), got 'bf16'}}
+  %y = twell.gated_down %x, %h, %wu, %wd
+      : (tensor<?x2048xf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xf16>, tensor<2048x5632xf16>) -> tensor<?x2048xf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<4x2048xbf16>, %h: tensor<5x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op h: dimension 0 (tokens) is 5, but x has 4 tokens}}
+  %y = twell.gated_down %x, %h, %wu, %wd
+      : (tensor<4x2048xbf16>, tensor<5x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<4x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x1024xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op w_up: expected shape [5632, 2048] (d_ff x d_model, nn.Linear layout), got [5632, 1024]}}
+  %y = twell.gated_down %x, %h, %wu, %wd
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x1024xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op w_down: expected shape [2048, 5632] (d_model x d_ff, nn.Linear layout; declare down_layout = in_out for [d_ff, d_model]), got [5632, 2048]}}
+  %y = twell.gated_down %x, %h, %wu, %wd
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op w_down: expected shape [5632, 2048] (d_ff x d_model, down_layout = in_out), got [2048, 5632]}}
+  %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op y: expected shape [?, 2048] (tokens x d_model), got [?, 5632]}}
+  %y = twell.gated_down %x, %h, %wu, %wd
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x5632xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op y: expected element type 'bf16' (the element type of x), got 'f32'}}
+  %y = twell.gated_down %x, %h, %wu, %wd
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xf32>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel has no K loop, cta_k must be omitted, got #twell.config<cta_m = 1, cta_k = 16, threads = 256>}}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, cta_k = 16, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel processes one token row per CTA, cta_m must be 1, got 4}}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 4, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op kernel_name: a specialized kernel must also carry its target and config}}
+  %y = twell.gated_down %x, %h, %wu, %wd {kernel_name = "down", config = #twell.config<cta_m = 1, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// twell.gated_ffn
+//===----------------------------------------------------------------------===//
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = f16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_ffn' op layout: value type 'f16' differs from the element type 'bf16' of x}}
+  %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<?x2048xbf16>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_ffn' op w_gate: d_ff (dimension 0) must be static, got [?, 2048]}}
+  %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L}
+      : (tensor<?x2048xbf16>, tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x1024xbf16>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_ffn' op w_gate: expected shape [5632, 2048] (d_ff x d_model, nn.Linear layout), got [5632, 1024]}}
+  %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L}
+      : (tensor<?x2048xbf16>, tensor<5632x1024xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x1024xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_ffn' op w_up: expected shape [5632, 2048] (d_ff x d_model, nn.Linear layout), got [5632, 1024]}}
+  %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x1024xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gated_ffn' op w_down: expected shape [2048, 5632] (d_model x d_ff, nn.Linear layout; declare down_layout = in_out for [d_ff, d_model]), got [5632, 2048]}}
+  %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_ffn' op w_down: expected shape [5632, 2048] (d_ff x d_model, down_layout = in_out), got [2048, 5632]}}
+  %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L, down_layout = #twell.down_layout<in_out>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<8x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_ffn' op y: dimension 0 (tokens) is 4, but x has 8 tokens}}
+  %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L}
+      : (tensor<8x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<4x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_ffn' op y: expected a tensor without encoding, got 'tensor<?x2048xbf16, #twell.layout<}}
+  %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16, #L>
+  return
+}
+
+// -----
+
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_ffn' op requires attribute 'layout'}}
+  %y = twell.gated_ffn %x, %wg, %wu, %wd
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}

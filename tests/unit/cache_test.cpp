@@ -1,0 +1,407 @@
+// The kernel cache without a GPU: hits, keys, corrupt entries, fallback to memory, concurrency.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cache.h"
+#include "twell/error.h"
+
+namespace {
+
+using twell::Error;
+using twell::ErrorCode;
+using namespace twell::detail;
+namespace fs = std::filesystem;
+
+// A fresh directory, removed at scope exit.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "twell-cache-test-XXXXXX").string();
+    if (mkdtemp(pattern.data()) == nullptr) ADD_FAILURE() << "mkdtemp failed for " << pattern;
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+CacheEntry sampleEntry(const std::string& tag = "a") {
+  CacheEntry e;
+  e.ptx = ".version 9.0\n.target sm_90a\n// " + tag + "\n";
+  e.cubin = {'\x7f', 'E', 'L', 'F', '\0', '\1', '\2', tag.empty() ? 'x' : tag[0]};
+  return e;
+}
+
+// A compile callback that counts its calls.
+struct Compiler {
+  std::atomic<int> calls{0};
+  CacheEntry entry = sampleEntry();
+  std::function<CacheEntry()> fn() {
+    return [this] {
+      ++calls;
+      return entry;
+    };
+  }
+};
+
+const std::string kKey = KernelCache::makeKey("source", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0");
+
+std::string readFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+void writeFile(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+
+TEST(KernelCache, KeyIs32HexDigitsAndDeterministic) {
+  EXPECT_TRUE(std::regex_match(kKey, std::regex("[0-9a-f]{32}"))) << kKey;
+  EXPECT_EQ(kKey, KernelCache::makeKey("source", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0"));
+}
+
+TEST(KernelCache, KeyChangesWhenAnyFieldChanges) {
+  std::set<std::string> keys = {
+      kKey,
+      KernelCache::makeKey("source ", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0"),
+      KernelCache::makeKey("source", "13.1", {"-arch=sm_90a"}, "sm_90a", "0.1.0"),
+      KernelCache::makeKey("source", "13.0", {"-arch=sm_90"}, "sm_90a", "0.1.0"),
+      KernelCache::makeKey("source", "13.0", {"-arch=sm_90a", "-lineinfo"}, "sm_90a", "0.1.0"),
+      KernelCache::makeKey("source", "13.0", {}, "sm_90a", "0.1.0"),
+      KernelCache::makeKey("source", "13.0", {"-arch=sm_90a"}, "sm_90", "0.1.0"),
+      KernelCache::makeKey("source", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.1"),
+      // Length prefixes: moving a boundary between fields changes the key.
+      KernelCache::makeKey("sourc", "e13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0"),
+      KernelCache::makeKey("source", "13.0", {"-arch=", "sm_90a"}, "sm_90a", "0.1.0"),
+      KernelCache::makeKey("source", "13.0", {"-arch=sm_90asm_90a"}, "", "0.1.0"),
+  };
+  EXPECT_EQ(keys.size(), 11u);
+}
+
+TEST(KernelCache, MissThenMemoryHitThenDiskHit) {
+  TempDir dir;
+  Compiler compiler;
+  {
+    KernelCache cache(dir.path());
+    EXPECT_TRUE(cache.persistent());
+    KernelCache::Result first = cache.getOrCompile(kKey, compiler.fn());
+    EXPECT_EQ(first.hit, CacheHit::Miss);
+    EXPECT_EQ(first.entry->ptx, compiler.entry.ptx);
+    EXPECT_EQ(first.entry->cubin, compiler.entry.cubin);
+    EXPECT_TRUE(fs::exists(cache.entryPath(kKey)));
+
+    KernelCache::Result second = cache.getOrCompile(kKey, compiler.fn());
+    EXPECT_EQ(second.hit, CacheHit::Memory);
+    EXPECT_EQ(second.entry, first.entry);
+    const CacheStats s = cache.stats();
+    EXPECT_EQ(s.misses, 1u);
+    EXPECT_EQ(s.memory_hits, 1u);
+    EXPECT_EQ(s.disk_hits, 0u);
+  }
+  KernelCache reopened(dir.path());
+  KernelCache::Result third = reopened.getOrCompile(kKey, compiler.fn());
+  EXPECT_EQ(third.hit, CacheHit::Disk);
+  EXPECT_EQ(third.entry->ptx, compiler.entry.ptx);
+  EXPECT_EQ(third.entry->cubin, compiler.entry.cubin);
+  EXPECT_EQ(reopened.stats().disk_hits, 1u);
+  EXPECT_EQ(reopened.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Memory);
+  EXPECT_EQ(compiler.calls, 1);
+
+  reopened.dropMemory();
+  EXPECT_EQ(reopened.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Disk);
+  EXPECT_EQ(compiler.calls, 1);
+}
+
+TEST(KernelCache, PtxOnlyAndEmptyEntriesRoundTrip) {
+  TempDir dir;
+  for (const CacheEntry& entry : {CacheEntry{"ptx only", {}}, CacheEntry{}}) {
+    const std::string key = KernelCache::makeKey(entry.ptx, "13.0", {}, "sm_80", "0.1.0");
+    KernelCache(dir.path()).getOrCompile(key, [&] { return entry; });
+    KernelCache reopened(dir.path());
+    KernelCache::Result r = reopened.getOrCompile(key, [] () -> CacheEntry { throw std::runtime_error("recompiled"); });
+    EXPECT_EQ(r.hit, CacheHit::Disk);
+    EXPECT_EQ(r.entry->ptx, entry.ptx);
+    EXPECT_TRUE(r.entry->cubin.empty());
+  }
+}
+
+TEST(KernelCache, EmptyDirIsMemoryOnly) {
+  KernelCache cache{fs::path()};
+  EXPECT_FALSE(cache.persistent());
+  Compiler compiler;
+  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Memory);
+  EXPECT_EQ(compiler.calls, 1);
+}
+
+// Each damages a published entry in its own way.
+struct Damage {
+  const char* name;
+  std::string (*apply)(const std::string& good);
+};
+
+const Damage kDamages[] = {
+    {"flipped payload byte",
+     [](const std::string& good) {
+       std::string bad = good;
+       bad[bad.size() - 3] ^= 0x20;
+       return bad;
+     }},
+    {"truncated payload", [](const std::string& good) { return good.substr(0, good.size() - 5); }},
+    {"truncated header", [](const std::string& good) { return good.substr(0, 20); }},
+    {"empty file", [](const std::string&) { return std::string(); }},
+    {"garbage header",
+     [](const std::string& good) {
+       std::string bad = good;
+       for (size_t i = 0; i < 48; ++i) bad[i] = static_cast<char>(i * 37 + 11);
+       return bad;
+     }},
+    {"wrong format version",
+     [](const std::string& good) {
+       std::string bad = good;
+       bad[8] = 99;
+       return bad;
+     }},
+    {"extra trailing bytes", [](const std::string& good) { return good + "junk"; }},
+    {"sizes claim more than the file",
+     [](const std::string& good) {
+       std::string bad = good;
+       bad[16] = static_cast<char>(bad[16] + 1);  // one more PTX byte than there is
+       return bad;
+     }},
+};
+
+TEST(KernelCache, CorruptEntriesAreRecompiledAndRepublished) {
+  for (const Damage& damage : kDamages) {
+    SCOPED_TRACE(damage.name);
+    TempDir dir;
+    Compiler compiler;
+    KernelCache(dir.path()).getOrCompile(kKey, compiler.fn());
+    const fs::path file = KernelCache(dir.path()).entryPath(kKey);
+    const std::string good = readFile(file);
+    ASSERT_GT(good.size(), 48u);
+    writeFile(file, damage.apply(good));
+
+    KernelCache cache(dir.path());
+    KernelCache::Result r = cache.getOrCompile(kKey, compiler.fn());
+    EXPECT_EQ(r.hit, CacheHit::Miss);
+    EXPECT_EQ(r.entry->ptx, compiler.entry.ptx);
+    EXPECT_EQ(r.entry->cubin, compiler.entry.cubin);
+    EXPECT_EQ(compiler.calls, 2);
+    EXPECT_EQ(cache.stats().corrupt_entries, 1u);
+    EXPECT_EQ(readFile(file), good) << "the recompiled entry was not republished";
+    EXPECT_EQ(KernelCache(dir.path()).getOrCompile(kKey, compiler.fn()).hit, CacheHit::Disk);
+  }
+}
+
+TEST(KernelCache, EntryRenamedToAnotherKeyIsNotLoaded) {
+  TempDir dir;
+  Compiler compiler;
+  KernelCache cache(dir.path());
+  cache.getOrCompile(kKey, compiler.fn());
+  const std::string other = KernelCache::makeKey("other", "13.0", {}, "sm_90a", "0.1.0");
+  fs::copy_file(cache.entryPath(kKey), cache.entryPath(other));
+  KernelCache reopened(dir.path());
+  EXPECT_EQ(reopened.getOrCompile(other, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(reopened.stats().corrupt_entries, 1u);
+}
+
+TEST(KernelCache, UnwritableDirFallsBackToMemory) {
+  TempDir dir;
+  // A directory cannot be created under a regular file, whatever the user's privileges.
+  writeFile(dir.path() / "file", "x");
+  const fs::path unusable = dir.path() / "file" / "cache";
+  testing::internal::CaptureStderr();
+  KernelCache cache(unusable);
+  Compiler compiler;
+  KernelCache::Result first = cache.getOrCompile(kKey, compiler.fn());
+  KernelCache::Result second = cache.getOrCompile(kKey, compiler.fn());
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(cache.persistent());
+  EXPECT_EQ(first.hit, CacheHit::Miss);
+  EXPECT_EQ(second.hit, CacheHit::Memory);
+  EXPECT_EQ(compiler.calls, 1);
+  EXPECT_NE(warnings.find(unusable.string()), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("memory only"), std::string::npos) << warnings;
+}
+
+TEST(KernelCache, DirRemovedAfterOpeningFallsBackToMemoryWithOneWarning) {
+  std::optional<TempDir> dir(std::in_place);
+  const fs::path path = dir->path() / "cache";
+  KernelCache cache(path);
+  ASSERT_TRUE(cache.persistent());
+  dir.reset();
+  testing::internal::CaptureStderr();
+  Compiler compiler;
+  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(cache.getOrCompile(KernelCache::makeKey("2", "", {}, "", ""), compiler.fn()).hit, CacheHit::Miss);
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_FALSE(cache.persistent());
+  EXPECT_EQ(compiler.calls, 2);
+  size_t count = 0;
+  for (size_t at = warnings.find("twell: warning"); at != std::string::npos; at = warnings.find("twell: warning", at + 1))
+    ++count;
+  EXPECT_EQ(count, 1u) << warnings;
+}
+
+TEST(KernelCache, RejectsKeysThatAreNotFileNames) {
+  KernelCache cache{fs::path()};
+  Compiler compiler;
+  for (const std::string& key : {std::string(), std::string("../escape"), std::string("a/b"), std::string(".hidden"),
+                                 std::string(129, 'a')}) {
+    try {
+      cache.getOrCompile(key, compiler.fn());
+      ADD_FAILURE() << "accepted key \"" << key << "\"";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("key"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(compiler.calls, 0);
+}
+
+TEST(KernelCache, FailedCompileCachesNothing) {
+  TempDir dir;
+  KernelCache cache(dir.path());
+  EXPECT_THROW(cache.getOrCompile(kKey, []() -> CacheEntry { throw Error(ErrorCode::Compile, "boom"); }), Error);
+  EXPECT_FALSE(fs::exists(cache.entryPath(kKey)));
+  Compiler compiler;
+  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(compiler.calls, 1);
+  EXPECT_EQ(cache.stats().misses, 2u);
+}
+
+TEST(KernelCache, LeavesNoTemporaryFiles) {
+  TempDir dir;
+  KernelCache cache(dir.path());
+  Compiler compiler;
+  cache.getOrCompile(kKey, compiler.fn());
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path())) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{kKey + ".twk", kKey + ".lock"}));
+}
+
+TEST(KernelCache, TwoThreadsAskingOneKeyCompileOnce) {
+  TempDir dir;
+  KernelCache cache(dir.path());
+  std::atomic<int> calls{0};
+  auto slow = [&] {
+    ++calls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return sampleEntry();
+  };
+  KernelCache::Result results[2];
+  std::thread a([&] { results[0] = cache.getOrCompile(kKey, slow); });
+  std::thread b([&] { results[1] = cache.getOrCompile(kKey, slow); });
+  a.join();
+  b.join();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(results[0].entry, results[1].entry);
+  std::multiset<CacheHit> hits = {results[0].hit, results[1].hit};
+  EXPECT_EQ(hits, (std::multiset<CacheHit>{CacheHit::Memory, CacheHit::Miss}));
+}
+
+TEST(KernelCache, DifferentKeysCompileConcurrently) {
+  KernelCache cache{fs::path()};
+  std::atomic<int> inside{0}, most{0};
+  auto slow = [&] {
+    most = std::max(most.load(), ++inside);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    --inside;
+    return sampleEntry();
+  };
+  std::thread a([&] { cache.getOrCompile("key1", slow); });
+  std::thread b([&] { cache.getOrCompile("key2", slow); });
+  a.join();
+  b.join();
+  EXPECT_EQ(most, 2);
+}
+
+// Two processes on one directory: the second waits on the per-key lock and loads the first's entry.
+TEST(KernelCache, TwoProcessesAskingOneKeyCompileOnce) {
+  TempDir dir;
+  const fs::path started = dir.path() / "child-started";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    KernelCache cache(dir.path());
+    KernelCache::Result r = cache.getOrCompile(kKey, [&] {
+      writeFile(started, "1");
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      return sampleEntry("child");
+    });
+    _exit(r.hit == CacheHit::Miss ? 0 : 1);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!fs::exists(started) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_TRUE(fs::exists(started)) << "the child never started compiling";
+  KernelCache cache(dir.path());
+  Compiler compiler;
+  KernelCache::Result r = cache.getOrCompile(kKey, compiler.fn());
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  EXPECT_EQ(compiler.calls, 0);
+  EXPECT_EQ(r.hit, CacheHit::Disk);
+  EXPECT_EQ(r.entry->ptx, sampleEntry("child").ptx);
+}
+
+class EnvVar {
+ public:
+  EnvVar(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~EnvVar() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+TEST(KernelCache, DefaultDirFollowsTheEnvironment) {
+  EnvVar home("HOME", "/home/someone");
+  {
+    EnvVar twell("TWELL_CACHE_DIR", "/tmp/twell-explicit");
+    EnvVar xdg("XDG_CACHE_HOME", "/tmp/xdg");
+    EXPECT_EQ(KernelCache::defaultDir(), fs::path("/tmp/twell-explicit"));
+  }
+  {
+    EnvVar twell("TWELL_CACHE_DIR", "");
+    EnvVar xdg("XDG_CACHE_HOME", "/tmp/xdg");
+    EXPECT_EQ(KernelCache::defaultDir(), fs::path("/tmp/xdg/twell"));
+  }
+  {
+    EnvVar twell("TWELL_CACHE_DIR", nullptr);
+    EnvVar xdg("XDG_CACHE_HOME", "relative/ignored");
+    EXPECT_EQ(KernelCache::defaultDir(), fs::path("/home/someone/.cache/twell"));
+  }
+}
+
+}  // namespace

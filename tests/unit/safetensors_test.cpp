@@ -1,0 +1,109 @@
+// safetensors reading and layer gathering: real files, and bad input with clear messages.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "test_data.h"
+#include "twell/error.h"
+#include "twell/layer_data.h"
+#include "twell/safetensors.h"
+
+using namespace twell;
+
+namespace {
+
+std::vector<uint8_t> make_file(const std::string& header, size_t data_bytes) {
+  std::vector<uint8_t> b(8);
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(n >> (8 * i));
+  b.insert(b.end(), header.begin(), header.end());
+  for (size_t i = 0; i < data_bytes; ++i) b.push_back(static_cast<uint8_t>(i * 7 + 1));
+  return b;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(SafeTensors, ReadsTheSample) {
+  const auto st = SafeTensors::read(twell::testing::sample_path());
+  EXPECT_TRUE(st.contains("layers.1.x"));
+  int64_t r = 0, c = 0;
+  const auto x = st.matrix16("layers.1.x", DType::BF16, -1, 512, &r, &c);
+  EXPECT_EQ(r, 1024);
+  EXPECT_EQ(x.size(), 1024u * 512u);
+}
+
+TEST(SafeTensors, RejectsBadFilesWithClearMessages) {
+  EXPECT_NE(error_of([] { SafeTensors::parse({1, 2, 3}, "tiny"); }).find("expected at least 8 bytes"), std::string::npos);
+  EXPECT_NE(error_of([] { SafeTensors::parse(make_file("{not json", 0), "f"); }).find("header is not JSON"), std::string::npos);
+  auto huge = make_file("{}", 0);
+  huge[7] = 0x10;
+  EXPECT_NE(error_of([&] { SafeTensors::parse(huge, "f"); }).find("header length"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              SafeTensors::parse(make_file(R"({"a":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,100]}})", 8), "f");
+            }).find("outside the 8 data bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              SafeTensors::parse(make_file(R"({"a":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]}})", 8), "f");
+            }).find("needs 12 bytes"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { SafeTensors::parse(make_file(R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", 1), "f"); })
+                .find("unknown dtype 'Q7'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { SafeTensors::read("/nonexistent/file.safetensors"); }).find("cannot open"), std::string::npos);
+  // A file that is not safetensors at all (this source file).
+  EXPECT_NE(error_of([] { SafeTensors::read(std::string(TWELL_SOURCE_DIR) + "/README.md"); }).find("not a valid safetensors file"),
+            std::string::npos);
+}
+
+TEST(SafeTensors, WrongNameDtypeShapeAreNamed) {
+  const auto st = SafeTensors::parse(make_file(R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})", 16), "mem");
+  EXPECT_NE(error_of([&] { st.at("v"); }).find("tensor 'v' not found in 'mem'; it has: w"), std::string::npos);
+  EXPECT_NE(error_of([&] { st.matrix16("w", DType::BF16, 2, 2); }).find("expected dtype BF16, got F32"), std::string::npos);
+  const auto st2 = SafeTensors::parse(make_file(R"({"w":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]}})", 8), "mem");
+  EXPECT_NE(error_of([&] { st2.matrix16("w", DType::BF16, 3, 2); }).find("expected shape [3, 2], got [2, 2]"), std::string::npos);
+}
+
+TEST(LayerData, MissingTensorsAndLayers) {
+  const auto st = SafeTensors::read(twell::testing::sample_path());
+  EXPECT_NE(error_of([&] { load_layer({st}, 4, false); }).find("--layer 4: not in"), std::string::npos);
+  const auto only_x = SafeTensors::parse(
+      make_file(R"({"layers.2.x":{"dtype":"BF16","shape":[1,4],"data_offsets":[0,8]},"layers.2.gate.weight":{"dtype":"BF16","shape":[2,4],"data_offsets":[8,24]}})", 24),
+      "mem");
+  EXPECT_NE(error_of([&] { load_layer({only_x}, std::nullopt, false); }).find("tensor 'layers.2.up.weight' not found"), std::string::npos);
+  const LayerData d = load_layer({only_x}, std::nullopt, true);
+  EXPECT_TRUE(d.random_up_down);
+  EXPECT_EQ(d.w_down.size(), 8u);
+}
+
+TEST(LayerData, RowShardsAreConcatenated) {
+  const auto a = SafeTensors::parse(make_file(R"({"layers.0.gate.weight.rows0":{"dtype":"BF16","shape":[1,2],"data_offsets":[0,4]}})", 4), "a");
+  const auto b = SafeTensors::parse(
+      make_file(R"({"layers.0.gate.weight.rows1":{"dtype":"BF16","shape":[2,2],"data_offsets":[0,8]},"layers.0.x":{"dtype":"BF16","shape":[3,2],"data_offsets":[8,20]}})", 20),
+      "b");
+  const LayerData d = load_layer({b, a}, 0, true);
+  EXPECT_EQ(d.d_ff, 3);
+  EXPECT_EQ(d.w_gate.size(), 6u);
+  const auto gap = SafeTensors::parse(make_file(R"({"layers.0.gate.weight.rows3":{"dtype":"BF16","shape":[1,2],"data_offsets":[0,4]}})", 4), "gap");
+  EXPECT_NE(error_of([&] { load_layer({a, gap, b}, 0, true); }).find("not contiguous"), std::string::npos);
+}
+
+TEST(LayerData, PaperShardsWhenPresent) {
+  const auto dir = twell::testing::shared_data_dir();
+  if (!std::filesystem::exists(dir / "paper_l1_gate_a.safetensors"))
+    GTEST_SKIP() << "real data not found: " << (dir / "paper_l1_gate_a.safetensors").string();
+  const LayerData d = load_layer({SafeTensors::read(dir / "paper_l1_gate_a.safetensors"), SafeTensors::read(dir / "paper_l1_gate_b.safetensors"),
+                                  SafeTensors::read(dir / "paper_l1_x.safetensors")},
+                                 1, true);
+  EXPECT_EQ(d.d_model, 2048);
+  EXPECT_EQ(d.d_ff, 5632);
+  EXPECT_EQ(d.tokens, 1024);
+}
