@@ -33,6 +33,7 @@ Context::Impl::Impl(ContextOptions o)
     detail::check(d.cuDeviceGetAttribute(&sm_count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device), "cuDeviceGetAttribute");
     detail::check(d.cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
     gpu = true;
+    device_sm = major * 10 + minor;
     // Hopper (9.0) gets its arch-specific feature set; everything else the portable one.
     target = options.target.value_or(Target{major * 10 + minor, major == 9 && minor == 0});
     if (target.sm > major * 10 + minor)
@@ -53,6 +54,24 @@ void Context::Impl::make_current() const {
 }
 
 std::shared_ptr<LoadedKernel> Context::Impl::load(const compiler::KernelSource& source) {
+  auto k = compile(source);
+  if (gpu) {
+    const auto t0 = std::chrono::steady_clock::now();
+    make_current();
+    const detail::Driver& d = detail::Driver::get();
+    // A cubin runs only on its own arch; for another target (e.g. the portable sm_80 set on an H200)
+    // the driver compiles the PTX for this device.
+    const void* image = target.sm == device_sm ? static_cast<const void*>(k->binary->cubin.data())
+                                               : static_cast<const void*>(k->binary->ptx.c_str());
+    detail::check(d.cuModuleLoadData(&k->module, image), fmt::format("cuModuleLoadData({})", source.name).c_str());
+    detail::check(d.cuModuleGetFunction(&k->function, k->module, source.name.c_str()),
+                  fmt::format("cuModuleGetFunction({})", source.name).c_str());
+    k->report.load_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return k;
+}
+
+std::shared_ptr<LoadedKernel> Context::Impl::compile(const compiler::KernelSource& source) {
   auto k = std::make_shared<LoadedKernel>();
   k->source = source;
   const std::string arch = target.arch();
@@ -78,13 +97,6 @@ std::shared_ptr<LoadedKernel> Context::Impl::load(const compiler::KernelSource& 
   k->report.threads = source.threads;
   k->report.cta_m = source.cta_m;
   k->report.grid_y = source.grid_y;
-  if (gpu) {
-    make_current();
-    const detail::Driver& d = detail::Driver::get();
-    detail::check(d.cuModuleLoadData(&k->module, result.entry->cubin.data()), fmt::format("cuModuleLoadData({})", source.name).c_str());
-    detail::check(d.cuModuleGetFunction(&k->function, k->module, source.name.c_str()),
-                  fmt::format("cuModuleGetFunction({})", source.name).c_str());
-  }
   k->report.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - compile_ms;
   return k;
 }
@@ -94,7 +106,7 @@ std::shared_ptr<Context::Impl> context_impl(Context& c) { return c.impl_; }
 std::vector<CompiledKernel> Context::compile(const compiler::GeneratedFfn& generated) {
   std::vector<CompiledKernel> out;
   for (const auto& source : generated.kernels) {
-    auto k = impl_->load(source);
+    auto k = impl_->compile(source);
     out.push_back(CompiledKernel{k->report, source.source, k->binary->ptx, k->binary->cubin.size()});
   }
   return out;

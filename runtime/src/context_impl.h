@@ -31,6 +31,7 @@ struct Context::Impl {
   std::string no_gpu_reason;
   std::string device_name = "none";
   int sm_count = 0;
+  int device_sm = 0;  // compute capability of the device, major * 10 + minor
   CUdevice device = 0;
   CUcontext context = nullptr;
   detail::KernelCache cache;
@@ -39,7 +40,9 @@ struct Context::Impl {
   ~Impl();
   // Makes the context current on the calling thread (a no-op without a GPU).
   void make_current() const;
-  // NVRTC (through the cache), then, with a GPU, cuModuleLoadData. Thread-safe.
+  // NVRTC through the cache (no module is loaded: the target may not be this device's). Thread-safe.
+  std::shared_ptr<LoadedKernel> compile(const compiler::KernelSource& source);
+  // compile(), then, with a GPU, cuModuleLoadData. Thread-safe.
   std::shared_ptr<LoadedKernel> load(const compiler::KernelSource& source);
 };
 

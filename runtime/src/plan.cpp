@@ -25,6 +25,7 @@ struct FfnPlan::Impl {
   std::unique_ptr<detail::DeviceBuffer> backup;    // [backup_capacity, tile_n] 16-bit
   std::unique_ptr<detail::DeviceBuffer> counter;   // uint32 overflow count
   uint32_t backup_capacity = 0;
+  uint32_t wanted_capacity = 0;  // set by last_overflow(); the next run() grows the backup to it
   int64_t last_tokens = -1;
 
   void allocate_backup(uint32_t capacity) {
@@ -134,6 +135,11 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
   const bool in_out = s.down_layout == WeightLayout::InOut;
   auto u16 = [](const void* ptr) { return static_cast<const uint16_t*>(ptr); };
   auto cu = reinterpret_cast<CUstream>(stream);
+  if (p.wanted_capacity > p.backup_capacity) {
+    // last_overflow() synchronized the stream after the run that filled the old backup, and calls on
+    // a plan are ordered, so no kernel still reads it.
+    p.allocate_backup(p.wanted_capacity);
+  }
   detail::check(d.cuMemsetD32Async(p.counter->get(), 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(overflow counter)");
   p.last_tokens = tokens;
   if (tokens == 0) return;
@@ -184,8 +190,8 @@ OverflowReport FfnPlan::last_overflow(Stream stream) {
   uint32_t count = 0;
   detail::check(d.cuMemcpyDtoH(&count, p.counter->get(), 4), "FfnPlan::last_overflow: cuMemcpyDtoH");
   OverflowReport r{count, p.backup_capacity, count > p.backup_capacity};
-  // Grow for the next run; the workspace is reused only after this synchronization point.
-  if (r.recomputed) p.allocate_backup(static_cast<uint32_t>(std::min<uint64_t>(uint64_t(count) + count / 4, uint64_t{1} << 24)));
+  // The next run() grows the backup (not now: download_twell() may still read this run's backup).
+  if (r.recomputed) p.wanted_capacity = static_cast<uint32_t>(std::min<uint64_t>(uint64_t(count) + count / 4, uint64_t{1} << 24));
   return r;
 }
 

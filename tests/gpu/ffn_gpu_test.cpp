@@ -45,6 +45,33 @@ struct Outcome {
   OverflowReport overflow;
 };
 
+// The gate kernel's TwELL matrix equals the CPU reference's bit for bit: same headers, same entries
+// in the same order, and the same dense tile-row for every overflowing tile-row that got a backup
+// slot (slot numbers differ: they are claimed in whatever order CTAs finish).
+void expect_same_twell(const TwellMatrix& gpu, const TwellMatrix& cpu) {
+  const TwellLayout& l = gpu.layout;
+  const int64_t tiles = l.tiles(gpu.d_ff), wpr = l.words_per_row(gpu.d_ff);
+  ASSERT_EQ(gpu.words.size(), cpu.words.size());
+  int64_t mismatches = 0;
+  for (int64_t r = 0; r < gpu.rows && mismatches < 5; ++r)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const uint32_t* g = &gpu.words[r * wpr + t * (l.slots + 1)];
+      const uint32_t* c = &cpu.words[r * wpr + t * (l.slots + 1)];
+      bool same = g[0] == c[0];
+      if (same && g[0] <= static_cast<uint32_t>(l.slots)) {
+        same = std::equal(g + 1, g + 1 + g[0], c + 1);
+      } else if (same && g[1] != kBackupMissing) {
+        same = std::equal(gpu.backup.begin() + int64_t{g[1]} * l.tile_n, gpu.backup.begin() + int64_t{g[1] + 1} * l.tile_n,
+                          cpu.backup.begin() + int64_t{c[1]} * l.tile_n);
+      }
+      if (!same) {
+        ADD_FAILURE() << "TwELL tile-row (" << r << ", " << t << ") differs from the CPU reference: nnz " << g[0] << " vs " << c[0];
+        ++mismatches;
+      }
+    }
+  EXPECT_EQ(gpu.overflow_count, cpu.overflow_count);
+}
+
 // Runs the plan twice (poisoned output each time) and the dense path, checks the TwELL matrix the
 // gate kernel wrote, and compares with the CPU reference.
 Outcome run_and_compare(const RandomFfn& f, PlanOptions options = {}, bool with_dense = true) {
@@ -60,6 +87,7 @@ Outcome run_and_compare(const RandomFfn& f, PlanOptions options = {}, bool with_
   o.overflow = plan.last_overflow(stream.get());
   const TwellMatrix h = plan.download_twell(stream.get());
   EXPECT_NO_THROW(validate_twell(h));
+  expect_same_twell(h, pack_twell(plan.layout(), reference_gate(f.spec, f.x, f.tokens, f.w_gate), f.tokens, f.spec.d_ff, UINT32_MAX));
   const auto bits1 = dev.y.download_vector<uint16_t>(count);
   o.unwritten = std::count(bits1.begin(), bits1.end(), uint16_t{0xFFFF});
   o.err_twell = relative_error(to_float(f.spec.dtype, bits1), ref);
@@ -125,6 +153,27 @@ TEST(GpuFfn, LayoutsDtypesActivations) {
   expect_good(run_and_compare(make_random_ffn(s, 100, 0.1, 6)), "relu threshold 0.05");
 }
 
+TEST(GpuFfn, PortableFeatureSetOnThisDevice) {
+  ContextOptions o;
+  o.target = Target{80, false};  // sm_80 PTX, compiled for this device by the driver
+  Context portable(o);
+  const auto f = make_random_ffn(odd_spec(), 100, 0.05, 21);
+  StreamHandle stream(portable);
+  FfnPlan plan = portable.plan(f.spec, f.tokens);
+  EXPECT_EQ(plan.kernels()[0].arch, "sm_80");
+  DeviceMemory x(portable, f.x.size() * 2), wg(portable, f.w_gate.size() * 2), wu(portable, f.w_up.size() * 2),
+      wd(portable, f.w_down.size() * 2), y(portable, f.tokens * f.spec.d_model * 2);
+  x.upload(f.x);
+  wg.upload(f.w_gate);
+  wu.upload(f.w_up);
+  wd.upload(f.w_down);
+  y.fill(0xFF);
+  plan.run(stream.get(), {x.data(), wg.data(), wu.data(), wd.data(), y.data()}, f.tokens);
+  stream.synchronize();
+  const auto out = to_float(DType::BF16, y.download_vector<uint16_t>(f.tokens * f.spec.d_model));
+  EXPECT_LT(relative_error(out, reference_gated_ffn(f.spec, f.x, f.tokens, f.weights())), 1e-2);
+}
+
 TEST(GpuFfn, OverflowBackupAndRecompute) {
   const auto f = make_random_ffn(odd_spec(), 300, 0.2, 9);  // ~51 nnz per 256-wide tile-row > 31 slots
   for (uint32_t cap : {0u, 17u, 100000u}) {
@@ -158,7 +207,7 @@ TEST(GpuFfn, AllZeroAndAllActiveRows) {
   auto f = make_random_ffn(odd_spec(), 16, 0.02, 13);
   const int64_t K = f.spec.d_model;
   for (int64_t k = 0; k < K; ++k) f.x[3 * K + k] = 0;                 // row 3: g = 0, nothing active, y = 0
-  f.x[5 * K] = float_to_bf16(100.0f);                                  // row 5: every neuron active
+  f.x[5 * K] = float_to_bf16(-100.0f);  // row 5: column 0 of Wg holds -shift < 0, so every neuron is active
   for (int64_t k = 1; k < K; ++k) f.x[5 * K + k] = float_to_bf16(0.001f);
   const Outcome o = run_and_compare(f);
   expect_good(o, "zero and saturated rows");

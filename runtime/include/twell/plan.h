@@ -75,7 +75,8 @@ class FfnPlan {
   void run(Stream stream, const FfnTensors& t, int64_t tokens);
 
   // Synchronizes `stream` and reads the overflow counter of the last run. If the backup was too small
-  // the next run() uses a backup grown to fit (the plan reallocates; no result was ever wrong).
+  // the next run() first grows it to fit (no result was ever wrong: the consumer recomputed the
+  // tile-rows that did not fit).
   OverflowReport last_overflow(Stream stream);
 
   // Downloads the TwELL matrix of the last run (rows = its token count); synchronizes `stream`.

@@ -73,6 +73,8 @@ __device__ __forceinline__ void gate_twell(const GateParams& p) {
       Bs[kk][c] = (n < N && k < K) ? Value::to_float(p.w_gate[static_cast<int64_t>(n) * p.ldw + k]) : 0.0f;
     }
     __syncthreads();
+    // Each accumulator is one fmaf chain in ascending k (the CPU reference and the consumer's
+    // overflow recompute use the same order, so all three agree bit for bit).
 #pragma unroll
     for (int kk = 0; kk < CTA_K; ++kk) {
       float a[MICRO_M], b[MICRO_N];

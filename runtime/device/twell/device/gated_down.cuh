@@ -71,9 +71,14 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
         for (int c = tid; c < TILE_N; c += THREADS)
           dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
       } else {
-        for (int c = warp; c < valid_n; c += WARPS) {
-          const float g = warp_dot<Value, K>(x, p.w_gate + static_cast<int64_t>(n0 + c) * p.ldwg, lane);
-          if (lane == 0) dense_tile[c] = activate<Value, Config::activation>(Value::from_float(g));
+        // One thread per column, one fmaf chain in ascending k: the gate GEMM's order, so the
+        // recomputed pre-activation is bitwise the one the gate kernel computed (a tile-row gives
+        // the same y whichever overflow path it took).
+        for (int c = tid; c < valid_n; c += THREADS) {
+          const uint16_t* w = p.w_gate + static_cast<int64_t>(n0 + c) * p.ldwg;
+          float g = 0.0f;
+          for (int k = 0; k < K; ++k) g = fmaf(Value::to_float(x[k]), Value::to_float(w[k]), g);
+          dense_tile[c] = activate<Value, Config::activation>(Value::from_float(g));
         }
       }
       __syncthreads();
