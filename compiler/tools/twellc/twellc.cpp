@@ -22,32 +22,30 @@ std::string Args::get(const std::string& name, const std::string& fallback) cons
   return fallback;
 }
 
-long long Args::get_int(const std::string& name, long long fallback) const {
-  if (!has(name)) return fallback;
-  const std::string v = get(name);
+namespace {
+// The whole of `v` parsed by `parse` (std::stoll / std::stod), else std::invalid_argument naming the option.
+template <class T, class Parse>
+T parse_whole(const std::string& name, const std::string& v, const char* expected, Parse parse) {
   size_t used = 0;
-  long long r = 0;
+  T r{};
   try {
-    r = std::stoll(v, &used);
+    r = parse(v, &used);
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != v.size() || v.empty()) throw std::invalid_argument(fmt::format("--{}: expected an integer, got '{}'", name, v));
+  if (used != v.size() || v.empty()) throw std::invalid_argument(fmt::format("--{}: expected {}, got '{}'", name, expected, v));
   return r;
+}
+}  // namespace
+
+long long Args::get_int(const std::string& name, long long fallback) const {
+  if (!has(name)) return fallback;
+  return parse_whole<long long>(name, get(name), "an integer", [](const std::string& v, size_t* used) { return std::stoll(v, used); });
 }
 
 double Args::get_double(const std::string& name, double fallback) const {
   if (!has(name)) return fallback;
-  const std::string v = get(name);
-  size_t used = 0;
-  double r = 0;
-  try {
-    r = std::stod(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || v.empty()) throw std::invalid_argument(fmt::format("--{}: expected a number, got '{}'", name, v));
-  return r;
+  return parse_whole<double>(name, get(name), "a number", [](const std::string& v, size_t* used) { return std::stod(v, used); });
 }
 
 Args parse_args(const std::vector<std::string>& args, const std::vector<std::string>& flags,
