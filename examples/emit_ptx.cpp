@@ -2,6 +2,7 @@
 // (no GPU needed). `twellc emit` does the same from the command line.
 //   ./build/bin/emit_ptx OUT_DIR [d_model d_ff]
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -11,14 +12,14 @@
 #include "twell/error.h"
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
+  if (argc < 2 || argv[1][0] == '-' || argc == 3 || argc > 4) {
     std::fprintf(stderr, "usage: %s OUT_DIR [d_model d_ff]\n", argv[0]);
     return 2;
   }
   try {
     twell::FfnSpec spec;
-    spec.d_model = argc > 3 ? std::stoll(argv[2]) : 2048;
-    spec.d_ff = argc > 3 ? std::stoll(argv[3]) : 5632;
+    spec.d_model = argc > 3 ? std::atoll(argv[2]) : 2048;  // 0 for non-numbers: generateFfn names the field
+    spec.d_ff = argc > 3 ? std::atoll(argv[3]) : 5632;
     const twell::Target target{90, true};  // sm_90a: H100 / H200
     const auto generated = twell::compiler::generateFfn(spec, target);
 
@@ -33,7 +34,7 @@ int main(int argc, char** argv) {
       std::printf("%s: %zu bytes of PTX for %s\n", k.report.name.c_str(), k.ptx.size(), k.report.arch.c_str());
     }
     return 0;
-  } catch (const twell::Error& e) {
+  } catch (const std::exception& e) {  // twell::Error, and filesystem errors of the host code
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

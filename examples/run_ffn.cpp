@@ -2,6 +2,7 @@
 // a Context, a plan for the layer's shape, device pointers, a stream.
 //   ./build/bin/run_ffn [tokens]
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,8 +14,16 @@
 #include "twell/reference.h"
 
 int main(int argc, char** argv) {
+  int64_t tokens = 64;
+  if (argc > 1) {
+    char* end = nullptr;
+    tokens = std::strtoll(argv[1], &end, 10);
+    if (argc > 2 || *end != '\0' || tokens < 1 || tokens > (1 << 20)) {
+      std::fprintf(stderr, "usage: %s [tokens]   (tokens: 1..1048576, default 64)\n", argv[0]);
+      return 2;
+    }
+  }
   try {
-    const int64_t tokens = argc > 1 ? std::stoll(argv[1]) : 64;
     twell::FfnSpec spec;  // bf16, ReLU gate, threshold 0, nn.Linear weight layouts
     spec.d_model = 512;
     spec.d_ff = 1408;
@@ -60,7 +69,7 @@ int main(int argc, char** argv) {
                 100.0 * active / (tokens * spec.d_ff), y[0], y[1], y[2], y[3], twell::relative_error(y, ref),
                 overflow.overflowing_tile_rows);
     return 0;
-  } catch (const twell::Error& e) {
+  } catch (const std::exception& e) {  // twell::Error, and filesystem errors of the host code
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

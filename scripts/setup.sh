@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   cmake ninja-build g++ python3
   llvm-22-dev libmlir-22-dev mlir-22-tools libzstd-dev zstd   # MLIR 22 (bookworm-security); lit + FileCheck
-  libfmt-dev nlohmann-json3-dev libxxhash-dev                  # formatting, JSON, cache keys
+  libfmt-dev nlohmann-json3-dev libxxhash-dev zlib1g-dev       # formatting, JSON, cache keys; zlib: LLVMSupport links it
   libgtest-dev libbenchmark-dev                                # tests and benchmarks
 )
 missing=()

@@ -19,6 +19,7 @@
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
+#include "twell/Dialect/KernelConstraints.h"
 #include "twell/Dialect/TwellOps.h"
 #include "twell/compiler/EmitCuda.h"
 #include "twell/compiler/Passes.h"
@@ -40,8 +41,15 @@ std::unique_ptr<mlir::MLIRContext> makeContext() {
   return context;
 }
 
-// The caller's target, checked like the IR's #twell.target (arch form, sm_80 or newer).
+// The caller's target: an architecture NVRTC builds for (isSupportedTarget), then checked like the IR's
+// #twell.target with its default features.
 void checkTarget(mlir::MLIRContext* context, const Target& target, const char* function) {
+  if (!isSupportedTarget(target))
+    throw Error(ErrorCode::InvalidArgument,
+                std::string(function) + ": target: expected one of the architectures NVRTC 13.0 builds for (" +
+                    supportedTargets() + "), got " + target.arch() + " (Target{sm = " +
+                    std::to_string(target.sm) + ", arch_specific = " + (target.arch_specific ? "true" : "false") +
+                    "})");
   std::string arch = target.arch();
   std::string message;
   mlir::ScopedDiagnosticHandler handler(context, [&](mlir::Diagnostic& diagnostic) {
@@ -147,6 +155,12 @@ std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& tar
 
 }  // namespace
 
+bool isSupportedTarget(const Target& target) {
+  return tw::SupportedArchs::isSupported(target.sm, target.arch_specific);
+}
+
+std::string supportedTargets() { return tw::SupportedArchs::list(); }
+
 GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
   auto fail = [](const std::string& message) {
     throw Error(ErrorCode::InvalidArgument, "generateFfn: " + message);
@@ -159,6 +173,15 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
     fail("spec.d_model: expected a positive integer, got " + std::to_string(spec.d_model));
   if (spec.d_ff < 1)
     fail("spec.d_ff: expected a positive integer, got " + std::to_string(spec.d_ff));
+  // Enum fields set from outside the enum (a cast, a bad deserialization) would otherwise pick a
+  // branch silently.
+  if (spec.dtype != DType::BF16 && spec.dtype != DType::FP16)
+    fail("spec.dtype: expected bf16 or f16, got " + std::to_string(static_cast<int>(spec.dtype)));
+  if (spec.activation != Activation::ReLU && spec.activation != Activation::SiLU)
+    fail("spec.activation: expected relu or silu, got " + std::to_string(static_cast<int>(spec.activation)));
+  if (spec.down_layout != WeightLayout::OutIn && spec.down_layout != WeightLayout::InOut)
+    fail("spec.down_layout: expected out_in or in_out, got " +
+         std::to_string(static_cast<int>(spec.down_layout)));
 
   std::unique_ptr<mlir::MLIRContext> context = makeContext();
   checkTarget(context.get(), target, "generateFfn");

@@ -7,11 +7,13 @@
 
 #include "llvm/ADT/STLExtras.h"
 #include "llvm/ADT/SmallString.h"
+#include "llvm/ADT/StringExtras.h"
 #include "llvm/ADT/TypeSwitch.h"
 #include "llvm/Support/MathExtras.h"
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/DialectImplementation.h"
+#include "twell/Dialect/KernelConstraints.h"
 #include "twell/Dialect/TwellDialect.h"
 
 namespace mlir::twell {
@@ -156,12 +158,16 @@ unsigned LayoutAttr::getIndexBits() const { return llvm::cast<IntegerType>(getIn
 // #twell.target
 //===----------------------------------------------------------------------===//
 
-// "sm_<digits>[a]" -> compute capability major*10 + minor, or -1.
+// "sm_<digits>[a]" -> compute capability major*10 + minor, or -1 (also for a non-canonical spelling
+// such as "sm_090" or "sm_+90": the arch string is part of a kernel's identity).
 static int parseComputeCapability(StringRef arch, bool& archSpecific) {
-  if (!arch.consume_front("sm_")) return -1;
-  archSpecific = arch.consume_back("a");
+  StringRef digits = arch;
+  if (!digits.consume_front("sm_")) return -1;
+  archSpecific = digits.consume_back("a");
   int cc = 0;
-  if (arch.size() < 2 || arch.getAsInteger(10, cc)) return -1;
+  if (digits.size() < 2 || !llvm::all_of(digits, llvm::isDigit) || digits.getAsInteger(10, cc) ||
+      digits.front() == '0')
+    return -1;
   return cc;
 }
 
@@ -178,6 +184,9 @@ LogicalResult TargetAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitEr
                        << arch << "\"";
   if (cc < 80)
     return emitError() << "arch must be sm_80 or newer (bf16 tensor cores), got \"" << arch << "\"";
+  if (!SupportedArchs::isSupported(cc, archSpecific))
+    return emitError() << "arch must be one NVRTC 13.0 builds for (" << SupportedArchs::list()
+                       << "), got \"" << arch << "\"";
   for (auto [i, feature] : llvm::enumerate(features)) {
     if (llvm::is_contained(features.take_front(i), feature))
       return emitError() << "feature '" << stringifyFeature(feature) << "' is listed twice";
@@ -199,10 +208,15 @@ llvm::SmallVector<Feature> TargetAttr::defaultFeatures(StringRef arch) {
 
 LogicalResult ConfigAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError, int64_t cta_m,
                                  int64_t cta_k, int64_t threads) {
-  if (cta_m < 1) return emitError() << "cta_m must be positive, got " << cta_m;
-  if (cta_k < 0) return emitError() << "cta_k must be positive (or omitted), got " << cta_k;
-  if (threads < 32 || threads > 1024 || threads % 32 != 0)
-    return emitError() << "threads must be a multiple of 32 between 32 and 1024, got " << threads;
+  using Limits = ConfigLimits;
+  if (cta_m < 1 || cta_m > Limits::kMaxCtaM)
+    return emitError() << "cta_m must be between 1 and " << Limits::kMaxCtaM << ", got " << cta_m;
+  if (cta_k < 0 || cta_k > Limits::kMaxCtaK)
+    return emitError() << "cta_k must be between 1 and " << Limits::kMaxCtaK
+                       << " (or omitted: no K loop), got " << cta_k;
+  if (threads < Limits::kMinThreads || threads > Limits::kMaxThreads || threads % 32 != 0)
+    return emitError() << "threads must be a multiple of 32 between " << Limits::kMinThreads
+                       << " and " << Limits::kMaxThreads << ", got " << threads;
   return success();
 }
 

@@ -212,7 +212,7 @@ LogicalResult GateMatmulOp::verify() {
     if (config.getCtaK() < 1)
       return emitOpError() << "config: the gate kernel needs a K step, cta_k must be positive, got "
                            << config;
-    if (config.getCtaM() * tileN != Gate::kTileElements)
+    if (!Gate::fillsTile(config.getCtaM(), tileN))
       return emitOpError() << "config: cta_m * tile_n must be " << Gate::kTileElements
                            << " for the gate kernel (cta_m = " << Gate::kTileElements / tileN
                            << " at tile_n = " << tileN << "), got cta_m = " << config.getCtaM();

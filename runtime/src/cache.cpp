@@ -36,6 +36,10 @@ class Fd {
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = fd;
+  }
   explicit operator bool() const { return fd_ >= 0; }
 
  private:
@@ -98,12 +102,22 @@ std::optional<CacheEntry> parse(const std::string& bytes, std::string_view key) 
 
 enum class Read { Ok, Missing, Corrupt };
 
-// Reads and validates <key>.twk. An unreadable file is treated as missing (it will be overwritten).
+// Larger than any kernel's PTX and cubin together: a bigger file is not an entry (and is not read).
+constexpr off_t kMaxEntryBytes = off_t{1} << 30;
+
+// Reads and validates <key>.twk. Never blocks and never follows a link: anything at the path that is
+// not a regular file (FIFO, socket, device, directory, symbolic link) is Corrupt without being opened
+// for reading (a FIFO would block open() forever). A path that cannot be opened for another reason
+// (permissions) is treated as missing.
 Read readEntry(const std::filesystem::path& path, std::string_view key, CacheEntry& out) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return Read::Missing;
   struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return Read::Missing;
+  if (!S_ISREG(st.st_mode)) return Read::Corrupt;
+  // O_NONBLOCK | O_NOFOLLOW: the path may have been replaced by a FIFO or a link since lstat.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) return errno == ELOOP ? Read::Corrupt : Read::Missing;
   if (::fstat(fd.get(), &st) != 0) return Read::Missing;
+  if (!S_ISREG(st.st_mode) || st.st_size > kMaxEntryBytes) return Read::Corrupt;
   std::string bytes(static_cast<size_t>(st.st_size), '\0');
   size_t done = 0;
   while (done < bytes.size()) {
@@ -117,6 +131,13 @@ Read readEntry(const std::filesystem::path& path, std::string_view key, CacheEnt
   if (!entry) return Read::Corrupt;
   out = std::move(*entry);
   return Read::Ok;
+}
+
+// Removes what is at `path` so that a regular file can take its place: anything but a directory (a
+// directory is someone's data; publishing over it then fails and is reported).
+void removeNonDirectory(const std::filesystem::path& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) ::unlink(path.c_str());
 }
 
 bool writeAll(int fd, const char* data, size_t size) {
@@ -164,12 +185,30 @@ std::string publish(const std::filesystem::path& dir, const std::filesystem::pat
   return {};
 }
 
-// An exclusive flock on <dir>/<key>.lock, released on scope exit (also when the process dies).
+// An exclusive flock on <dir>/<key>.lock, released on scope exit (also when the process dies). The lock
+// file is opened without blocking and without following links; anything at its path that is not a
+// regular file (FIFO, socket, device, link) is replaced first. A directory there is an error.
 class KeyLock {
  public:
-  explicit KeyLock(const std::filesystem::path& path) : fd_(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+  explicit KeyLock(const std::filesystem::path& path) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      if (S_ISDIR(st.st_mode)) {
+        error_ = "cannot use " + path.string() + " as a lock file: it is a directory";
+        return;
+      }
+      ::unlink(path.c_str());
+    }
+    fd_.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0644));
+    // Another user's lock file (0644): flock needs no write access.
+    if (!fd_ && errno == EACCES) fd_.reset(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
     if (!fd_) {
       error_ = "cannot open " + path.string() + ": " + errnoText(errno);
+      return;
+    }
+    if (::fstat(fd_.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      error_ = "cannot use " + path.string() + " as a lock file: not a regular file";
+      fd_.reset();
       return;
     }
     int r;
@@ -217,14 +256,26 @@ KernelCache::KernelCache(std::filesystem::path dir) : dir_(std::move(dir)) {
     disableDisk("cannot create the directory: " + ec.message());
     return;
   }
+  if (!std::filesystem::is_directory(dir_, ec)) {
+    disableDisk("not a directory");
+    return;
+  }
+  if (::access(dir_.c_str(), R_OK | X_OK) != 0) {
+    disableDisk("cannot read it: " + errnoText(errno));
+    return;
+  }
+  persistent_.store(true);
+  // A read-only directory (a shared, pre-populated cache) still serves its entries.
   const std::filesystem::path probe = tempPath(dir_, "probe");
   Fd fd(::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (!fd) {
-    disableDisk("cannot create a file in it: " + errnoText(errno));
+    // Warned about when a kernel missing from it is compiled (a complete read-only cache is fine).
+    read_only_reason_ = "cannot create a file in it (" + errnoText(errno) +
+                        "): using its entries, caching new kernels in memory only";
     return;
   }
   ::unlink(probe.c_str());
-  persistent_.store(true);
+  writable_.store(true);
 }
 
 KernelCache::~KernelCache() = default;
@@ -282,10 +333,29 @@ void KernelCache::dropMemory() {
 
 void KernelCache::disableDisk(const std::string& why) {
   persistent_.store(false);
+  writable_.store(false);
   std::call_once(warned_, [&] {
     std::fprintf(stderr, "twell: warning: kernel cache directory %s: %s; caching kernels in memory only\n",
                  dir_.c_str(), why.c_str());
   });
+}
+
+void KernelCache::warnNotPublished(const std::string& why) {
+  std::call_once(warned_publish_, [&] {
+    std::fprintf(stderr, "twell: warning: kernel cache directory %s: %s\n", dir_.c_str(), why.c_str());
+  });
+}
+
+void KernelCache::keyFailed(const std::string& why) {
+  // Only the directory itself going away ends the disk cache; a failure on one key's files (a lock path
+  // that is a directory, a full disk, a file someone else owns) leaves the other keys' entries in use.
+  struct stat st {};
+  if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    disableDisk(why);
+    return;
+  }
+  warnNotPublished(why + "; kernels whose files cannot be written are cached in memory only, the other entries "
+                         "are still used");
 }
 
 KernelCache::Result KernelCache::getOrCompile(const std::string& key, const std::function<CacheEntry()>& compile) {
@@ -305,22 +375,33 @@ KernelCache::Result KernelCache::getOrCompile(const std::string& key, const std:
     if (hit == CacheHit::Disk) disk_hits_.fetch_add(1, std::memory_order_relaxed);
     return {s->entry, hit};
   };
-
-  if (!persistent()) {
+  // Compiles and keeps the kernel in memory only.
+  auto compileInMemory = [&]() -> Result {
     misses_.fetch_add(1, std::memory_order_relaxed);
     return keep(compile(), CacheHit::Miss);
-  }
+  };
+
+  if (!persistent()) return compileInMemory();
 
   const std::filesystem::path path = entryPath(key);
   CacheEntry loaded;
-  // Without the lock first: entries appear by rename, so a reader sees a whole file or none.
-  if (readEntry(path, key, loaded) == Read::Ok) return keep(std::move(loaded), CacheHit::Disk);
+  // Without the lock first (and without write access): entries appear by rename, so a reader sees a
+  // whole file or none.
+  const Read first = readEntry(path, key, loaded);
+  if (first == Read::Ok) return keep(std::move(loaded), CacheHit::Disk);
 
+  // Publishing needs the directory writable and the key's lock; without them the kernel is compiled
+  // and kept in memory (the damaged entry, if any, counted but left in place).
+  if (!writable()) {
+    if (first == Read::Corrupt) corrupt_entries_.fetch_add(1, std::memory_order_relaxed);
+    if (!read_only_reason_.empty()) warnNotPublished(read_only_reason_);
+    return compileInMemory();
+  }
   KeyLock lock(dir_ / (key + ".lock"));
   if (!lock.error().empty()) {
-    disableDisk(lock.error());
-    misses_.fetch_add(1, std::memory_order_relaxed);
-    return keep(compile(), CacheHit::Miss);
+    if (first == Read::Corrupt) corrupt_entries_.fetch_add(1, std::memory_order_relaxed);
+    keyFailed(lock.error());
+    return compileInMemory();
   }
   // Another process may have published while we waited for the lock.
   switch (readEntry(path, key, loaded)) {
@@ -328,14 +409,14 @@ KernelCache::Result KernelCache::getOrCompile(const std::string& key, const std:
       return keep(std::move(loaded), CacheHit::Disk);
     case Read::Corrupt:
       corrupt_entries_.fetch_add(1, std::memory_order_relaxed);
-      ::unlink(path.c_str());
+      removeNonDirectory(path);
       break;
     case Read::Missing:
       break;
   }
   misses_.fetch_add(1, std::memory_order_relaxed);
   CacheEntry compiled = compile();
-  if (std::string error = publish(dir_, path, key, serialize(compiled, key)); !error.empty()) disableDisk(error);
+  if (std::string error = publish(dir_, path, key, serialize(compiled, key)); !error.empty()) keyFailed(error);
   return keep(std::move(compiled), CacheHit::Miss);
 }
 

@@ -15,7 +15,14 @@
 // serialized across processes by flock on <key>.lock (lock files stay: unlinking a lock file others may
 // be waiting on would let two processes hold "the" lock at once). An entry that fails validation
 // (magic, version, sizes against the file size, key, checksum) is deleted, counted and recompiled —
-// never loaded.
+// never loaded. Anything at an entry's or a lock's path that is not a regular file (FIFO, socket,
+// device, symbolic link) is never opened in a way that can block: an entry path holding one counts as a
+// corrupt entry and is replaced; a lock path holding one is replaced (a directory at either path is left
+// alone and that key is cached in memory only).
+//
+// Reading needs no write access: a read-only directory serves its valid entries, and kernels missing
+// from it are compiled and kept in memory. A failure on one key's files (lock, publish) affects only
+// that key; only the directory itself disappearing turns the disk cache off.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -41,16 +48,18 @@ struct CacheStats {
   uint64_t memory_hits = 0;
   uint64_t disk_hits = 0;
   uint64_t misses = 0;           // compile callbacks run (including ones that threw)
-  uint64_t corrupt_entries = 0;  // disk entries that failed validation and were deleted
+  uint64_t corrupt_entries = 0;  // disk entries that failed validation (deleted where the directory is writable)
 };
 
 class KernelCache {
  public:
   static constexpr uint32_t kFormatVersion = 1;
 
-  // `dir` empty: memory only. Otherwise the directory is created if needed and probed for writing; if
-  // that fails (or any later write fails) the cache continues in memory only, after one warning on
-  // stderr for this cache: compiles never fail because of the disk cache.
+  // `dir` empty: memory only. Otherwise the directory is created if needed and probed for writing. If it
+  // cannot be created or read the cache continues in memory only; if it is read-only its entries are
+  // still used and new kernels are kept in memory only; if writing one key's files fails later, that key
+  // is kept in memory only. Each of these warns once on stderr for this cache: compiles never fail
+  // because of the disk cache.
   explicit KernelCache(std::filesystem::path dir);
   ~KernelCache();
   KernelCache(const KernelCache&) = delete;
@@ -82,8 +91,12 @@ class KernelCache {
   CacheStats stats() const;
   // The directory as configured (empty for memory only), whether or not it is still in use.
   const std::filesystem::path& dir() const noexcept { return dir_; }
-  // True while entries go to disk: a directory was given and nothing has failed on it.
+  // True while the directory is in use: entries are read from it (and published when writable()). False
+  // for memory only, or once the directory could not be created or read, or has disappeared.
   bool persistent() const noexcept { return persistent_.load(std::memory_order_relaxed); }
+  // True while new entries are published to the directory: persistent() and the directory was writable
+  // when the cache was opened.
+  bool writable() const noexcept { return writable_.load(std::memory_order_relaxed); }
   // <dir>/<key>.twk
   std::filesystem::path entryPath(std::string_view key) const;
   // Forgets the in-memory entries (entries handed out stay valid); the next lookups go to disk.
@@ -93,10 +106,15 @@ class KernelCache {
   struct Slot;
   std::shared_ptr<Slot> slot(const std::string& key);
   void disableDisk(const std::string& why);
+  void warnNotPublished(const std::string& why);
+  void keyFailed(const std::string& why);
 
   std::filesystem::path dir_;
   std::atomic<bool> persistent_{false};
-  std::once_flag warned_;
+  std::atomic<bool> writable_{false};
+  std::string read_only_reason_;  // why a persistent directory is not writable (set by the constructor)
+  std::once_flag warned_;          // the disk cache is off
+  std::once_flag warned_publish_;  // some kernels are not published
   mutable std::mutex mutex_;  // guards slots_
   std::unordered_map<std::string, std::shared_ptr<Slot>> slots_;
   std::atomic<uint64_t> memory_hits_{0}, disk_hits_{0}, misses_{0}, corrupt_entries_{0};

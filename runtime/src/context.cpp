@@ -9,6 +9,23 @@
 
 namespace twell {
 
+namespace {
+// Every embedded device header, name and text, in one string (computed once).
+const std::string& embedded_headers_text() {
+  static const std::string text = [] {
+    std::string t;
+    for (const auto& [name, contents] : detail::embeddedHeaders()) {
+      t.append(name);
+      t.push_back('\0');
+      t.append(contents);
+      t.push_back('\0');
+    }
+    return t;
+  }();
+  return text;
+}
+}  // namespace
+
 LoadedKernel::~LoadedKernel() {
   if (module != nullptr) detail::Driver::get().cuModuleUnload(module);
 }
@@ -16,6 +33,9 @@ LoadedKernel::~LoadedKernel() {
 Context::Impl::Impl(ContextOptions o)
     : options(std::move(o)),
       cache(options.disk_cache ? options.cache_dir.value_or(detail::KernelCache::defaultDir()) : std::filesystem::path()) {
+  if (options.target && !compiler::isSupportedTarget(*options.target))
+    throw Error(ErrorCode::InvalidArgument, fmt::format("ContextOptions::target: expected one of {}, got {}",
+                                                        compiler::supportedTargets(), options.target->arch()));
   if (detail::Driver::available()) {
     const detail::Driver& d = detail::Driver::get();
     int count = 0;
@@ -76,7 +96,10 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const compiler::KernelSourc
   k->source = source;
   const std::string arch = target.arch();
   const auto options_list = detail::nvrtcCompileOptions(arch, /*want_cubin=*/true);
-  const std::string key = detail::KernelCache::makeKey(source.source, detail::nvrtcVersion(), options_list, arch, TWELL_VERSION);
+  // The generated source includes the embedded device headers: their text is part of the key, so a
+  // change to runtime/device never loads a stale binary.
+  const std::string key =
+      detail::KernelCache::makeKey(source.source + embedded_headers_text(), detail::nvrtcVersion(), options_list, arch, TWELL_VERSION);
   double compile_ms = 0;
   const auto t0 = std::chrono::steady_clock::now();
   auto result = cache.getOrCompile(key, [&] {
@@ -101,12 +124,16 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const compiler::KernelSourc
   return k;
 }
 
-std::shared_ptr<Context::Impl> context_impl(Context& c) { return c.impl_; }
+std::shared_ptr<Context::Impl> context_impl(Context& c) {
+  if (!c.impl_) throw Error(ErrorCode::InvalidArgument, "Context: this context was moved from; use the one it was moved to");
+  return c.impl_;
+}
 
 std::vector<CompiledKernel> Context::compile(const compiler::GeneratedFfn& generated) {
   std::vector<CompiledKernel> out;
+  auto impl = context_impl(*this);
   for (const auto& source : generated.kernels) {
-    auto k = impl_->compile(source);
+    auto k = impl->compile(source);
     out.push_back(CompiledKernel{k->report, source.source, k->binary->ptx, k->binary->cubin.size()});
   }
   return out;
@@ -116,13 +143,13 @@ Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::mov
 Context::~Context() = default;
 Context::Context(Context&&) noexcept = default;
 Context& Context::operator=(Context&&) noexcept = default;
-bool Context::has_gpu() const { return impl_->gpu; }
-std::string Context::no_gpu_reason() const { return impl_->no_gpu_reason; }
-std::string Context::device_name() const { return impl_->device_name; }
-int Context::sm_count() const { return impl_->sm_count; }
-const Target& Context::target() const { return impl_->target; }
+bool Context::has_gpu() const { return context_impl(const_cast<Context&>(*this))->gpu; }
+std::string Context::no_gpu_reason() const { return context_impl(const_cast<Context&>(*this))->no_gpu_reason; }
+std::string Context::device_name() const { return context_impl(const_cast<Context&>(*this))->device_name; }
+int Context::sm_count() const { return context_impl(const_cast<Context&>(*this))->sm_count; }
+const Target& Context::target() const { return context_impl(const_cast<Context&>(*this))->target; }
 CacheCounters Context::cache_counters() const {
-  const auto s = impl_->cache.stats();
+  const auto s = context_impl(const_cast<Context&>(*this))->cache.stats();
   return CacheCounters{s.memory_hits, s.disk_hits, s.misses, s.corrupt_entries};
 }
 

@@ -15,6 +15,13 @@
 namespace twell {
 namespace {
 
+// A decimal number that fits in `max`, else nullopt (names may carry any digits).
+std::optional<int64_t> parse_index(const std::string& digits, int64_t max) {
+  if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
+  const int64_t v = std::stoll(digits);
+  return v <= max ? std::optional<int64_t>(v) : std::nullopt;
+}
+
 std::string file_list(const std::vector<SafeTensors>& files) {
   std::vector<std::string> s;
   for (const auto& f : files) s.push_back(f.source());
@@ -24,20 +31,32 @@ std::string file_list(const std::vector<SafeTensors>& files) {
 // The matrix `name` [rows, cols] (rows/cols < 0: any), whole or from row shards. nullopt if absent.
 std::optional<std::vector<uint16_t>> find_matrix(const std::vector<SafeTensors>& files, const std::string& name,
                                                  int64_t rows, int64_t cols, int64_t* rows_out, int64_t* cols_out) {
+  const SafeTensors* holder = nullptr;
   for (const auto& f : files)
-    if (f.contains(name)) return f.matrix16(name, DType::BF16, rows, cols, rows_out, cols_out);
+    if (f.contains(name)) {
+      if (holder != nullptr)
+        throw Error(ErrorCode::InvalidArgument, fmt::format("tensor '{}' is in both '{}' and '{}': expected it in one file",
+                                                            name, holder->source(), f.source()));
+      holder = &f;
+    }
+  if (holder != nullptr) return holder->matrix16(name, DType::BF16, rows, cols, rows_out, cols_out);
   std::vector<std::pair<int64_t, std::pair<const SafeTensors*, std::string>>> shards;
   const std::string prefix = name + ".rows";
   for (const auto& f : files)
     for (const auto& n : f.names())
       if (n.rfind(prefix, 0) == 0) {
-        const std::string first = n.substr(prefix.size());
-        if (first.empty() || !std::all_of(first.begin(), first.end(), ::isdigit))
-          throw Error(ErrorCode::InvalidArgument, fmt::format("tensor '{}' in '{}': expected a shard name '{}<index>'", n, f.source(), prefix));
-        shards.push_back({std::stoll(first), {&f, n}});
+        const auto index = parse_index(n.substr(prefix.size()), 1 << 20);
+        if (!index)
+          throw Error(ErrorCode::InvalidArgument,
+                      fmt::format("tensor '{}' in '{}': expected a shard name '{}<index>' with index 0..{}", n, f.source(), prefix, 1 << 20));
+        shards.push_back({*index, {&f, n}});
       }
   if (shards.empty()) return std::nullopt;
   std::sort(shards.begin(), shards.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 1; i < shards.size(); ++i)
+    if (shards[i].first == shards[i - 1].first)
+      throw Error(ErrorCode::InvalidArgument, fmt::format("{}: shard '{}' appears twice ('{}' and '{}')", name, shards[i].second.second,
+                                                          shards[i - 1].second.first->source(), shards[i].second.first->source()));
   std::vector<uint16_t> out;
   int64_t next = 0, width = cols, index = 0;
   for (const auto& [i, where] : shards) {
@@ -76,8 +95,7 @@ std::vector<int> layers_in(const std::vector<SafeTensors>& files) {
     for (const auto& n : f.names())
       if (n.rfind("layers.", 0) == 0) {
         const size_t dot = n.find('.', 7);
-        const std::string num = n.substr(7, dot - 7);
-        if (!num.empty() && std::all_of(num.begin(), num.end(), ::isdigit)) layers.insert(std::stoi(num));
+        if (const auto num = parse_index(n.substr(7, dot - 7), 1 << 30)) layers.insert(static_cast<int>(*num));
       }
   return {layers.begin(), layers.end()};
 }
@@ -105,6 +123,10 @@ LayerData load_layer(const std::vector<SafeTensors>& files, std::optional<int> l
   };
   d.x = require(find_matrix(files, base + "x", -1, -1, &d.tokens, &d.d_model), base + "x");
   d.w_gate = require(find_matrix(files, base + "gate.weight", -1, d.d_model, &d.d_ff, nullptr), base + "gate.weight");
+  if (d.tokens == 0 || d.d_model == 0 || d.d_ff == 0)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("layer {}: expected at least one token, d_model >= 1 and d_ff >= 1, got x [{}, {}] and gate [{}, {}]",
+                            d.layer, d.tokens, d.d_model, d.d_ff, d.d_model));
   auto up = find_matrix(files, base + "up.weight", d.d_ff, d.d_model, nullptr, nullptr);
   auto down = find_matrix(files, base + "down.weight", d.d_model, d.d_ff, nullptr, nullptr);
   if ((!up || !down) && random_up_down_if_missing) {

@@ -84,23 +84,24 @@ void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors&
 }
 
 FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options) {
+  const std::shared_ptr<Context::Impl> ctx = context_impl(*this);  // throws for a moved-from context
   check_spec(spec, max_tokens);
   FfnPlan plan;
   plan.impl_ = std::make_unique<FfnPlan::Impl>();
   FfnPlan::Impl& p = *plan.impl_;
-  p.context = impl_;
+  p.context = ctx;
   p.spec = spec;
   p.max_tokens = max_tokens;
-  compiler::GeneratedFfn generated = compiler::generateFfn(spec, impl_->target);
+  compiler::GeneratedFfn generated = compiler::generateFfn(spec, ctx->target);
   p.layout = generated.layout;
   p.target = generated.target;
   p.ir = std::move(generated.ir);
   for (const auto& k : generated.kernels) {
-    p.kernels.push_back(impl_->load(k));
+    p.kernels.push_back(ctx->load(k));
     p.reports.push_back(p.kernels.back()->report);
   }
-  if (impl_->gpu) {
-    impl_->make_current();
+  if (ctx->gpu) {
+    ctx->make_current();
     p.twell = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * p.layout.words_per_row(spec.d_ff) * 4);
     p.counter = std::make_unique<detail::DeviceBuffer>(4);
     const int64_t tile_rows = max_tokens * p.layout.tiles(spec.d_ff);
@@ -110,22 +111,39 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
   return plan;
 }
 
+namespace {
+// A default-constructed or moved-from plan has no Impl: every use is a clear error, not a crash.
+FfnPlan::Impl& checked(const std::unique_ptr<FfnPlan::Impl>& impl, const char* what) {
+  if (!impl) throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::{}: this plan is empty (default-constructed or moved "
+                                                                  "from); make one with Context::plan", what));
+  return *impl;
+}
+}  // namespace
+
 FfnPlan::FfnPlan() = default;
 FfnPlan::~FfnPlan() = default;
 FfnPlan::FfnPlan(FfnPlan&&) noexcept = default;
 FfnPlan& FfnPlan::operator=(FfnPlan&&) noexcept = default;
-const FfnSpec& FfnPlan::spec() const { return impl_->spec; }
-const TwellLayout& FfnPlan::layout() const { return impl_->layout; }
-const Target& FfnPlan::target() const { return impl_->target; }
-int64_t FfnPlan::max_tokens() const { return impl_->max_tokens; }
-const std::vector<KernelReport>& FfnPlan::kernels() const { return impl_->reports; }
-const std::string& FfnPlan::ir() const { return impl_->ir; }
-const std::string& FfnPlan::ptx(size_t i) const { return impl_->kernels.at(i)->binary->ptx; }
-const std::string& FfnPlan::cuda_source(size_t i) const { return impl_->kernels.at(i)->source.source; }
-bool FfnPlan::runnable() const { return impl_->context->gpu; }
+const FfnSpec& FfnPlan::spec() const { return checked(impl_, "spec").spec; }
+const TwellLayout& FfnPlan::layout() const { return checked(impl_, "layout").layout; }
+const Target& FfnPlan::target() const { return checked(impl_, "target").target; }
+int64_t FfnPlan::max_tokens() const { return checked(impl_, "max_tokens").max_tokens; }
+const std::vector<KernelReport>& FfnPlan::kernels() const { return checked(impl_, "kernels").reports; }
+const std::string& FfnPlan::ir() const { return checked(impl_, "ir").ir; }
+namespace {
+const LoadedKernel& kernel_at(const std::unique_ptr<FfnPlan::Impl>& impl, size_t i, const char* what) {
+  const auto& kernels = checked(impl, what).kernels;
+  if (i >= kernels.size())
+    throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::{}: kernel: expected 0..{}, got {}", what, kernels.size() - 1, i));
+  return *kernels[i];
+}
+}  // namespace
+const std::string& FfnPlan::ptx(size_t i) const { return kernel_at(impl_, i, "ptx").binary->ptx; }
+const std::string& FfnPlan::cuda_source(size_t i) const { return kernel_at(impl_, i, "cuda_source").source.source; }
+bool FfnPlan::runnable() const { return checked(impl_, "runnable").context->gpu; }
 
 void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
-  Impl& p = *impl_;
+  Impl& p = checked(impl_, "run");
   if (!p.context->gpu)
     throw Error(ErrorCode::NoDevice, "FfnPlan::run: this plan was made without a GPU (" + p.context->no_gpu_reason + ")");
   p.context->make_current();
@@ -182,7 +200,7 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
 }
 
 OverflowReport FfnPlan::last_overflow(Stream stream) {
-  Impl& p = *impl_;
+  Impl& p = checked(impl_, "last_overflow");
   if (!p.context->gpu) throw Error(ErrorCode::NoDevice, "FfnPlan::last_overflow: this plan was made without a GPU");
   p.context->make_current();
   const detail::Driver& d = detail::Driver::get();
@@ -196,7 +214,7 @@ OverflowReport FfnPlan::last_overflow(Stream stream) {
 }
 
 TwellMatrix FfnPlan::download_twell(Stream stream) const {
-  const Impl& p = *impl_;
+  const Impl& p = checked(impl_, "download_twell");
   if (!p.context->gpu) throw Error(ErrorCode::NoDevice, "FfnPlan::download_twell: this plan was made without a GPU");
   if (p.last_tokens < 0) throw Error(ErrorCode::InvalidArgument, "FfnPlan::download_twell: run() has not been called");
   p.context->make_current();

@@ -64,6 +64,9 @@ TwellLayout layout_for(const FfnSpec& s) {
 
 std::vector<uint16_t> reference_gate(const FfnSpec& s, std::span<const uint16_t> x, int64_t tokens,
                                      std::span<const uint16_t> w_gate) {
+  if (s.d_model <= 0 || s.d_ff <= 0 || tokens < 0 || tokens > (int64_t{1} << 40))
+    throw Error(ErrorCode::InvalidArgument, fmt::format("reference_gate: expected d_model, d_ff >= 1 and 0 <= tokens <= 2^40, got "
+                                                        "d_model {}, d_ff {}, tokens {}", s.d_model, s.d_ff, tokens));
   check_size("x", x.size(), tokens * s.d_model, fmt::format("[{}, {}] = [tokens, d_model]", tokens, s.d_model));
   check_size("w_gate", w_gate.size(), s.d_ff * s.d_model, fmt::format("[{}, {}] = [d_ff, d_model]", s.d_ff, s.d_model));
   const TwellLayout l = layout_for(s);
@@ -83,6 +86,10 @@ std::vector<uint16_t> reference_gate(const FfnSpec& s, std::span<const uint16_t>
 std::vector<float> reference_gated_down(const FfnSpec& s, std::span<const uint16_t> x, const TwellMatrix& h,
                                         const HostFfnWeights& w) {
   check_weights(s, w);
+  if (h.d_ff != s.d_ff || h.layout.value != s.dtype)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("reference_gated_down: h: expected d_ff {} and values {}, got d_ff {} and {}",
+                                                        s.d_ff, to_string(s.dtype), h.d_ff, to_string(h.layout.value)));
+  validate_twell(h);
   check_size("x", x.size(), h.rows * s.d_model, fmt::format("[{}, {}] = [tokens, d_model]", h.rows, s.d_model));
   const TwellLayout& l = h.layout;
   const int64_t K = s.d_model, N = s.d_ff, tiles = l.tiles(N), wpr = l.words_per_row(N);
@@ -138,7 +145,7 @@ std::vector<double> naive_dense_ffn(const FfnSpec& s, std::span<const uint16_t> 
   std::vector<double> y(rows.size() * K, 0.0);
   for (size_t ri = 0; ri < rows.size(); ++ri) {
     const int64_t r = rows[ri];
-    if (r < 0 || (r + 1) * K > static_cast<int64_t>(x.size()))
+    if (K <= 0 || r < 0 || r >= static_cast<int64_t>(x.size()) / K)
       throw Error(ErrorCode::InvalidArgument, fmt::format("naive_dense_ffn: rows[{}] = {} is outside x", ri, r));
     for (int64_t j = 0; j < N; ++j) {
       double g = 0.0, u = 0.0;

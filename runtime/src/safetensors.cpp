@@ -30,9 +30,24 @@ int64_t TensorView::elements() const {
 }
 
 SafeTensors SafeTensors::read(const std::filesystem::path& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status))
+    throw Error(ErrorCode::NotFound, fmt::format("safetensors file '{}': cannot open ({})", path.string(),
+                                                 ec ? ec.message() : "no such file"));
+  if (!std::filesystem::is_regular_file(status))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("safetensors file '{}': expected a regular file, got a {}", path.string(),
+                            std::filesystem::is_directory(status) ? "directory" : "special file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(ErrorCode::NotFound, fmt::format("safetensors file '{}': cannot open ({})", path.string(), std::strerror(errno)));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<uint8_t> bytes;
+  try {
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::Parse, fmt::format("safetensors file '{}': read failed ({})", path.string(), e.what()));
+  }
+  if (in.bad()) throw Error(ErrorCode::Parse, fmt::format("safetensors file '{}': read failed", path.string()));
   return parse(std::move(bytes), path.string());
 }
 
@@ -70,9 +85,14 @@ SafeTensors SafeTensors::parse(std::vector<uint8_t> bytes, const std::string& so
     t.dtype = entry["dtype"].get<std::string>();
     const int64_t esize = dtype_size(t.dtype);
     if (esize == 0) fail(fmt::format("tensor '{}': unknown dtype '{}'", name, t.dtype));
+    // Every extent and the byte count must fit in int64 (no wrap-around can make a shape "match").
+    int64_t bytes_needed = esize;
     for (const auto& d : entry["shape"]) {
-      if (!d.is_number_unsigned()) fail(fmt::format("tensor '{}': shape entries must be non-negative integers, got {}", name, d.dump()));
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 48))
+        fail(fmt::format("tensor '{}': shape entries must be integers in 0..2^48, got {}", name, d.dump()));
       t.shape.push_back(d.get<int64_t>());
+      if (__builtin_mul_overflow(bytes_needed, t.shape.back(), &bytes_needed))
+        fail(fmt::format("tensor '{}': shape [{}] overflows a 64-bit byte count", name, fmt::join(t.shape, ", ")));
     }
     const auto& off = entry["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
@@ -80,7 +100,7 @@ SafeTensors SafeTensors::parse(std::vector<uint8_t> bytes, const std::string& so
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (b > e || e > data_size)
       fail(fmt::format("tensor '{}': data_offsets [{}, {}] outside the {} data bytes", name, b, e, data_size));
-    if (static_cast<int64_t>(e - b) != t.elements() * esize)
+    if (static_cast<int64_t>(e - b) != bytes_needed)
       fail(fmt::format("tensor '{}': {} {} x {} needs {} bytes, data_offsets give {}", name, t.dtype,
                        fmt::join(t.shape, "x"), esize, t.elements() * esize, e - b));
     t.offset = data_begin + b;

@@ -39,7 +39,8 @@ bool is_active(const TwellLayout& l, uint16_t a_bits) {
 TwellMatrix pack_twell(const TwellLayout& layout, const std::vector<uint16_t>& a, int64_t rows, int64_t d_ff,
                        uint32_t backup_capacity) {
   validate_layout(layout);
-  if (rows < 0 || d_ff <= 0 || static_cast<int64_t>(a.size()) != rows * d_ff)
+  int64_t count = 0;
+  if (rows < 0 || d_ff <= 0 || __builtin_mul_overflow(rows, d_ff, &count) || static_cast<int64_t>(a.size()) != count)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("pack_twell: a: expected {} x {} = {} values, got {}", rows, d_ff, rows * d_ff, a.size()));
   TwellMatrix m;
@@ -84,10 +85,19 @@ TwellMatrix pack_twell(const TwellLayout& layout, const std::vector<uint16_t>& a
 void validate_twell(const TwellMatrix& m) {
   const TwellLayout& l = m.layout;
   validate_layout(l);
-  const int64_t tiles = l.tiles(m.d_ff), wpr = l.words_per_row(m.d_ff);
-  if (static_cast<int64_t>(m.words.size()) != m.rows * wpr)
+  if (m.rows < 0 || m.d_ff < 1 || m.d_ff > (int64_t{1} << 40))
     throw Error(ErrorCode::InvalidArgument,
-                fmt::format("TwELL matrix: expected {} words ({} rows x {}), got {}", m.rows * wpr, m.rows, wpr, m.words.size()));
+                fmt::format("TwELL matrix: expected rows >= 0 and 1 <= d_ff <= 2^40, got rows {}, d_ff {}", m.rows, m.d_ff));
+  const int64_t tiles = l.tiles(m.d_ff), wpr = l.words_per_row(m.d_ff);
+  int64_t words = 0;
+  if (__builtin_mul_overflow(m.rows, wpr, &words) || static_cast<int64_t>(m.words.size()) != words)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("TwELL matrix: expected {} rows x {} words, got {} words", m.rows, wpr, m.words.size()));
+  const size_t backup_rows = std::min(m.overflow_count, m.backup_capacity);
+  if (m.backup.size() != backup_rows * static_cast<size_t>(l.tile_n))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("TwELL matrix: expected a backup of min(overflow count {}, capacity {}) x tile_n {} values, got {}",
+                            m.overflow_count, m.backup_capacity, l.tile_n, m.backup.size()));
   uint32_t overflows = 0;
   for (int64_t r = 0; r < m.rows; ++r) {
     for (int64_t t = 0; t < tiles; ++t) {
@@ -119,6 +129,7 @@ void validate_twell(const TwellMatrix& m) {
 }
 
 std::vector<uint16_t> unpack_twell(const TwellMatrix& m) {
+  validate_twell(m);  // every index below is then in range
   const TwellLayout& l = m.layout;
   const int64_t tiles = l.tiles(m.d_ff), wpr = l.words_per_row(m.d_ff);
   std::vector<uint16_t> a(m.rows * m.d_ff, 0);

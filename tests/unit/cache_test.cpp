@@ -1,12 +1,18 @@
 // The kernel cache without a GPU: hits, keys, corrupt entries, fallback to memory, concurrency.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <grp.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <future>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -259,6 +265,215 @@ TEST(KernelCache, DirRemovedAfterOpeningFallsBackToMemoryWithOneWarning) {
   for (size_t at = warnings.find("twell: warning"); at != std::string::npos; at = warnings.find("twell: warning", at + 1))
     ++count;
   EXPECT_EQ(count, 1u) << warnings;
+}
+
+// Runs getOrCompile on another thread; if it has not returned after 20 s (blocked in open() on a FIFO
+// at `fifo`), fails and opens the FIFO's write end so that the blocked reader returns and the test ends.
+KernelCache::Result getOrCompileWithoutHanging(KernelCache& cache, const std::string& key, Compiler& compiler,
+                                               const fs::path& fifo) {
+  std::future<KernelCache::Result> result =
+      std::async(std::launch::async, [&] { return cache.getOrCompile(key, compiler.fn()); });
+  if (result.wait_for(std::chrono::seconds(20)) == std::future_status::timeout) {
+    ADD_FAILURE() << "getOrCompile blocked for 20 s on the FIFO at " << fifo;
+    int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (fd >= 0) ::close(fd);
+  }
+  return result.get();
+}
+
+TEST(KernelCache, FifoAtTheEntryPathIsReplacedWithoutBlocking) {
+  TempDir dir;
+  Compiler compiler;
+  KernelCache(dir.path()).getOrCompile(kKey, compiler.fn());
+  const fs::path file = KernelCache(dir.path()).entryPath(kKey);
+  const std::string good = readFile(file);
+  ASSERT_TRUE(fs::remove(file));
+  ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0) << std::strerror(errno);
+
+  KernelCache cache(dir.path());
+  KernelCache::Result r = getOrCompileWithoutHanging(cache, kKey, compiler, file);
+  EXPECT_EQ(r.hit, CacheHit::Miss);
+  EXPECT_EQ(r.entry->ptx, compiler.entry.ptx);
+  EXPECT_EQ(compiler.calls, 2);
+  EXPECT_EQ(cache.stats().corrupt_entries, 1u);
+  EXPECT_TRUE(cache.persistent());
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(file))) << "the FIFO was not replaced";
+  EXPECT_EQ(readFile(file), good);
+  EXPECT_EQ(KernelCache(dir.path()).getOrCompile(kKey, compiler.fn()).hit, CacheHit::Disk);
+}
+
+TEST(KernelCache, LinkToAFifoAtTheEntryPathIsReplacedWithoutBlocking) {
+  TempDir dir;
+  const fs::path fifo = dir.path() / "elsewhere";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  KernelCache cache(dir.path());
+  fs::create_symlink(fifo, cache.entryPath(kKey));
+  Compiler compiler;
+  KernelCache::Result r = getOrCompileWithoutHanging(cache, kKey, compiler, fifo);
+  EXPECT_EQ(r.hit, CacheHit::Miss);
+  EXPECT_EQ(cache.stats().corrupt_entries, 1u);
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(cache.entryPath(kKey))));
+  EXPECT_TRUE(fs::is_fifo(fs::symlink_status(fifo))) << "the link's target was touched";
+  EXPECT_EQ(KernelCache(dir.path()).getOrCompile(kKey, compiler.fn()).hit, CacheHit::Disk);
+}
+
+TEST(KernelCache, FifoAtTheLockPathIsReplacedWithoutBlocking) {
+  TempDir dir;
+  KernelCache cache(dir.path());
+  const fs::path lock = dir.path() / (kKey + ".lock");
+  ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0) << std::strerror(errno);
+  Compiler compiler;
+  KernelCache::Result r = getOrCompileWithoutHanging(cache, kKey, compiler, lock);
+  EXPECT_EQ(r.hit, CacheHit::Miss);
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(lock)));
+  EXPECT_EQ(KernelCache(dir.path()).getOrCompile(kKey, compiler.fn()).hit, CacheHit::Disk);
+  EXPECT_EQ(compiler.calls, 1);
+}
+
+// A failure on one key's files (here: lock paths that are directories, which are left alone) keeps
+// that key in memory only, with one warning, and leaves the disk cache on for every other key.
+TEST(KernelCache, FailureOnOneKeyLeavesTheOtherKeysOnDisk) {
+  TempDir dir;
+  Compiler compiler;
+  const std::string published = KernelCache::makeKey("published", "13.0", {}, "sm_90a", "0.1.0");
+  const std::string blocked2 = KernelCache::makeKey("blocked 2", "13.0", {}, "sm_90a", "0.1.0");
+  const std::string later = KernelCache::makeKey("later", "13.0", {}, "sm_90a", "0.1.0");
+  KernelCache(dir.path()).getOrCompile(published, compiler.fn());
+  for (const std::string& key : {kKey, blocked2}) {
+    fs::create_directories(dir.path() / (key + ".lock") / "inside");
+  }
+
+  testing::internal::CaptureStderr();
+  KernelCache cache(dir.path());
+  KernelCache::Result blocked = cache.getOrCompile(kKey, compiler.fn());
+  KernelCache::Result disk = cache.getOrCompile(published, compiler.fn());
+  KernelCache::Result blockedAgain = cache.getOrCompile(blocked2, compiler.fn());
+  KernelCache::Result fresh = cache.getOrCompile(later, compiler.fn());
+  const std::string warnings = testing::internal::GetCapturedStderr();
+
+  EXPECT_EQ(blocked.hit, CacheHit::Miss);
+  EXPECT_EQ(blocked.entry->ptx, compiler.entry.ptx);
+  EXPECT_EQ(disk.hit, CacheHit::Disk) << "one key's failure turned the disk cache off";
+  EXPECT_EQ(blockedAgain.hit, CacheHit::Miss);
+  EXPECT_EQ(fresh.hit, CacheHit::Miss);
+  EXPECT_TRUE(cache.persistent());
+  EXPECT_TRUE(cache.writable());
+  EXPECT_FALSE(fs::exists(cache.entryPath(kKey))) << "published without holding the key's lock";
+  EXPECT_TRUE(fs::exists(cache.entryPath(later))) << "a key after the failure was not published";
+  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Memory);
+  EXPECT_NE(warnings.find(kKey + ".lock"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("memory only"), std::string::npos) << warnings;
+  size_t count = 0;
+  for (size_t at = warnings.find("twell: warning"); at != std::string::npos; at = warnings.find("twell: warning", at + 1))
+    ++count;
+  EXPECT_EQ(count, 1u) << warnings;
+  EXPECT_TRUE(fs::is_directory(dir.path() / (kKey + ".lock") / "inside")) << "someone's directory was removed";
+}
+
+// A directory at an entry path is not an entry and is not removed: the key is cached in memory only.
+TEST(KernelCache, DirectoryAtTheEntryPathIsLeftAlone) {
+  TempDir dir;
+  KernelCache cache(dir.path());
+  fs::create_directories(cache.entryPath(kKey) / "inside");
+  testing::internal::CaptureStderr();
+  Compiler compiler;
+  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Miss);
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(cache.stats().corrupt_entries, 1u);
+  EXPECT_TRUE(fs::is_directory(cache.entryPath(kKey) / "inside"));
+  EXPECT_TRUE(cache.persistent());
+  EXPECT_NE(warnings.find(cache.entryPath(kKey).string()), std::string::npos) << warnings;
+  const std::string other = KernelCache::makeKey("other", "13.0", {}, "sm_90a", "0.1.0");
+  EXPECT_EQ(cache.getOrCompile(other, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(KernelCache(dir.path()).getOrCompile(other, compiler.fn()).hit, CacheHit::Disk);
+}
+
+// The checks on a read-only directory holding a valid entry for kKey and a damaged one for `damaged`.
+// Returns what failed (empty: all passed); runs in this process or in a child without privileges.
+std::string readOnlyDirChecks(const fs::path& dir, const std::string& damaged) {
+  std::string failures;
+  auto check = [&](bool ok, const std::string& what) {
+    if (!ok) failures += what + "\n";
+  };
+  std::set<std::string> before;
+  for (const auto& e : fs::directory_iterator(dir)) before.insert(e.path().filename().string());
+
+  testing::internal::CaptureStderr();
+  KernelCache cache(dir);
+  Compiler compiler;
+  KernelCache::Result valid =
+      cache.getOrCompile(kKey, []() -> CacheEntry { throw std::runtime_error("recompiled a valid entry"); });
+  KernelCache::Result bad = cache.getOrCompile(damaged, compiler.fn());
+  const std::string fresh = KernelCache::makeKey("not on disk", "13.0", {}, "sm_90a", "0.1.0");
+  KernelCache::Result missing = cache.getOrCompile(fresh, compiler.fn());
+  KernelCache::Result again = cache.getOrCompile(fresh, compiler.fn());
+  const std::string warnings = testing::internal::GetCapturedStderr();
+
+  check(cache.persistent(), "persistent() is false: the read-only directory is not used");
+  check(!cache.writable(), "writable() is true for a read-only directory");
+  check(valid.hit == CacheHit::Disk, "the valid entry was not loaded from the read-only directory");
+  check(valid.entry->ptx == sampleEntry().ptx, "the loaded entry differs");
+  check(bad.hit == CacheHit::Miss && missing.hit == CacheHit::Miss, "damaged or missing entries were not compiled");
+  check(again.hit == CacheHit::Memory, "a compiled kernel was not kept in memory");
+  check(compiler.calls == 2, "compile ran " + std::to_string(compiler.calls.load()) + " times, expected 2");
+  check(cache.stats().corrupt_entries == 1, "the damaged entry was not counted");
+  check(warnings.find(dir.string()) != std::string::npos && warnings.find("memory only") != std::string::npos,
+        "no warning naming the directory: " + warnings);
+  std::set<std::string> after;
+  for (const auto& e : fs::directory_iterator(dir)) after.insert(e.path().filename().string());
+  check(after == before, "the read-only directory changed");
+  return failures;
+}
+
+TEST(KernelCache, ReadOnlyDirServesItsEntries) {
+  TempDir dir;
+  const std::string damaged = KernelCache::makeKey("damaged", "13.0", {}, "sm_90a", "0.1.0");
+  {
+    KernelCache cache(dir.path());
+    Compiler compiler;
+    cache.getOrCompile(kKey, compiler.fn());
+    cache.getOrCompile(damaged, compiler.fn());
+    writeFile(cache.entryPath(damaged), "not an entry");
+  }
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0555), 0) << std::strerror(errno);
+  struct RestoreMode {
+    const fs::path& dir;
+    ~RestoreMode() { ::chmod(dir.c_str(), 0700); }
+  } restore{dir.path()};
+
+  if (::access(dir.path().c_str(), W_OK) != 0) {
+    EXPECT_EQ(readOnlyDirChecks(dir.path(), damaged), "");
+    return;
+  }
+  // Root writes anywhere: run the checks in a child that gives up its privileges (to nobody).
+  int out[2];
+  ASSERT_EQ(::pipe(out), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(out[0]);
+    std::string result;
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)
+      result = "SKIP: cannot drop privileges: " + std::string(std::strerror(errno));
+    else if (::access(dir.path().c_str(), W_OK) == 0)
+      result = "SKIP: the directory is still writable after dropping privileges";
+    else
+      result = readOnlyDirChecks(dir.path(), damaged);
+    if (::write(out[1], result.data(), result.size()) < 0) _exit(2);
+    _exit(0);
+  }
+  ::close(out[1]);
+  std::string result;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(out[0], buffer, sizeof(buffer))) > 0;) result.append(buffer, static_cast<size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  if (result.rfind("SKIP: ", 0) == 0)
+    GTEST_SKIP() << "running as root, chmod 0555 does not make " << dir.path()
+                 << " read-only, and the check as user nobody is impossible: " << result.substr(6);
+  EXPECT_EQ(result, "");
 }
 
 TEST(KernelCache, RejectsKeysThatAreNotFileNames) {

@@ -32,7 +32,9 @@ TEST(TwellFormat, RoundTripAtManyDensities) {
       const TwellMatrix m = pack_twell(l, a, rows, cols, UINT32_MAX);
       ASSERT_NO_THROW(validate_twell(m));
       EXPECT_EQ(unpack_twell(m), a) << "density " << density << " tile_n " << tile_n;
-      if (density >= 0.5) EXPECT_GT(m.overflow_count, 0u);
+      if (density >= 0.5) {
+        EXPECT_GT(m.overflow_count, 0u);
+      }
     }
   }
 }
@@ -128,4 +130,29 @@ TEST(TwellFormat, NaNIsActive) {
   const TwellMatrix m = pack_twell(l, a, 1, 32, 0);
   EXPECT_EQ(m.words[0], 1u);
   EXPECT_EQ(m.words[1] & 0xFFFFu, 5u);
+}
+
+TEST(TwellFormat, InconsistentMatricesAreRejectedNotRead) {
+  TwellLayout l;
+  l.tile_n = 32;
+  l.slots = 1;
+  std::vector<uint16_t> a(2 * 64, 0);
+  for (int c = 0; c < 4; ++c) a[c] = float_to_bf16(1.0f);
+  TwellMatrix m = pack_twell(l, a, 2, 64, 1);
+  TwellMatrix bad = m;
+  bad.backup.clear();  // the header points into a backup that is not there
+  EXPECT_THROW(unpack_twell(bad), Error);
+  bad = m;
+  bad.words.clear();
+  EXPECT_THROW(unpack_twell(bad), Error);
+  bad = m;
+  bad.words[2 * 2 + 0] = 1;  // row 0, tile 1: one entry ...
+  bad.words[2 * 2 + 1] = 60000;  // ... whose column is outside the tile
+  EXPECT_THROW(unpack_twell(bad), Error);
+  bad = m;
+  bad.rows = -1;
+  EXPECT_THROW(validate_twell(bad), Error);
+  bad = m;
+  bad.layout.tile_n = 0;
+  EXPECT_THROW(unpack_twell(bad), Error);
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "test_data.h"
+#include "twell/error.h"
 #include "twell/layer_data.h"
 #include "twell/reference.h"
 
@@ -78,4 +79,17 @@ TEST(Reference, RealSample) {
   RandomFfn f{s, 64, {d.x.begin(), d.x.begin() + 64 * 512}, d.w_gate, d.w_up, d.w_down};
   expect_matches_naive(f, UINT32_MAX, "real layer, 31 slots (overflows)");
   expect_matches_naive(f, 0, "real layer, all overflow recomputed");
+}
+
+TEST(Reference, GatedDownChecksTheTwellMatrixAgainstTheSpec) {
+  const auto f = make_random_ffn(small_spec(), 4, 0.1, 9);
+  TwellLayout l = layout_for(f.spec);
+  l.tile_n = 32;
+  const auto a = reference_gate(f.spec, f.x, f.tokens, f.w_gate);
+  TwellMatrix h = pack_twell(l, a, f.tokens, f.spec.d_ff, UINT32_MAX);
+  FfnSpec other = f.spec;
+  other.d_ff = 128;
+  EXPECT_THROW(reference_gated_down(other, f.x, h, f.weights()), Error);
+  h.words.clear();
+  EXPECT_THROW(reference_gated_down(f.spec, f.x, h, f.weights()), Error);
 }

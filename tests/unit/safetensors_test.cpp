@@ -13,10 +13,11 @@ using namespace twell;
 namespace {
 
 std::vector<uint8_t> make_file(const std::string& header, size_t data_bytes) {
-  std::vector<uint8_t> b(8);
+  std::vector<uint8_t> b;
+  b.reserve(8 + header.size() + data_bytes);
   const uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(n >> (8 * i));
-  b.insert(b.end(), header.begin(), header.end());
+  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(n >> (8 * i)));
+  for (char c : header) b.push_back(static_cast<uint8_t>(c));
   for (size_t i = 0; i < data_bytes; ++i) b.push_back(static_cast<uint8_t>(i * 7 + 1));
   return b;
 }
@@ -106,4 +107,32 @@ TEST(LayerData, PaperShardsWhenPresent) {
   EXPECT_EQ(d.d_model, 2048);
   EXPECT_EQ(d.d_ff, 5632);
   EXPECT_EQ(d.tokens, 1024);
+}
+
+TEST(SafeTensors, DirectoriesAndOverflowingShapesAreErrors) {
+  EXPECT_NE(error_of([] { SafeTensors::read("/tmp"); }).find("expected a regular file, got a directory"), std::string::npos);
+  // 2^32 x 2^32 elements wrap a 64-bit element count to 0: must not "match" 0 bytes.
+  EXPECT_NE(error_of([] {
+              SafeTensors::parse(make_file(R"({"a":{"dtype":"BF16","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", 0), "f");
+            }).find("overflows"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              SafeTensors::parse(make_file(R"({"a":{"dtype":"BF16","shape":[18446744073709551615],"data_offsets":[0,2]}})", 2), "f");
+            }).find("shape entries must be integers in 0..2^48"),
+            std::string::npos);
+}
+
+TEST(LayerData, HugeNumbersInNamesAndDuplicates) {
+  const auto big = SafeTensors::parse(make_file(R"({"layers.99999999999.x":{"dtype":"BF16","shape":[1,2],"data_offsets":[0,4]}})", 4), "big");
+  EXPECT_TRUE(layers_in({big}).empty());
+  const auto shard = SafeTensors::parse(
+      make_file(R"({"layers.1.x":{"dtype":"BF16","shape":[1,2],"data_offsets":[0,4]},"layers.1.gate.weight.rows99999999999999999999":{"dtype":"BF16","shape":[1,2],"data_offsets":[4,8]}})", 8),
+      "shard");
+  EXPECT_NE(error_of([&] { load_layer({shard}, 1, true); }).find("expected a shard name"), std::string::npos);
+  const auto st = SafeTensors::read(twell::testing::sample_path());
+  EXPECT_NE(error_of([&] { load_layer({st, st}, 1, false); }).find("is in both"), std::string::npos);
+  const auto empty_x = SafeTensors::parse(
+      make_file(R"({"layers.0.x":{"dtype":"BF16","shape":[0,2],"data_offsets":[0,0]},"layers.0.gate.weight":{"dtype":"BF16","shape":[3,2],"data_offsets":[0,12]}})", 12),
+      "empty");
+  EXPECT_NE(error_of([&] { load_layer({empty_x}, 0, true); }).find("expected at least one token"), std::string::npos);
 }

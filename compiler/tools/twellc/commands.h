@@ -14,7 +14,8 @@ struct Args {
   std::vector<std::pair<std::string, std::string>> options;  // name (without --), value ("" for flags)
   bool has(const std::string& name) const;
   std::string get(const std::string& name, const std::string& fallback = "") const;
-  long long get_int(const std::string& name, long long fallback) const;
+  // The option's value as an integer in [min, max] (else std::invalid_argument naming the option).
+  long long get_int(const std::string& name, long long fallback, long long min, long long max) const;
   double get_double(const std::string& name, double fallback) const;
 };
 // `flags` take no value; `valued` take one. Throws std::invalid_argument with a usage message.

@@ -1,6 +1,8 @@
 // `twellc emit`: ahead-of-time output of the pipeline: the twell IR after the passes, the CUDA C++
 // of each kernel, or its PTX (NVRTC; no GPU needed).
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -25,15 +27,18 @@ const char* kEmitHelp =
     "                 --down-layout out_in|in_out\n";
 
 twell::Target parse_target(const std::string& s) {
-  // sm_<major><minor>[a]
+  // sm_<major><minor>[a]; the generator then checks that NVRTC can build for it.
   const bool a = !s.empty() && s.back() == 'a';
   const std::string digits = s.substr(0, s.size() - (a ? 1 : 0));
-  if (digits.rfind("sm_", 0) != 0 || digits.size() < 5 || digits.find_first_not_of("0123456789", 3) != std::string::npos)
+  if (digits.rfind("sm_", 0) != 0 || digits.size() < 5 || digits.size() > 6 || digits[3] == '0' ||
+      digits.find_first_not_of("0123456789", 3) != std::string::npos)
     throw std::invalid_argument(fmt::format("--target: expected sm_XY or sm_XYa (e.g. sm_90a), got '{}'", s));
   const int sm = std::stoi(digits.substr(3));
   if (sm < 80) throw std::invalid_argument(fmt::format("--target: twell needs sm_80 or newer (bf16 cvt), got '{}'", s));
   return twell::Target{sm, a};
 }
+
+const std::vector<std::string> kShapeOptions = {"d-model", "d-ff", "tile-n", "slots", "threshold", "activation", "dtype", "down-layout"};
 
 }  // namespace
 
@@ -52,6 +57,10 @@ int emit_command(const std::vector<std::string>& argv) {
     const twell::Target target = parse_target(args.get("target", "sm_90a"));
     twell::compiler::GeneratedFfn gen;
     if (args.positional.size() == 1) {
+      for (const auto& o : kShapeOptions)
+        if (args.has(o))
+          throw std::invalid_argument(fmt::format("--{}: shape options describe an FFN without a .mlir file; the file '{}' already "
+                                                  "describes one", o, args.positional[0]));
       std::ifstream in(args.positional[0]);
       if (!in) throw twell::Error(twell::ErrorCode::NotFound, fmt::format("cannot open '{}'", args.positional[0]));
       std::stringstream text;
@@ -61,11 +70,11 @@ int emit_command(const std::vector<std::string>& argv) {
       if (!args.has("d-model") || !args.has("d-ff"))
         throw std::invalid_argument("expected FILE.mlir or --d-model D --d-ff F");
       twell::FfnSpec spec;
-      spec.d_model = args.get_int("d-model", 0);
-      spec.d_ff = args.get_int("d-ff", 0);
+      spec.d_model = args.get_int("d-model", 0, 1, 65536);
+      spec.d_ff = args.get_int("d-ff", 0, 1, int64_t{1} << 24);
       spec.threshold = static_cast<float>(args.get_double("threshold", 0.0));
-      if (args.has("tile-n")) spec.tile_n = static_cast<int>(args.get_int("tile-n", 256));
-      if (args.has("slots")) spec.slots = static_cast<int>(args.get_int("slots", 31));
+      if (args.has("tile-n")) spec.tile_n = static_cast<int>(args.get_int("tile-n", 256, 32, 1024));
+      if (args.has("slots")) spec.slots = static_cast<int>(args.get_int("slots", 31, 1, 1024));
       const std::string act = args.get("activation", "relu"), dtype = args.get("dtype", "bf16"), down = args.get("down-layout", "out_in");
       if (act != "relu" && act != "silu") throw std::invalid_argument(fmt::format("--activation: expected relu or silu, got '{}'", act));
       if (dtype != "bf16" && dtype != "f16") throw std::invalid_argument(fmt::format("--dtype: expected bf16 or f16, got '{}'", dtype));
@@ -85,11 +94,27 @@ int emit_command(const std::vector<std::string>& argv) {
         std::printf("%s\n", text.c_str());
         return;
       }
-      std::filesystem::create_directories(out_dir);
+      std::error_code ec;
+      std::filesystem::create_directories(out_dir, ec);
+      if (ec || !std::filesystem::is_directory(out_dir))
+        throw twell::Error(twell::ErrorCode::InvalidArgument,
+                           fmt::format("--out: expected a directory that can be created, got '{}' ({})", out_dir,
+                                       ec ? ec.message() : "not a directory"));
+      // Written beside the target and renamed into place: a failed write leaves no partial file.
       const auto path = std::filesystem::path(out_dir) / name;
-      std::ofstream f(path, std::ios::binary);
-      f << text;
-      if (!f) throw twell::Error(twell::ErrorCode::NotFound, fmt::format("cannot write '{}'", path.string()));
+      const auto tmp = std::filesystem::path(out_dir) / ("." + name + ".tmp");
+      {
+        std::ofstream f(tmp, std::ios::binary);
+        f << text;
+        f.close();
+        if (!f) {
+          const std::string why = std::strerror(errno);
+          std::filesystem::remove(tmp, ec);
+          throw twell::Error(twell::ErrorCode::InvalidArgument, fmt::format("--out: writing '{}' failed: {}", path.string(), why));
+        }
+      }
+      std::filesystem::rename(tmp, path, ec);
+      if (ec) throw twell::Error(twell::ErrorCode::InvalidArgument, fmt::format("--out: cannot create '{}': {}", path.string(), ec.message()));
       std::fprintf(stderr, "wrote %s (%zu bytes)\n", path.c_str(), text.size());
     };
     if (what == "mlir") {

@@ -126,10 +126,9 @@ int run_command(const std::vector<std::string>& argv) {
       for (const auto& f : args.positional) files.push_back(twell::SafeTensors::read(f));
     }
     std::optional<int> layer;
-    if (args.has("layer")) layer = static_cast<int>(args.get_int("layer", 0));
+    if (args.has("layer")) layer = static_cast<int>(args.get_int("layer", 0, 0, 1 << 30));
     const twell::LayerData d = twell::load_layer(files, layer, args.has("random-up-down"));
-    const int reps = static_cast<int>(args.get_int("reps", 20));
-    if (reps < 1 || reps > 100000) throw std::invalid_argument(fmt::format("--reps: expected 1..100000, got {}", reps));
+    const int reps = static_cast<int>(args.get_int("reps", 20, 1, 100000));
     say(fmt::format("== twell run: layer {} of {}", d.layer, fmt::join(d.sources, " + ")));
     say(fmt::format("   tokens {}, d_model {}, d_ff {}, bf16{}  (loaded in {:.0f} ms)", d.tokens, d.d_model, d.d_ff,
                     d.random_up_down ? ", up/down weights RANDOM (absent from the files)" : "", ms_since(t0)));
@@ -141,13 +140,13 @@ int run_command(const std::vector<std::string>& argv) {
     spec.d_model = d.d_model;
     spec.d_ff = d.d_ff;
     spec.threshold = static_cast<float>(args.get_double("threshold", 0.0));
-    spec.tile_n = static_cast<int>(args.get_int("tile-n", 256));
+    spec.tile_n = static_cast<int>(args.get_int("tile-n", 256, 32, 1024));
     t0 = Clock::now();
     twell::TwellLayout probe = twell::layout_for(spec);
     twell::validate_layout(probe);
     const std::vector<uint16_t> a = twell::reference_gate(spec, d.x, d.tokens, d.w_gate);
     const Stats pre = sparsity_stats(a, d.tokens, d.d_ff, probe);
-    spec.slots = static_cast<int>(args.get_int("slots", choose_slots(pre.tile_p99, *spec.tile_n)));
+    spec.slots = static_cast<int>(args.get_int("slots", choose_slots(pre.tile_p99, *spec.tile_n), 1, *spec.tile_n));
     const twell::TwellLayout layout = twell::layout_for(spec);
     twell::validate_layout(layout);
     const Stats st = sparsity_stats(a, d.tokens, d.d_ff, layout);
@@ -196,7 +195,7 @@ int run_command(const std::vector<std::string>& argv) {
     if (!ctx.has_gpu()) {
       say(fmt::format("== no GPU: {} -- kernels were generated and compiled, nothing was run on a GPU", ctx.no_gpu_reason()));
       report["gpu"] = {{"present", false}, {"reason", ctx.no_gpu_reason()}};
-      if (json_out) std::printf("%s\n", report.dump(2).c_str());
+      if (json_out) std::printf("%s\n", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       return 0;
     }
 
@@ -255,7 +254,7 @@ int run_command(const std::vector<std::string>& argv) {
                                 {"backup_capacity", overflow.backup_capacity}}},
                      {"dense", {{"rel_error", err_dense}, {"unwritten", poisoned_dense}, {"median_ms", med_dense}}},
                      {"reps", reps}, {"pass", ok}};
-    if (json_out) std::printf("%s\n", report.dump(2).c_str());
+    if (json_out) std::printf("%s\n", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return ok ? 0 : 1;
   } catch (const twell::Error& e) {
     std::fprintf(stderr, "twellc run: error: %s\n", e.what());

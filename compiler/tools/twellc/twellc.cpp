@@ -1,7 +1,9 @@
 // twellc — twell's command-line driver.
 //   twellc run [FILE.safetensors ...] [--layer N] ...   the main job (see `twellc run --help`)
 //   twellc emit (FILE.mlir | --d-model D --d-ff F) ...   ahead-of-time MLIR / CUDA / PTX
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -38,9 +40,13 @@ T parse_whole(const std::string& name, const std::string& v, const char* expecte
 }
 }  // namespace
 
-long long Args::get_int(const std::string& name, long long fallback) const {
+long long Args::get_int(const std::string& name, long long fallback, long long min, long long max) const {
   if (!has(name)) return fallback;
-  return parse_whole<long long>(name, get(name), "an integer", [](const std::string& v, size_t* used) { return std::stoll(v, used); });
+  const std::string expected = fmt::format("an integer in {}..{}", min, max);
+  const long long v = parse_whole<long long>(name, get(name), expected.c_str(),
+                                             [](const std::string& v, size_t* used) { return std::stoll(v, used); });
+  if (v < min || v > max) throw std::invalid_argument(fmt::format("--{}: expected {}, got {}", name, expected, v));
+  return v;
 }
 
 double Args::get_double(const std::string& name, double fallback) const {
@@ -58,6 +64,8 @@ Args parse_args(const std::vector<std::string>& args, const std::vector<std::str
   Args a;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& s = args[i];
+    if (s.size() > 1 && s[0] == '-' && s.rfind("--", 0) != 0)
+      throw std::invalid_argument(fmt::format("unknown option {} (options are spelled --name)", s));
     if (s.rfind("--", 0) != 0 || s == "--") {
       a.positional.push_back(s);
       continue;
@@ -79,6 +87,7 @@ Args parse_args(const std::vector<std::string>& args, const std::vector<std::str
     } else {
       throw std::invalid_argument(fmt::format("unknown option --{}", name));
     }
+    if (a.has(name)) throw std::invalid_argument(fmt::format("--{} given twice", name));
     a.options.emplace_back(name, value);
   }
   return a;
@@ -89,7 +98,7 @@ Args parse_args(const std::vector<std::string>& args, const std::vector<std::str
 int main(int argc, char** argv) {
   const std::string usage =
       "usage: twellc run [FILE.safetensors ...] [options]   run the sparse FFN on real data (default: embedded sample)\n"
-      "       twellc emit (FILE.mlir | --d-model D --d-ff F) [--emit=mlir|cuda|ptx] [-o DIR]\n"
+      "       twellc emit (FILE.mlir | --d-model D --d-ff F) [--emit mlir|cuda|ptx] [--out DIR]\n"
       "       twellc <command> --help                       options of a command\n";
   if (argc < 2) {
     std::fputs(usage.c_str(), stderr);
@@ -97,8 +106,20 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   std::vector<std::string> rest(argv + 2, argv + argc);
-  if (cmd == "run") return twellc::run_command(rest);
-  if (cmd == "emit") return twellc::emit_command(rest);
+  if (cmd == "run" || cmd == "emit") {
+    int rc = 1;
+    try {
+      rc = cmd == "run" ? twellc::run_command(rest) : twellc::emit_command(rest);
+    } catch (const std::exception& e) {  // the commands report twell::Error themselves; anything else lands here
+      std::fprintf(stderr, "twellc %s: error: %s\n", cmd.c_str(), e.what());
+      return 1;
+    }
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+      std::fprintf(stderr, "twellc %s: error: writing standard output failed: %s\n", cmd.c_str(), std::strerror(errno));
+      return 1;
+    }
+    return rc;
+  }
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(usage.c_str(), stdout);
     return 0;

@@ -42,11 +42,13 @@ bool is_active(const TwellLayout& layout, uint16_t a_bits);
 TwellMatrix pack_twell(const TwellLayout& layout, const std::vector<uint16_t>& a, int64_t rows, int64_t d_ff,
                        uint32_t backup_capacity);
 
-// Unpacks to dense [rows, d_ff] activated values (inactive = +0). A tile-row marked kBackupMissing
-// cannot be unpacked from the matrix alone: throws Error(InvalidArgument) naming the row and tile.
+// Unpacks to dense [rows, d_ff] activated values (inactive = +0). Validates first (validate_twell).
+// A tile-row marked kBackupMissing cannot be unpacked from the matrix alone: throws
+// Error(InvalidArgument) naming the row and tile.
 std::vector<uint16_t> unpack_twell(const TwellMatrix& m);
 
-// Checks a TwELL matrix written by a kernel: headers, column order, ranges, backup indices.
+// Checks a TwELL matrix (e.g. written by a kernel): sizes of words and backup against rows, d_ff,
+// layout and counts; headers, column order and ranges, values active, backup indices.
 // Throws Error(InvalidArgument) describing the first violation (row, tile, word).
 void validate_twell(const TwellMatrix& m);
 

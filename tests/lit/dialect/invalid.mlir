@@ -113,6 +113,36 @@ func.func private @f() attributes {target = #twell.target<"sm_75", [mma_sync]>}
 
 // -----
 
+// expected-error @+1 {{arch must be one NVRTC 13.0 builds for (sm_80, sm_86, sm_87, sm_88, sm_89, sm_90, sm_100, sm_103, sm_110, sm_120, sm_121, sm_90a, sm_100a, sm_103a, sm_110a, sm_120a, sm_121a), got "sm_80a"}}
+func.func private @f() attributes {target = #twell.target<"sm_80a", []>}
+
+// -----
+
+// expected-error @+1 {{sm_120a, sm_121a), got "sm_1000"}}
+func.func private @f() attributes {target = #twell.target<"sm_1000", []>}
+
+// -----
+
+// expected-error @+1 {{sm_120a, sm_121a), got "sm_2147483647"}}
+func.func private @f() attributes {target = #twell.target<"sm_2147483647", []>}
+
+// -----
+
+// expected-error @+1 {{sm_120a, sm_121a), got "sm_101"}}
+func.func private @f() attributes {target = #twell.target<"sm_101", []>}
+
+// -----
+
+// expected-error @+1 {{arch must be of the form sm_<major><minor>[a] (e.g. "sm_90a"), got "sm_99999999999"}}
+func.func private @f() attributes {target = #twell.target<"sm_99999999999", []>}
+
+// -----
+
+// expected-error @+1 {{arch must be of the form sm_<major><minor>[a] (e.g. "sm_90a"), got "sm_090"}}
+func.func private @f() attributes {target = #twell.target<"sm_090", []>}
+
+// -----
+
 // expected-error @+1 {{feature 'wgmma' requires arch "sm_90a", got "sm_90"}}
 func.func private @f() attributes {target = #twell.target<"sm_90", [mma_sync, wgmma]>}
 
@@ -138,13 +168,40 @@ func.func private @f() attributes {target = #twell.target<"sm_100a", [tcgen05]>}
 // #twell.config
 //===----------------------------------------------------------------------===//
 
-// expected-error @+1 {{cta_m must be positive, got 0}}
+// expected-error @+1 {{cta_m must be between 1 and 4096, got 0}}
 func.func private @f() attributes {config = #twell.config<cta_m = 0, cta_k = 16, threads = 256>}
 
 // -----
 
-// expected-error @+1 {{cta_k must be positive (or omitted), got -16}}
+// expected-error @+1 {{cta_m must be between 1 and 4096, got 4097}}
+func.func private @f() attributes {config = #twell.config<cta_m = 4097, cta_k = 16, threads = 256>}
+
+// -----
+
+// cta_m * tile_n would wrap around to 16384 in int64 arithmetic.
+// expected-error @+1 {{cta_m must be between 1 and 4096, got 72057594037927936}}
+func.func private @f() attributes {config = #twell.config<cta_m = 72057594037927936, cta_k = 16, threads = 256>}
+
+// -----
+
+// expected-error @+1 {{cta_m must be between 1 and 4096, got -9223372036854775808}}
+func.func private @f() attributes {config = #twell.config<cta_m = -9223372036854775808, cta_k = 16, threads = 256>}
+
+// -----
+
+// expected-error @+1 {{cta_k must be between 1 and 1024 (or omitted: no K loop), got -16}}
 func.func private @f() attributes {config = #twell.config<cta_m = 64, cta_k = -16, threads = 256>}
+
+// -----
+
+// cta_k * (cta_m + tile_n) * 4 would overflow int64 in the shared-memory check.
+// expected-error @+1 {{cta_k must be between 1 and 1024 (or omitted: no K loop), got 9223372036854775807}}
+func.func private @f() attributes {config = #twell.config<cta_m = 64, cta_k = 9223372036854775807, threads = 256>}
+
+// -----
+
+// expected-error @+1 {{cta_k must be between 1 and 1024 (or omitted: no K loop), got 1025}}
+func.func private @f() attributes {config = #twell.config<cta_m = 64, cta_k = 1025, threads = 256>}
 
 // -----
 
@@ -155,6 +212,16 @@ func.func private @f() attributes {config = #twell.config<cta_m = 64, cta_k = 16
 
 // expected-error @+1 {{threads must be a multiple of 32 between 32 and 1024, got 2048}}
 func.func private @f() attributes {config = #twell.config<cta_m = 1, threads = 2048>}
+
+// -----
+
+// expected-error @+1 {{threads must be a multiple of 32 between 32 and 1024, got 9223372036854775807}}
+func.func private @f() attributes {config = #twell.config<cta_m = 1, threads = 9223372036854775807>}
+
+// -----
+
+// expected-error @+1 {{threads must be a multiple of 32 between 32 and 1024, got 0}}
+func.func private @f() attributes {config = #twell.config<cta_m = 1, threads = 0>}
 
 // -----
 
@@ -321,6 +388,28 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gate_matmul' op config: the gate kernel would need 66560 bytes of static shared memory (cta_k * (cta_m + tile_n) * 4 at cta_k = 16), more than 49152: lower cta_k}}
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 16, cta_k = 16, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// The largest cta_k: the shared-memory size is computed exactly.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: the gate kernel would need 1310720 bytes of static shared memory (cta_k * (cta_m + tile_n) * 4 at cta_k = 1024), more than 49152: lower cta_k}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, cta_k = 1024, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// The largest cta_m: cta_m * tile_n is compared without forming a product.
+#L = #twell.layout<tile_n = 1024, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: cta_m * tile_n must be 16384 for the gate kernel (cta_m = 16 at tile_n = 1024), got cta_m = 4096}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 4096, cta_k = 16, threads = 256>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }

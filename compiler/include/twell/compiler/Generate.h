@@ -38,9 +38,18 @@ struct GeneratedFfn {
   std::vector<KernelSource> kernels;  // GateTwell first, then GatedDown
 };
 
+// Whether kernels can be generated and built by NVRTC for `target`: target.sm is one of the
+// architectures NVRTC 13.0 builds for at or above sm_80, and arch_specific only where that architecture
+// has an "a" variant. The one list of them is mlir::twell::SupportedArchs (KernelConstraints.h), which
+// the #twell.target verifier uses too.
+bool isSupportedTarget(const Target& target);
+
+// The accepted targets, for messages: "sm_80, sm_86, ..., sm_121, sm_90a, ..., sm_121a".
+std::string supportedTargets();
+
 // Builds the twell dialect function for `spec` with the C++ API, runs the pipeline and emits CUDA.
-// Throws twell::Error(InvalidArgument) naming the field when the spec or the target is illegal (the
-// verifiers' messages), Error(Unsupported) for spec.gated = false, Error(Compile) if the pipeline
+// Throws twell::Error(InvalidArgument) naming the field when the spec (including an enum field out of
+// range) or the target (!isSupportedTarget) is illegal, Error(Unsupported) for spec.gated = false, Error(Compile) if the pipeline
 // rejects the IR it built (a bug). Thread-safe: every call has its own MLIRContext.
 GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target);
 
