@@ -1,7 +1,8 @@
 // twell vs cuBLASLt dense, the gated FFN at the paper's shape (d_model 2048, d_ff 5632, bf16), in one
 // process: CUDA-event time per call (manual time; Google Benchmark reports the median over
 // repetitions), FLOP/s of the useful work, and the ratio to dense as a counter.
-// Also the JIT: cold NVRTC compile and warm cache hit of the generated kernels (no GPU needed).
+// D2T alone against the same cuBLASLt GEMM. Also the JIT: cold NVRTC compile and warm cache hit of
+// the generated kernels (no GPU needed).
 //   ./build/bin/ffn_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
@@ -84,6 +85,39 @@ void BM_GatedFfn(benchmark::State& state, bool sparse) {
       benchmark::Counter(useful_flops(tokens, permille / 1000.0) / 1e12, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// D2T alone (gate GEMM + activation + TwELL packing) against cuBLASLt's plain gate GEMM (bf16 out):
+// PERFORMANCE.md's target is >= 90% of cuBLAS throughput at M = 131072.
+void BM_Gate(benchmark::State& state, bool sparse) {
+  Context& ctx = context();
+  if (!ctx.has_gpu()) {
+    state.SkipWithError(("no GPU: " + ctx.no_gpu_reason()).c_str());
+    return;
+  }
+  const int64_t tokens = state.range(0);
+  const int permille = static_cast<int>(state.range(1));
+  Problem& p = problem(tokens, permille);
+  StreamHandle stream(ctx);
+  std::unique_ptr<FfnPlan> plan;
+  std::unique_ptr<DenseFfn> dense;
+  if (sparse) plan = std::make_unique<FfnPlan>(ctx.plan(p.host.spec, tokens));
+  else dense = std::make_unique<DenseFfn>(ctx, p.host.spec, tokens);
+  auto call = [&] {
+    if (sparse) plan->run_gate(stream.get(), p.tensors(), tokens);
+    else dense->run_gate(stream.get(), p.tensors(), tokens);
+  };
+  for (auto _ : state) {
+    const auto ms = time_on_stream(stream.get(), call, 2, 10);
+    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
+  }
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(2.0 * tokens * kDModel * kDff / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void GateArgs(benchmark::internal::Benchmark* b) {
+  for (int64_t m : {16384, 131072}) b->Args({m, 5});
+  b->ArgNames({"M", "density_permille"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+}
+
 void BM_JitColdCompile(benchmark::State& state) {
   FfnSpec s;
   s.d_model = kDModel;
@@ -120,6 +154,8 @@ void FfnArgs(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_CAPTURE(BM_GatedFfn, twell, true)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false)->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_Gate, twell_d2t, true)->Apply(GateArgs);
+BENCHMARK_CAPTURE(BM_Gate, dense_cublaslt_gemm, false)->Apply(GateArgs);
 BENCHMARK(BM_JitColdCompile)->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK(BM_JitWarmHit)->Unit(benchmark::kMicrosecond);
 

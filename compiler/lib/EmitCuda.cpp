@@ -67,9 +67,20 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
   os << "  static constexpr int cta_m = " << kernel.config.getCtaM() << ";\n";
   if (gate) os << "  static constexpr int cta_k = " << kernel.config.getCtaK() << ";\n";
   os << "  static constexpr int threads = " << kernel.config.getThreads() << ";\n";
-  if (!gate)
+  auto mainloop = [](Mainloop m) {
+    return m == Mainloop::MmaSync ? "1;  // mma_sync (tensor cores)" : "0;  // fma";
+  };
+  if (gate) {
+    os << "  static constexpr int mainloop = " << mainloop(kernel.config.getMainloop()) << "\n";
+    os << "  static constexpr int stages = " << kernel.config.getStages()
+       << ";  // cp.async pipeline depth (mma_sync)\n";
+  } else {
     os << "  static constexpr bool down_in_out = "
        << (kernel.downLayout == DownLayout::InOut ? "true" : "false") << ";\n";
+    // The overflow recompute repeats the gate kernel's arithmetic, bit for bit.
+    os << "  static constexpr int gate_mainloop = " << mainloop(kernel.gateMainloop) << "\n";
+    os << "  static constexpr int gate_cta_k = " << kernel.gateCtaK << ";\n";
+  }
   os << "};\n";
   os << "extern \"C\" __global__ void __launch_bounds__(" << kernel.config.getThreads() << ") "
      << name << "(const twell::device::" << (gate ? "GateParams" : "GatedDownParams") << " p) {\n";
@@ -105,7 +116,9 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
     source.threads = static_cast<int>(kernel->config.getThreads());
     source.cta_m = static_cast<int>(kernel->config.getCtaM());
     source.grid_y = static_cast<int>(kernel->gridY());
-    source.smem_bytes = 0;  // the issue-2 kernels use static shared memory only
+    // The mma_sync gate kernel's pipeline is dynamic shared memory; the others use static only.
+    source.smem_bytes = static_cast<int>(kernel->dynamicSharedBytes());
+    source.operand_alignment = static_cast<int>(kernel->operandAlignment());
     kernels.push_back(std::move(source));
     return WalkResult::advance();
   });
@@ -125,7 +138,8 @@ struct TwellEmitCuda : impl::TwellEmitCudaBase<TwellEmitCuda> {
       os << "// ----- kernel " << kernel.name << " "
          << (kernel.kind == ::twell::compiler::KernelKind::GateTwell ? "gate_twell" : "gated_down")
          << " threads=" << kernel.threads << " cta_m=" << kernel.cta_m
-         << " grid_y=" << kernel.grid_y << " smem_bytes=" << kernel.smem_bytes << "\n";
+         << " grid_y=" << kernel.grid_y << " smem_bytes=" << kernel.smem_bytes
+         << " operand_alignment=" << kernel.operand_alignment << "\n";
       os << kernel.source;
     }
     os.flush();

@@ -6,6 +6,7 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/xxhash.h"
+#include "twell/Dialect/KernelConstraints.h"
 
 namespace mlir::twell {
 
@@ -44,7 +45,40 @@ FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
   if (kernel.dModel > INT_MAX || kernel.dFF > INT_MAX)
     return op->emitOpError() << "d_model = " << kernel.dModel << " and d_ff = " << kernel.dFF
                              << " must fit the kernels' int constants (at most " << INT_MAX << ")";
+  kernel.gateMainloop = kernel.config.getMainloop();
+  if (kernel.kind == ::twell::compiler::KernelKind::GateTwell) {
+    kernel.gateCtaK = kernel.config.getCtaK();
+    return kernel;
+  }
+  // The consumer's overflow recompute repeats the gate kernel's arithmetic: it must know the main
+  // loop (and K step) of the kernel that produced h.
+  kernel.gateCtaK = kernel.gateMainloop == Mainloop::MmaSync
+                        ? MmaSyncGateConstraints::kCtaK
+                        : GateKernelConstraints::defaultCtaK(kernel.layout.getTileN());
+  auto gate = llvm::cast<GatedDownOp>(op).getH().getDefiningOp<GateMatmulOp>();
+  if (ConfigAttr gateConfig = gate ? gate.getConfigAttr() : ConfigAttr()) {
+    if (gateConfig.getMainloop() != kernel.gateMainloop)
+      return op->emitOpError()
+             << "config: mainloop " << stringifyMainloop(kernel.gateMainloop)
+             << " differs from mainloop " << stringifyMainloop(gateConfig.getMainloop())
+             << " of the twell.gate_matmul producing h: the consumer's overflow recompute must "
+                "repeat the gate kernel's arithmetic, give both the same mainloop";
+    kernel.gateCtaK = gateConfig.getCtaK();
+  }
   return kernel;
+}
+
+int64_t KernelInstance::dynamicSharedBytes() const {
+  if (kind != ::twell::compiler::KernelKind::GateTwell || config.getMainloop() != Mainloop::MmaSync)
+    return 0;
+  return MmaSyncGateConstraints::sharedBytes(config.getCtaM(), layout.getTileN(), config.getStages());
+}
+
+int64_t KernelInstance::operandAlignment() const {
+  if (gateMainloop != Mainloop::MmaSync) return 1;
+  return kind == ::twell::compiler::KernelKind::GateTwell
+             ? MmaSyncGateConstraints::kOperandAlignment
+             : GatedDownKernelConstraints::kOperandAlignmentAfterMmaSync;
 }
 
 const char* KernelInstance::templateName() const {
@@ -65,11 +99,12 @@ std::string KernelInstance::key() const {
   return llvm::formatv(
       "kernel={0};value={1};d_model={2};d_ff={3};tile_n={4};slots={5};index_bits={6};"
       "activation={7};threshold={8:x-8};cta_m={9};cta_k={10};threads={11};down_layout={12};"
-      "arch={13};features={14}",
+      "arch={13};features={14};mainloop={15};stages={16};gate_mainloop={17};gate_cta_k={18}",
       templateName(), isBF16() ? "bf16" : "f16", dModel, dFF, layout.getTileN(), layout.getSlots(),
       layout.getIndexBits(), stringifyActivation(layout.getActivation()), thresholdBits,
       config.getCtaM(), config.getCtaK(), config.getThreads(), stringifyDownLayout(downLayout),
-      target.getArch(), featureList);
+      target.getArch(), featureList, stringifyMainloop(config.getMainloop()), config.getStages(),
+      stringifyMainloop(gateMainloop), gateCtaK);
 }
 
 std::string KernelInstance::name() const {

@@ -22,6 +22,12 @@ struct KernelInstance {
   TargetAttr target;
   ConfigAttr config;
   DownLayout downLayout;  // the consumer's w_down layout (OutIn for the gate kernel)
+  // The gate kernel's main loop and K step: the gate kernel's own (config) for GateTwell; for the
+  // consumer, those of the twell.gate_matmul producing h (whose mainloop must equal the consumer's
+  // config's), or, when h has no such producer, the consumer config's mainloop with the K step
+  // twell-select-config gives it.
+  Mainloop gateMainloop;
+  int64_t gateCtaK;
 
   // Reads a kernel op. Fails with an error on `op` naming what is missing (a gated_ffn left
   // unsplit, no target or config) or what does not fit the kernels' int constants.
@@ -36,6 +42,13 @@ struct KernelInstance {
   // Launch geometry: grid.y (number of N tiles for the gate kernel, 1 for the consumer).
   int64_t gridY() const;
   bool isBF16() const { return layout.getValue().isBF16(); }
+  // Dynamic shared memory per CTA: the mma_sync gate kernel's pipeline and epilogue buffer; 0 for the
+  // fma gate kernel (static shared memory) and the consumer.
+  int64_t dynamicSharedBytes() const;
+  // The element alignment the kernel needs for the x and w_gate pointers and their row strides:
+  // 8 (16 bytes) for the mma_sync gate kernel's cp.async, 2 for a consumer after an mma_sync gate
+  // (its recompute reads 4-byte pairs), 1 otherwise.
+  int64_t operandAlignment() const;
 };
 
 }  // namespace mlir::twell

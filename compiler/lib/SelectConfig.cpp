@@ -13,24 +13,45 @@ namespace mlir::twell {
 
 namespace {
 
-// The issue-2 kernels are plain tiled ones (KernelConstraints.h): the gate kernel's CTA computes
-// cta_m x tile_n = 16384 outputs on 256 threads, stepping K by 16 (by less where its operands would not
-// fit 48 KiB of static shared memory: tile_n = 1024); the consumer handles one token row per CTA.
-constexpr int64_t kGateCtaK = 16;
+// The gate kernel's main loop: mma_sync (tensor cores, a cp.async pipeline in dynamic shared memory)
+// wherever MmaSyncGateConstraints allow it (d_model % 8 == 0, 64 <= tile_n <= 1024; every supported
+// target, sm_80 and later, has mma.sync for bf16 and f16), else fma, the plain tiled loop: its CTA
+// computes cta_m x tile_n = 16384 outputs on 256 threads, stepping K by 16 (by less where its operands
+// would not fit 48 KiB of static shared memory: tile_n = 1024). The consumer handles one token row per
+// CTA and carries the main loop of the gate kernel that feeds it.
 constexpr int64_t kThreads = 256;
 
-ConfigAttr gateConfig(MLIRContext* context, LayoutAttr layout) {
-  using Gate = GateKernelConstraints;
-  int64_t tileN = layout.getTileN();
-  int64_t ctaM = Gate::kTileElements / tileN;
-  int64_t ctaK = kGateCtaK;
-  while (ctaK > 1 && Gate::staticSharedBytes(ctaM, ctaK, tileN) > Gate::kMaxStaticSharedBytes)
-    ctaK /= 2;
-  return ConfigAttr::get(context, ctaM, ctaK, Gate::kThreads);
+bool mmaSyncAllowed(int64_t dModel, LayoutAttr layout) {
+  return MmaSyncGateConstraints::allowed(dModel, layout.getTileN());
 }
 
-ConfigAttr gatedDownConfig(MLIRContext* context) {
-  return ConfigAttr::get(context, GatedDownKernelConstraints::kCtaM, /*cta_k=*/0, kThreads);
+ConfigAttr fmaGateConfig(MLIRContext* context, LayoutAttr layout) {
+  using Gate = GateKernelConstraints;
+  int64_t tileN = layout.getTileN();
+  return ConfigAttr::get(context, Gate::kTileElements / tileN, Gate::defaultCtaK(tileN), Gate::kThreads);
+}
+
+ConfigAttr mmaSyncGateConfig(MLIRContext* context, LayoutAttr layout) {
+  using Mma = MmaSyncGateConstraints;
+  int64_t tileN = layout.getTileN();
+  return ConfigAttr::get(context, Mma::ctaM(tileN), Mma::kCtaK, Mma::kThreads, Mainloop::MmaSync,
+                         Mma::maxStages(tileN));
+}
+
+// `preferred` when the shape allows it (fma always does), else fma.
+ConfigAttr gateConfig(MLIRContext* context, int64_t dModel, LayoutAttr layout, Mainloop preferred) {
+  if (preferred == Mainloop::MmaSync && mmaSyncAllowed(dModel, layout))
+    return mmaSyncGateConfig(context, layout);
+  return fmaGateConfig(context, layout);
+}
+
+ConfigAttr gatedDownConfig(MLIRContext* context, Mainloop gateMainloop) {
+  return ConfigAttr::get(context, GatedDownKernelConstraints::kCtaM, /*cta_k=*/0, kThreads,
+                         gateMainloop, /*stages=*/0);
+}
+
+int64_t dModelOf(Operation* op) {
+  return llvm::cast<RankedTensorType>(op->getOperand(0).getType()).getDimSize(1);
 }
 
 struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
@@ -45,14 +66,26 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
         llvm::ArrayRef<Feature>(TargetAttr::defaultFeatures(arch)));
     if (!defaultTarget) return signalPassFailure();
 
-    getOperation().walk([&](Operation* op) {
-      if (auto gate = llvm::dyn_cast<GateMatmulOp>(op)) {
-        if (!gate.getTargetAttr()) gate.setTargetAttr(defaultTarget);
-        if (!gate.getConfigAttr()) gate.setConfigAttr(gateConfig(context, gate.getLayout()));
-      } else if (auto down = llvm::dyn_cast<GatedDownOp>(op)) {
-        if (!down.getTargetAttr()) down.setTargetAttr(defaultTarget);
-        if (!down.getConfigAttr()) down.setConfigAttr(gatedDownConfig(context));
-      }
+    // Gate kernels first: a consumer takes the main loop of the gate kernel feeding it. A gate kernel
+    // whose consumer already has a config (kept) follows that config's main loop where it can.
+    getOperation().walk([&](GateMatmulOp gate) {
+      if (!gate.getTargetAttr()) gate.setTargetAttr(defaultTarget);
+      if (gate.getConfigAttr()) return;
+      Mainloop preferred = Mainloop::MmaSync;
+      for (Operation* user : gate.getH().getUsers())
+        if (auto down = llvm::dyn_cast<GatedDownOp>(user))
+          if (ConfigAttr config = down.getConfigAttr()) preferred = config.getMainloop();
+      gate.setConfigAttr(gateConfig(context, dModelOf(gate), gate.getLayout(), preferred));
+    });
+    getOperation().walk([&](GatedDownOp down) {
+      if (!down.getTargetAttr()) down.setTargetAttr(defaultTarget);
+      if (down.getConfigAttr()) return;
+      // Without a visible gate kernel (h is an argument), the main loop one would get here.
+      Mainloop gateMainloop = mmaSyncAllowed(dModelOf(down), down.getLayout()) ? Mainloop::MmaSync
+                                                                                 : Mainloop::Fma;
+      if (auto gate = down.getH().getDefiningOp<GateMatmulOp>())
+        if (ConfigAttr config = gate.getConfigAttr()) gateMainloop = config.getMainloop();
+      down.setConfigAttr(gatedDownConfig(context, gateMainloop));
     });
   }
 };

@@ -23,6 +23,7 @@ static FailureOr<llvm::APFloat> parseF32Parameter(AsmParser& parser);
 static void printF32Parameter(AsmPrinter& printer, const llvm::APFloat& value);
 static FailureOr<llvm::SmallVector<Feature>> parseFeatureList(AsmParser& parser);
 static void printFeatureList(AsmPrinter& printer, llvm::ArrayRef<Feature> features);
+static FailureOr<Mainloop> parseMainloop(AsmParser& parser);
 
 }  // namespace mlir::twell
 
@@ -85,6 +86,16 @@ static FailureOr<llvm::SmallVector<Feature>> parseFeatureList(AsmParser& parser)
   };
   if (parser.parseCommaSeparatedList(AsmParser::Delimiter::Square, parseOne)) return failure();
   return features;
+}
+
+static FailureOr<Mainloop> parseMainloop(AsmParser& parser) {
+  SMLoc loc = parser.getCurrentLocation();
+  StringRef keyword;
+  if (parser.parseKeyword(&keyword)) return failure();
+  std::optional<Mainloop> mainloop = symbolizeMainloop(keyword);
+  if (!mainloop)
+    return parser.emitError(loc, "unknown mainloop '") << keyword << "', expected fma or mma_sync";
+  return *mainloop;
 }
 
 static void printFeatureList(AsmPrinter& printer, llvm::ArrayRef<Feature> features) {
@@ -207,7 +218,7 @@ llvm::SmallVector<Feature> TargetAttr::defaultFeatures(StringRef arch) {
 //===----------------------------------------------------------------------===//
 
 LogicalResult ConfigAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError, int64_t cta_m,
-                                 int64_t cta_k, int64_t threads) {
+                                 int64_t cta_k, int64_t threads, Mainloop mainloop, int64_t stages) {
   using Limits = ConfigLimits;
   if (cta_m < 1 || cta_m > Limits::kMaxCtaM)
     return emitError() << "cta_m must be between 1 and " << Limits::kMaxCtaM << ", got " << cta_m;
@@ -217,6 +228,13 @@ LogicalResult ConfigAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitEr
   if (threads < Limits::kMinThreads || threads > Limits::kMaxThreads || threads % 32 != 0)
     return emitError() << "threads must be a multiple of 32 between " << Limits::kMinThreads
                        << " and " << Limits::kMaxThreads << ", got " << threads;
+  if (stages < 0 || stages > Limits::kMaxStages)
+    return emitError() << "stages must be between 0 and " << Limits::kMaxStages
+                       << " (0 or omitted: no pipeline), got " << stages;
+  // The op verifiers check the rest against the layout and shapes (KernelConstraints.h).
+  if (mainloop == Mainloop::Fma && stages != 0)
+    return emitError() << "stages: mainloop fma has no cp.async pipeline, stages must be 0 (omitted), got "
+                       << stages;
   return success();
 }
 

@@ -188,6 +188,65 @@ LogicalResult verifyKernelAttributes(Operation* op, TargetAttr target, ConfigAtt
   return success();
 }
 
+// The gate kernel's configuration for mainloop fma (the default).
+LogicalResult verifyFmaGateConfig(Operation* op, ConfigAttr config, int64_t tileN) {
+  using Gate = GateKernelConstraints;
+  if (config.getCtaK() < 1)
+    return op->emitOpError() << "config: the gate kernel needs a K step, cta_k must be positive, got "
+                             << config;
+  if (!Gate::fillsTile(config.getCtaM(), tileN))
+    return op->emitOpError() << "config: cta_m * tile_n must be " << Gate::kTileElements
+                             << " for the gate kernel (cta_m = " << Gate::kTileElements / tileN
+                             << " at tile_n = " << tileN << "), got cta_m = " << config.getCtaM();
+  if (config.getThreads() != Gate::kThreads)
+    return op->emitOpError() << "config: the gate kernel lays its threads out 16 x 16, threads must be "
+                             << Gate::kThreads << ", got " << config.getThreads();
+  int64_t sharedBytes = Gate::staticSharedBytes(config.getCtaM(), config.getCtaK(), tileN);
+  if (sharedBytes > Gate::kMaxStaticSharedBytes)
+    return op->emitOpError() << "config: the gate kernel would need " << sharedBytes
+                             << " bytes of static shared memory (cta_k * (cta_m + tile_n) * 4 at cta_k = "
+                             << config.getCtaK() << "), more than " << Gate::kMaxStaticSharedBytes
+                             << ": lower cta_k";
+  return success();
+}
+
+// The gate kernel's configuration for mainloop mma_sync (KernelConstraints.h, MmaSyncGateConstraints).
+LogicalResult verifyMmaSyncGateConfig(Operation* op, ConfigAttr config, int64_t dModel, int64_t tileN) {
+  using Mma = MmaSyncGateConstraints;
+  if (!Mma::dModelAllowed(dModel))
+    return op->emitOpError() << "config: mainloop mma_sync needs d_model % " << Mma::kDModelMultiple
+                             << " == 0 (16-byte cp.async chunks), got d_model " << dModel;
+  if (!Mma::tileNAllowed(tileN))
+    return op->emitOpError() << "config: mainloop mma_sync needs " << Mma::kMinTileN
+                             << " <= tile_n <= " << Mma::kMaxTileN << ", got tile_n " << tileN;
+  if (config.getCtaK() != Mma::kCtaK)
+    return op->emitOpError() << "config: mainloop mma_sync steps K by " << Mma::kCtaK
+                             << ", cta_k must be " << Mma::kCtaK << ", got " << config.getCtaK();
+  if (config.getThreads() != Mma::kThreads)
+    return op->emitOpError() << "config: mainloop mma_sync runs " << Mma::kThreads
+                             << " threads (8 warps), threads must be " << Mma::kThreads << ", got "
+                             << config.getThreads();
+  int64_t ctaM = Mma::ctaM(tileN);
+  if (config.getCtaM() != ctaM)
+    return op->emitOpError() << "config: mainloop mma_sync needs cta_m = min(" << Mma::kMaxCtaM << ", "
+                             << Mma::kMaxTileElements << " / tile_n) = " << ctaM << " at tile_n = "
+                             << tileN << ", got cta_m = " << config.getCtaM();
+  int64_t stages = config.getStages();
+  if (stages < Mma::kMinStages || stages > Mma::kMaxStages)
+    return op->emitOpError() << "config: mainloop mma_sync needs a cp.async pipeline of "
+                             << Mma::kMinStages << " to " << Mma::kMaxStages
+                             << " stages, got stages = " << stages;
+  int64_t sharedBytes = Mma::sharedBytes(ctaM, tileN, stages);
+  if (sharedBytes > Mma::kMaxSharedBytes)
+    return op->emitOpError() << "config: mainloop mma_sync with stages = " << stages << " would need "
+                             << sharedBytes
+                             << " bytes of shared memory (max(stages * (cta_m + tile_n) * 80, cta_m * "
+                                "tile_n * 2)), more than "
+                             << Mma::kMaxSharedBytes << ": lower stages (at most "
+                             << Mma::maxStages(tileN) << " at tile_n = " << tileN << ")";
+  return success();
+}
+
 }  // namespace
 
 //===----------------------------------------------------------------------===//
@@ -207,24 +266,12 @@ LogicalResult GateMatmulOp::verify() {
       failed(check.checkLayout(check.layout())))
     return failure();
   if (ConfigAttr config = getConfigAttr()) {
-    using Gate = GateKernelConstraints;
     int64_t tileN = check.layout().getTileN();
-    if (config.getCtaK() < 1)
-      return emitOpError() << "config: the gate kernel needs a K step, cta_k must be positive, got "
-                           << config;
-    if (!Gate::fillsTile(config.getCtaM(), tileN))
-      return emitOpError() << "config: cta_m * tile_n must be " << Gate::kTileElements
-                           << " for the gate kernel (cta_m = " << Gate::kTileElements / tileN
-                           << " at tile_n = " << tileN << "), got cta_m = " << config.getCtaM();
-    if (config.getThreads() != Gate::kThreads)
-      return emitOpError() << "config: the gate kernel lays its threads out 16 x 16, threads must be "
-                           << Gate::kThreads << ", got " << config.getThreads();
-    int64_t sharedBytes = Gate::staticSharedBytes(config.getCtaM(), config.getCtaK(), tileN);
-    if (sharedBytes > Gate::kMaxStaticSharedBytes)
-      return emitOpError() << "config: the gate kernel would need " << sharedBytes
-                           << " bytes of static shared memory (cta_k * (cta_m + tile_n) * 4 at cta_k = "
-                           << config.getCtaK() << "), more than " << Gate::kMaxStaticSharedBytes
-                           << ": lower cta_k";
+    if (config.getMainloop() == Mainloop::MmaSync) {
+      if (failed(verifyMmaSyncGateConfig(*this, config, check.dModel(), tileN))) return failure();
+    } else if (failed(verifyFmaGateConfig(*this, config, tileN))) {
+      return failure();
+    }
   }
   return verifyKernelAttributes(*this, getTargetAttr(), getConfigAttr(), getKernelNameAttr());
 }
@@ -255,6 +302,10 @@ LogicalResult GatedDownOp::verify() {
       return emitOpError() << "config: the gated_down kernel processes one token row per CTA, "
                               "cta_m must be "
                            << GatedDownKernelConstraints::kCtaM << ", got " << config.getCtaM();
+    if (config.getStages() != 0)
+      return emitOpError() << "config: the gated_down kernel has no cp.async pipeline, stages must be "
+                              "omitted, got "
+                           << config;
   }
   return verifyKernelAttributes(*this, getTargetAttr(), getConfigAttr(), getKernelNameAttr());
 }

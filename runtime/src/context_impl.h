@@ -52,6 +52,8 @@ std::shared_ptr<Context::Impl> context_impl(Context& c);
 // Argument checks shared by FfnPlan::run and DenseFfn::run; throw Error(InvalidArgument) naming the
 // argument: null or misaligned pointers, pointers that are not device memory, strides shorter than
 // the row, token counts out of range.
-void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors& t, int64_t tokens, int64_t max_tokens);
+// `needs_output` false: y, w_up and w_down are not used (the gate alone) and not checked.
+void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors& t, int64_t tokens, int64_t max_tokens,
+                         bool needs_output = true);
 
 }  // namespace twell

@@ -107,6 +107,16 @@ DenseFfn::DenseFfn(Context& context, const FfnSpec& spec, int64_t max_tokens) : 
 DenseFfn::~DenseFfn() = default;
 DenseFfn::DenseFfn(DenseFfn&&) noexcept = default;
 
+void DenseFfn::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) {
+  Impl& p = *impl_;
+  const FfnSpec& s = p.spec;
+  p.context->make_current();
+  check_run_arguments("DenseFfn::run_gate", s, t, tokens, p.max_tokens, /*needs_output=*/false);
+  if (tokens == 0) return;
+  p.gemm(reinterpret_cast<CUstream>(stream), t.x, t.ld_x ? t.ld_x : s.d_model, t.w_gate, t.ld_gate ? t.ld_gate : s.d_model, true,
+         reinterpret_cast<void*>(p.g->get()), s.d_ff, tokens, s.d_ff, s.d_model);
+}
+
 void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens) {
   Impl& p = *impl_;
   const FfnSpec& s = p.spec;

@@ -50,7 +50,8 @@ void check_spec(const FfnSpec& s, int64_t max_tokens) {
 
 }  // namespace
 
-void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors& t, int64_t tokens, int64_t max_tokens) {
+void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors& t, int64_t tokens, int64_t max_tokens,
+                         bool needs_output) {
   auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
   if (tokens < 0 || tokens > max_tokens) bad(fmt::format("tokens: expected 0..{} (the plan's max_tokens), got {}", max_tokens, tokens));
   const detail::Driver& d = detail::Driver::get();
@@ -63,17 +64,18 @@ void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors&
       bad(fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {} which is {}", name, p,
                       r != CUDA_SUCCESS ? "not known to CUDA (host memory?)" : "host memory"));
   };
+  auto check_ld = [&](const char* name, int64_t ld, int64_t row) {
+    if (ld != 0 && ld < row) bad(fmt::format("{}: expected a row stride >= {} elements (or 0 = dense), got {}", name, row, ld));
+  };
   check_ptr("x", t.x);
   check_ptr("w_gate", t.w_gate);
+  check_ld("ld_x", t.ld_x, spec.d_model);
+  check_ld("ld_gate", t.ld_gate, spec.d_model);
+  if (!needs_output) return;
   check_ptr("w_up", t.w_up);
   check_ptr("w_down", t.w_down);
   check_ptr("y", t.y);
   const bool in_out = spec.down_layout == WeightLayout::InOut;
-  auto check_ld = [&](const char* name, int64_t ld, int64_t row) {
-    if (ld != 0 && ld < row) bad(fmt::format("{}: expected a row stride >= {} elements (or 0 = dense), got {}", name, row, ld));
-  };
-  check_ld("ld_x", t.ld_x, spec.d_model);
-  check_ld("ld_gate", t.ld_gate, spec.d_model);
   check_ld("ld_up", t.ld_up, spec.d_model);
   check_ld("ld_down", t.ld_down, in_out ? spec.d_model : spec.d_ff);
   check_ld("ld_y", t.ld_y, spec.d_model);
@@ -112,6 +114,26 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
 }
 
 namespace {
+// The tensor-core main loop moves 16-byte chunks of x and Wg rows (cp.async), and the consumer's
+// recompute reads 4-byte pairs: the generated kernels say how aligned (in elements) those operands
+// and their row strides must be.
+void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t) {
+  int need = 1;
+  for (const auto& k : p.kernels) need = std::max(need, k->source.operand_alignment);
+  if (need == 1) return;
+  const FfnSpec& s = p.spec;
+  auto check = [&](const char* name, const void* ptr, const char* ld_name, int64_t ld) {
+    if (reinterpret_cast<uintptr_t>(ptr) % (2 * need) != 0)
+      throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::run: {}: expected a {}-byte aligned device pointer (the "
+                                                          "generated kernels load {}-element chunks), got {}", name, 2 * need, need, ptr));
+    if (ld % need != 0)
+      throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::run: {}: expected a row stride that is a multiple of {} elements, "
+                                                          "got {}", ld_name, need, ld));
+  };
+  check("x", t.x, "ld_x", t.ld_x ? t.ld_x : s.d_model);
+  check("w_gate", t.w_gate, "ld_gate", t.ld_gate ? t.ld_gate : s.d_model);
+}
+
 // A default-constructed or moved-from plan has no Impl: every use is a clear error, not a crash.
 FfnPlan::Impl& checked(const std::unique_ptr<FfnPlan::Impl>& impl, const char* what) {
   if (!impl) throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::{}: this plan is empty (default-constructed or moved "
@@ -142,12 +164,16 @@ const std::string& FfnPlan::ptx(size_t i) const { return kernel_at(impl_, i, "pt
 const std::string& FfnPlan::cuda_source(size_t i) const { return kernel_at(impl_, i, "cuda_source").source.source; }
 bool FfnPlan::runnable() const { return checked(impl_, "runnable").context->gpu; }
 
-void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
-  Impl& p = checked(impl_, "run");
+void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) { launch(stream, t, tokens, /*gate_only=*/false); }
+void FfnPlan::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) { launch(stream, t, tokens, /*gate_only=*/true); }
+
+void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, bool gate_only) {
+  Impl& p = checked(impl_, gate_only ? "run_gate" : "run");
   if (!p.context->gpu)
     throw Error(ErrorCode::NoDevice, "FfnPlan::run: this plan was made without a GPU (" + p.context->no_gpu_reason + ")");
   p.context->make_current();
-  check_run_arguments("FfnPlan::run", p.spec, t, tokens, p.max_tokens);
+  check_run_arguments(gate_only ? "FfnPlan::run_gate" : "FfnPlan::run", p.spec, t, tokens, p.max_tokens, !gate_only);
+  check_operand_alignment(p, t);
   const detail::Driver& d = detail::Driver::get();
   const FfnSpec& s = p.spec;
   const bool in_out = s.down_layout == WeightLayout::InOut;
@@ -191,6 +217,7 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
 
   for (const auto& k : p.kernels) {
     const compiler::KernelSource& src = k->source;
+    if (gate_only && src.kind != compiler::KernelKind::GateTwell) continue;
     void* args[1] = {src.kind == compiler::KernelKind::GateTwell ? static_cast<void*>(&gate) : static_cast<void*>(&down)};
     const unsigned grid_x = static_cast<unsigned>((tokens + src.cta_m - 1) / src.cta_m);
     detail::check(d.cuLaunchKernel(k->function, grid_x, static_cast<unsigned>(src.grid_y), 1, static_cast<unsigned>(src.threads), 1, 1,

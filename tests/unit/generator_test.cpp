@@ -2,6 +2,7 @@
 // assembles with ptxas, for the Hopper and the portable targets; bad specs get precise errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
@@ -52,6 +53,7 @@ TEST(Generator, EveryKernelCompilesAndAssembles) {
       {520, 1408, 128, 15, DType::FP16, Activation::ReLU, 0.25f, WeightLayout::InOut},   // odd d_model, fp16
       {72, 300, 32, 7, DType::BF16, Activation::SiLU, 0.05f, WeightLayout::OutIn},
       {4096, 11008, 1024, 127, DType::BF16, Activation::ReLU, 0.0f, WeightLayout::OutIn},
+      {514, 1408, 256, 31, DType::BF16, Activation::ReLU, 0.0f, WeightLayout::OutIn},     // fma main loop
   };
   for (const Target target : {Target{90, true}, Target{80, false}}) {
     Context ctx(memory_only(target));
@@ -77,6 +79,146 @@ TEST(Generator, EveryKernelCompilesAndAssembles) {
         expect_ptx_assembles(k.ptx, target.arch(), k.report.name);
       }
     }
+  }
+}
+
+namespace {
+
+FfnSpec shape(int64_t d_model, int64_t d_ff, int tile_n, int slots) {
+  FfnSpec s;
+  s.d_model = d_model;
+  s.d_ff = d_ff;
+  s.tile_n = tile_n;
+  s.slots = slots;
+  return s;
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+}  // namespace
+
+// The gate kernel's main loop: mma_sync (tensor cores) wherever d_model % 8 == 0 and 64 <= tile_n <= 1024,
+// on every target, with cta_m = min(128, 32768 / tile_n), cta_k = 32, the deepest pipeline of 4, 3, 2
+// stages whose max(stages * (cta_m + tile_n) * 80, cta_m * tile_n * 2) bytes fit 200 KiB; fma otherwise.
+TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
+  struct Case {
+    int64_t d_model;
+    int tile_n;
+    int cta_m, stages;  // stages 0: fma
+  };
+  const std::vector<Case> cases = {
+      {2048, 256, 128, 4},   // the paper's shape: 4 * 30720 bytes
+      {2048, 64, 128, 4},    // the narrowest tile
+      {2048, 128, 128, 4},
+      {4096, 512, 64, 4},    // 4 * 46080 = 184320 bytes
+      {4096, 1024, 32, 2},   // 3 * 84480 = 253440 would not fit
+      {520, 256, 128, 4},    // 520 % 8 == 0
+      {514, 256, 64, 0},     // 514 % 8 != 0: fma, cta_m = 16384 / tile_n
+      {2048, 32, 512, 0},    // tile_n 32: fma
+      {514, 1024, 16, 0},
+  };
+  for (const Target target : {Target{90, true}, Target{80, false}, Target{120, false}}) {
+    for (const auto& c : cases) {
+      SCOPED_TRACE(fmt::format("{} d_model {} tile_n {}", target.arch(), c.d_model, c.tile_n));
+      const auto gen = compiler::generateFfn(shape(c.d_model, 5632, c.tile_n, 7), target);
+      ASSERT_EQ(gen.kernels.size(), 2u);
+      const compiler::KernelSource& gate = gen.kernels[0];
+      const compiler::KernelSource& down = gen.kernels[1];
+      ASSERT_EQ(gate.kind, compiler::KernelKind::GateTwell);
+      ASSERT_EQ(down.kind, compiler::KernelKind::GatedDown);
+      EXPECT_EQ(gate.cta_m, c.cta_m);
+      EXPECT_EQ(gate.threads, 256);
+      EXPECT_EQ(down.smem_bytes, 0);
+      const bool mma = c.stages > 0;
+      if (mma) {
+        const int stage_bytes = (c.cta_m + c.tile_n) * 40 * 2;
+        EXPECT_EQ(gate.smem_bytes, std::max(c.stages * stage_bytes, c.cta_m * c.tile_n * 2));
+        EXPECT_LE(gate.smem_bytes, 200 * 1024);
+        if (c.stages < 4) {  // the deepest that fits
+          EXPECT_GT(std::max((c.stages + 1) * stage_bytes, c.cta_m * c.tile_n * 2), 200 * 1024);
+        }
+        EXPECT_EQ(gate.operand_alignment, 8);
+        EXPECT_EQ(down.operand_alignment, 2);
+        EXPECT_TRUE(contains(gate.source, "static constexpr int cta_k = 32;\n")) << gate.source;
+        EXPECT_TRUE(contains(gate.source, "static constexpr int mainloop = 1;")) << gate.source;
+        EXPECT_TRUE(contains(gate.source, fmt::format("static constexpr int stages = {};", c.stages))) << gate.source;
+        EXPECT_TRUE(contains(down.source, "static constexpr int gate_mainloop = 1;")) << down.source;
+        EXPECT_TRUE(contains(down.source, "static constexpr int gate_cta_k = 32;\n")) << down.source;
+        EXPECT_TRUE(contains(gen.ir, "mainloop = mma_sync")) << gen.ir;
+      } else {
+        EXPECT_EQ(gate.smem_bytes, 0);  // static shared memory only
+        EXPECT_EQ(gate.operand_alignment, 1);
+        EXPECT_EQ(down.operand_alignment, 1);
+        const int cta_k = c.tile_n == 1024 ? 8 : 16;
+        EXPECT_TRUE(contains(gate.source, fmt::format("static constexpr int cta_k = {};\n", cta_k))) << gate.source;
+        EXPECT_TRUE(contains(gate.source, "static constexpr int mainloop = 0;")) << gate.source;
+        EXPECT_TRUE(contains(gate.source, "static constexpr int stages = 0;")) << gate.source;
+        EXPECT_TRUE(contains(down.source, "static constexpr int gate_mainloop = 0;")) << down.source;
+        EXPECT_TRUE(contains(down.source, fmt::format("static constexpr int gate_cta_k = {};\n", cta_k))) << down.source;
+        EXPECT_FALSE(contains(gen.ir, "mma_sync>")) << gen.ir;
+      }
+    }
+  }
+}
+
+// The paper's shape, exactly: 4 stages of (128 + 256) * 80 bytes.
+TEST(Generator, PaperShapeUsesFourStagesOfTensorCores) {
+  const auto gen = compiler::generateFfn(shape(2048, 5632, 256, 31), Target{90, true});
+  EXPECT_EQ(gen.kernels[0].cta_m, 128);
+  EXPECT_EQ(gen.kernels[0].grid_y, 22);
+  EXPECT_EQ(gen.kernels[0].smem_bytes, 122880);
+  EXPECT_EQ(gen.kernels[0].operand_alignment, 8);
+  EXPECT_EQ(gen.kernels[1].operand_alignment, 2);
+  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>"))
+      << gen.ir;
+  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>")) << gen.ir;
+}
+
+// A hand-written configuration is kept; its consumer follows its main loop, and the two kernels' names
+// differ from those of the selected (mma_sync) configuration.
+TEST(Generator, ExplicitFmaConfigFromMlirIsKept) {
+  const char* fma = R"mlir(
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @ffn(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
+               %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  %y = twell.gated_down %x, %h, %wu, %wd
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return %y : tensor<?x2048xbf16>
+}
+)mlir";
+  const auto gen = compiler::generateFromMlir(fma, "fma.mlir", Target{90, true});
+  const auto selected = compiler::generateFfn(shape(2048, 5632, 256, 31), Target{90, true});
+  ASSERT_EQ(gen.kernels.size(), 2u);
+  EXPECT_EQ(gen.kernels[0].smem_bytes, 0);
+  EXPECT_EQ(gen.kernels[0].cta_m, 64);
+  EXPECT_EQ(gen.kernels[0].operand_alignment, 1);
+  EXPECT_EQ(gen.kernels[1].operand_alignment, 1);
+  EXPECT_TRUE(contains(gen.kernels[1].source, "static constexpr int gate_mainloop = 0;")) << gen.kernels[1].source;
+  EXPECT_NE(gen.kernels[0].name, selected.kernels[0].name);
+  EXPECT_NE(gen.kernels[1].name, selected.kernels[1].name);
+}
+
+TEST(Generator, MismatchedMainLoopsAreRejected) {
+  const char* mismatch = R"mlir(
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @ffn(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
+               %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return %y : tensor<?x2048xbf16>
+}
+)mlir";
+  try {
+    compiler::generateFromMlir(mismatch, "mismatch.mlir", Target{90, true});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_TRUE(contains(e.what(), "mismatch.mlir:7")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "mainloop fma differs from mainloop mma_sync")) << e.what();
   }
 }
 

@@ -23,6 +23,9 @@ class DenseFfn {
   // y = FFN(x), stream-ordered; the same argument rules as FfnPlan::run.
   void run(Stream stream, const FfnTensors& t, int64_t tokens);
 
+  // Only the gate GEMM g = x Wg^T into the object's workspace (the dense baseline of D2T).
+  void run_gate(Stream stream, const FfnTensors& t, int64_t tokens);
+
   struct Impl;
 
  private:

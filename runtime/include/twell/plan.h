@@ -74,6 +74,10 @@ class FfnPlan {
   // Calls on one plan must be ordered (one stream, or synchronized): they share the workspace.
   void run(Stream stream, const FfnTensors& t, int64_t tokens);
 
+  // Only the D2T kernel (gate GEMM + TwELL epilogue): fills the plan's TwELL matrix (see
+  // download_twell) without the consumer; y is not written and may be null. Same checks as run().
+  void run_gate(Stream stream, const FfnTensors& t, int64_t tokens);
+
   // Synchronizes `stream` and reads the overflow counter of the last run. If the backup was too small
   // the next run() first grows it to fit (no result was ever wrong: the consumer recomputed the
   // tile-rows that did not fit).
@@ -85,6 +89,7 @@ class FfnPlan {
   struct Impl;
 
  private:
+  void launch(Stream stream, const FfnTensors& t, int64_t tokens, bool gate_only);
   friend class Context;
   std::unique_ptr<Impl> impl_;
 };

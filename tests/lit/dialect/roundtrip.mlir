@@ -18,6 +18,9 @@ func.func private @layouts(
 // CHECK-SAME: config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>
 // CHECK-SAME: config = #twell.config<cta_m = 1, threads = 128>
 // CHECK-SAME: config = #twell.config<cta_m = 1, threads = 32>
+// CHECK-SAME: config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>
+// CHECK-SAME: config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>
+// CHECK-SAME: config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>
 // CHECK-SAME: activation = #twell.activation<silu>
 // CHECK-SAME: down_layout = #twell.down_layout<in_out>
 // CHECK-SAME: target = #twell.target<"sm_90a", [wgmma, tma, multicast]>
@@ -31,6 +34,10 @@ func.func private @targets_and_configs() attributes {
   c1 = {config = #twell.config<cta_m = 1, threads = 128>},
   // cta_k = 0 means "no K loop" and is printed by omission.
   c2 = {config = #twell.config<threads = 32, cta_k = 0, cta_m = 1>},
+  c3 = {config = #twell.config<stages = 4, mainloop = mma_sync, cta_m = 128, cta_k = 32, threads = 256>},
+  c4 = {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>},
+  // mainloop = fma and stages = 0 are the defaults, printed by omission.
+  c5 = {config = #twell.config<cta_m = 64, cta_k = 16, threads = 256, mainloop = fma, stages = 0>},
   e0 = {activation = #twell.activation<silu>},
   e1 = {down_layout = #twell.down_layout<in_out>}}
 
@@ -78,6 +85,8 @@ func.func @kernels(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: te
 // CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>, kernel_name = "my_gate", target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
 // CHECK-SAME: (tensor<4x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<4x5632xbf16, #twell.layout<{{.*}}>>
 // CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256>, down_layout = #twell.down_layout<in_out>, kernel_name = "my_down", target = #twell.target<"sm_80", [mma_sync, cp_async]>}
+// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 3>, kernel_name = "my_mma_gate", target = #twell.target<"sm_80", [mma_sync, cp_async]>}
+// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>, down_layout = #twell.down_layout<in_out>, kernel_name = "my_mma_down", target = #twell.target<"sm_80", [mma_sync, cp_async]>}
 func.func @specialized_kernels(%x: tensor<4x2048xbf16>, %wg: tensor<5632x2048xbf16>,
                                %wu: tensor<5632x2048xbf16>, %wd: tensor<5632x2048xbf16>)
     -> tensor<4x2048xbf16> {
@@ -88,6 +97,17 @@ func.func @specialized_kernels(%x: tensor<4x2048xbf16>, %wg: tensor<5632x2048xbf
   %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>,
       target = #twell.target<"sm_80", [mma_sync, cp_async]>,
       config = #twell.config<cta_m = 1, threads = 256>, kernel_name = "my_down"}
+      : (tensor<4x2048xbf16>, tensor<4x5632xbf16, #relu>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>)
+      -> tensor<4x2048xbf16>
+  // The tensor-core main loop with a 3-stage pipeline (fewer than the 4 that fit), and its consumer.
+  %h2 = twell.gate_matmul %x, %wg {
+      target = #twell.target<"sm_80", [mma_sync, cp_async]>,
+      config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 3>,
+      kernel_name = "my_mma_gate"}
+      : (tensor<4x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<4x5632xbf16, #relu>
+  %y2 = twell.gated_down %x, %h2, %wu, %wd {down_layout = #twell.down_layout<in_out>,
+      target = #twell.target<"sm_80", [mma_sync, cp_async]>,
+      config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>, kernel_name = "my_mma_down"}
       : (tensor<4x2048xbf16>, tensor<4x5632xbf16, #relu>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>)
       -> tensor<4x2048xbf16>
   return %y : tensor<4x2048xbf16>

@@ -27,7 +27,13 @@ struct KernelSource {
   int threads = 0;     // threads per CTA
   int cta_m = 0;       // token rows per CTA: grid.x = ceil(tokens / cta_m)
   int grid_y = 1;      // grid.y (the number of N tiles for GateTwell)
-  int smem_bytes = 0;  // dynamic shared memory per CTA
+  int smem_bytes = 0;  // dynamic shared memory per CTA (> 48 KiB: the launcher must raise the
+                       // kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first); 0 for
+                       // kernels with static shared memory only
+  // The element alignment the kernel needs for the x and w_gate pointers and their row strides (ldx,
+  // ldw): 8 (16 bytes) for a GateTwell kernel with the mma_sync main loop (cp.async), 2 for a
+  // GatedDown kernel after one (its overflow recompute reads 4-byte pairs), 1 otherwise.
+  int operand_alignment = 1;
 };
 
 // Everything the pipeline decided, for one FFN.

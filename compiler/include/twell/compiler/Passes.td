@@ -31,9 +31,14 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
     Sets `target` (the `target` option's arch with its default features: wgmma, tma, multicast on
     sm_90a; mma_sync, cp_async elsewhere) and `config` on each twell.gate_matmul and
     twell.gated_down that lacks them; attributes already present are kept. The configuration comes
-    from a heuristic: the gate kernel uses cta_m = 16384 / tile_n, cta_k = 16 (8 at tile_n = 1024,
-    where 16 would overflow 48 KiB of static shared memory), 256 threads; the gated consumer one
-    token row per CTA and 256 threads.
+    from a heuristic (KernelConstraints.h). The gate kernel uses the tensor-core main loop,
+    `mainloop = mma_sync`, wherever it is allowed (d_model % 8 == 0 and 64 <= tile_n <= 1024, on
+    every target): cta_m = min(128, 32768 / tile_n), cta_k = 32, 256 threads and the deepest
+    cp.async pipeline of 4, 3 or 2 stages whose shared memory fits 200 KiB. Otherwise it uses
+    `mainloop = fma`: cta_m = 16384 / tile_n, cta_k = 16 (8 at tile_n = 1024, where 16 would overflow
+    48 KiB of static shared memory), 256 threads. The gated consumer gets one token row per CTA,
+    256 threads and the mainloop of the gate kernel producing its h (a gate kernel without a config
+    whose consumer has one follows that config's mainloop where allowed).
   }];
   let options = [
     Option<"target", "target", "std::string", /*default=*/"\"sm_90a\"",
@@ -57,8 +62,9 @@ def TwellEmitCuda : Pass<"twell-emit-cuda", "::mlir::ModuleOp"> {
   let summary = "Print the CUDA C++ translation unit of every specialized kernel";
   let description = [{
     For lit tests and inspection: writes, for each specialized kernel op in order, a line
-    `// ----- kernel <name> <kind> threads=.. cta_m=.. grid_y=.. smem_bytes=..` followed by the
-    translation unit that EmitCuda.h's emitCudaKernels returns, to stdout. The IR is unchanged.
+    `// ----- kernel <name> <kind> threads=.. cta_m=.. grid_y=.. smem_bytes=.. operand_alignment=..`
+    followed by the translation unit that EmitCuda.h's emitCudaKernels returns, to stdout. The IR is
+    unchanged.
   }];
 }
 

@@ -1,6 +1,6 @@
-// What the issue-2 device kernels (runtime/device/twell/device/gate_twell.cuh, gated_down.cuh) accept,
-// shared by the op verifiers and twell-select-config so that a configuration the templates would reject
-// at NVRTC time (static_assert) is a verifier error instead.
+// What the device kernels (runtime/device/twell/device/gate_twell.cuh, gated_down.cuh) accept, shared by
+// the op verifiers and twell-select-config so that a configuration the templates would reject at NVRTC
+// time (static_assert) is a verifier error instead.
 #pragma once
 
 #include <algorithm>
@@ -11,7 +11,21 @@
 
 namespace mlir::twell {
 
-// Gate GEMM with the TwELL epilogue: a CTA computes cta_m x tile_n = 16384 outputs, 64 fp32 accumulators
+namespace detail {
+// For a, b >= 0: a * b and a + b, saturating at INT64_MAX instead of overflowing (so that an absurd
+// configuration reads as too large, never as small).
+constexpr int64_t saturatingMul(int64_t a, int64_t b) {
+  int64_t product = 0;
+  return __builtin_mul_overflow(a, b, &product) ? std::numeric_limits<int64_t>::max() : product;
+}
+constexpr int64_t saturatingAdd(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  return __builtin_add_overflow(a, b, &sum) ? std::numeric_limits<int64_t>::max() : sum;
+}
+}  // namespace detail
+
+// Gate GEMM with the TwELL epilogue, main loop `fma` (#twell.config mainloop = fma, the default): a CTA
+// computes cta_m x tile_n = 16384 outputs, 64 fp32 accumulators
 // on each of 256 threads laid out 16 x 16, and stages its operands (fp32, cta_k deep) and then the
 // activated tile (16-bit) in one static shared-memory buffer of at most 48 KiB.
 struct GateKernelConstraints {
@@ -26,26 +40,91 @@ struct GateKernelConstraints {
     ctaM = std::max<int64_t>(ctaM, 0);
     ctaK = std::max<int64_t>(ctaK, 0);
     tileN = std::max<int64_t>(tileN, 0);
+    using detail::saturatingAdd;
+    using detail::saturatingMul;
     return std::max(saturatingMul(saturatingMul(ctaK, saturatingAdd(ctaM, tileN)), 4),
                     saturatingMul(saturatingMul(ctaM, tileN), 2));
+  }
+
+  // The K step twell-select-config gives a tile width: 16, halved while the operands would not fit
+  // kMaxStaticSharedBytes (8 at tile_n = 1024).
+  static constexpr int64_t defaultCtaK(int64_t tileN) {
+    int64_t ctaM = tileN > 0 ? kTileElements / tileN : 0;
+    int64_t ctaK = 16;
+    while (ctaK > 1 && staticSharedBytes(ctaM, ctaK, tileN) > kMaxStaticSharedBytes) ctaK /= 2;
+    return ctaK;
   }
 
   // cta_m * tile_n == kTileElements, without forming the product.
   static constexpr bool fillsTile(int64_t ctaM, int64_t tileN) {
     return tileN > 0 && kTileElements % tileN == 0 && ctaM == kTileElements / tileN;
   }
+};
 
- private:
-  // For a, b >= 0.
-  static constexpr int64_t saturatingMul(int64_t a, int64_t b) {
-    int64_t product = 0;
-    return __builtin_mul_overflow(a, b, &product) ? std::numeric_limits<int64_t>::max() : product;
+// Gate GEMM with the TwELL epilogue, main loop `mma_sync` (#twell.config mainloop = mma_sync): tensor
+// cores through mma.sync m16n8k16 fed by ldmatrix, operands (16-bit) streamed by cp.async through a
+// `stages`-deep pipeline of dynamic shared memory; the portable sm_80+ feature set. A CTA computes
+// cta_m x tile_n outputs on 256 threads, cta_m = min(128, 32768 / tile_n) (at most 128 fp32
+// accumulators per thread), K consumed 32 at a time. A stage holds cta_m + tile_n rows of 32 values
+// padded to 40 (80 bytes: ldmatrix without bank conflicts); the epilogue stages the activated tile
+// (16-bit) in the same buffer.
+struct MmaSyncGateConstraints {
+  static constexpr int64_t kCtaK = 32;
+  static constexpr int64_t kThreads = 256;
+  static constexpr int64_t kMinTileN = 64;
+  static constexpr int64_t kMaxTileN = 1024;
+  static constexpr int64_t kMaxCtaM = 128;
+  static constexpr int64_t kMaxTileElements = 32768;  // cta_m * tile_n
+  // x and w_gate rows are read in 16-byte cp.async chunks of 8 16-bit values: d_model, the row strides
+  // and the pointers must be multiples of 8 elements.
+  static constexpr int64_t kDModelMultiple = 8;
+  static constexpr int64_t kOperandAlignment = 8;  // elements (16 bytes)
+  static constexpr int64_t kPaddedRow = 40;        // elements per stage row (cta_k = 32 + 8 padding)
+  static constexpr int64_t kElementBytes = 2;
+  static constexpr int64_t kMaxSharedBytes = 200 * 1024;  // dynamic, opted into by the runtime
+  static constexpr int64_t kMinStages = 2;
+  static constexpr int64_t kMaxStages = 4;
+
+  // Whether the main loop can run a layout of tiles `tileN` wide over d_model = `dModel`.
+  static constexpr bool dModelAllowed(int64_t dModel) { return dModel > 0 && dModel % kDModelMultiple == 0; }
+  static constexpr bool tileNAllowed(int64_t tileN) { return tileN >= kMinTileN && tileN <= kMaxTileN; }
+  static constexpr bool allowed(int64_t dModel, int64_t tileN) {
+    return dModelAllowed(dModel) && tileNAllowed(tileN) && maxStages(tileN) >= kMinStages;
   }
-  static constexpr int64_t saturatingAdd(int64_t a, int64_t b) {
-    int64_t sum = 0;
-    return __builtin_add_overflow(a, b, &sum) ? std::numeric_limits<int64_t>::max() : sum;
+
+  // The one cta_m of a tile width: min(128, 32768 / tile_n) (0 for tile_n <= 0).
+  static constexpr int64_t ctaM(int64_t tileN) {
+    return tileN <= 0 ? 0 : std::min(kMaxCtaM, kMaxTileElements / tileN);
+  }
+  // (cta_m + tile_n) * 40 * 2: one pipeline stage of both operands.
+  static constexpr int64_t stageBytes(int64_t ctaM, int64_t tileN) {
+    using detail::saturatingAdd;
+    using detail::saturatingMul;
+    return saturatingMul(saturatingAdd(std::max<int64_t>(ctaM, 0), std::max<int64_t>(tileN, 0)),
+                         kPaddedRow * kElementBytes);
+  }
+  // cta_m * tile_n * 2: the activated tile of the epilogue.
+  static constexpr int64_t epilogueBytes(int64_t ctaM, int64_t tileN) {
+    using detail::saturatingMul;
+    return saturatingMul(saturatingMul(std::max<int64_t>(ctaM, 0), std::max<int64_t>(tileN, 0)), kElementBytes);
+  }
+  // The dynamic shared memory of a CTA: max(stages * stage_bytes, epilogue_bytes).
+  static constexpr int64_t sharedBytes(int64_t ctaM, int64_t tileN, int64_t stages) {
+    return std::max(detail::saturatingMul(std::max<int64_t>(stages, 0), stageBytes(ctaM, tileN)),
+                    epilogueBytes(ctaM, tileN));
+  }
+  // The deepest pipeline (4, 3 or 2 stages) whose shared memory fits kMaxSharedBytes at cta_m =
+  // ctaM(tileN); 0 if none does.
+  static constexpr int64_t maxStages(int64_t tileN) {
+    for (int64_t stages = kMaxStages; stages >= kMinStages; --stages)
+      if (sharedBytes(ctaM(tileN), tileN, stages) <= kMaxSharedBytes) return stages;
+    return 0;
   }
 };
+// The paper's shape (tile_n = 256): cta_m 128, 4 stages of 30720 bytes; tile_n = 1024: cta_m 32, 2.
+static_assert(MmaSyncGateConstraints::ctaM(256) == 128 && MmaSyncGateConstraints::maxStages(256) == 4 &&
+              MmaSyncGateConstraints::sharedBytes(128, 256, 4) == 122880);
+static_assert(MmaSyncGateConstraints::ctaM(1024) == 32 && MmaSyncGateConstraints::maxStages(1024) == 2);
 
 // The ranges #twell.config accepts (ConfigAttr::verify), checked before any arithmetic on the fields.
 // They are wide enough for any kernel configuration (a CTA has at most 1024 threads) and small enough
@@ -55,6 +134,7 @@ struct ConfigLimits {
   static constexpr int64_t kMaxCtaK = 1024;  // 0 = no K loop
   static constexpr int64_t kMinThreads = 32;
   static constexpr int64_t kMaxThreads = 1024;  // and a multiple of 32 (whole warps)
+  static constexpr int64_t kMaxStages = 8;      // 0 = no pipeline (mainloop fma, the consumer)
 };
 
 // The GPU architectures a #twell.target (and the generator's twell::Target) may name: those NVRTC 13.0
@@ -82,9 +162,12 @@ struct SupportedArchs {
   }
 };
 
-// Gated consumer: one token row per CTA.
+// Gated consumer: one token row per CTA. Its overflow recompute of a gate value repeats the gate
+// kernel's arithmetic (to stay bit-exact), so its #twell.config carries the gate kernel's `mainloop`;
+// after an mma_sync gate it reads x and w_gate in 4-byte pairs (operand alignment 2 elements).
 struct GatedDownKernelConstraints {
   static constexpr int64_t kCtaM = 1;
+  static constexpr int64_t kOperandAlignmentAfterMmaSync = 2;
 };
 
 }  // namespace mlir::twell

@@ -48,6 +48,17 @@ def Twell_Feature : I32EnumAttr<"Feature", "GPU feature", [
   let genSpecializedAttr = 0;
 }
 
+// The gate kernel's GEMM main loop (#twell.config mainloop; KernelConstraints.h): fma, the CTA-tiled fp32
+// FMA loop on static shared memory (any target, any shape); mma_sync, tensor cores through mma.sync
+// m16n8k16 + ldmatrix fed by a cp.async pipeline (sm_80+, d_model % 8 == 0, 64 <= tile_n <= 1024).
+// A gated_down's config carries its gate kernel's main loop (its overflow recompute repeats it).
+def Twell_Mainloop : I32EnumAttr<"Mainloop", "gate GEMM main loop", [
+    I32EnumAttrCase<"Fma", 0, "fma">,
+    I32EnumAttrCase<"MmaSync", 1, "mma_sync">]> {
+  let cppNamespace = "::mlir::twell";
+  let genSpecializedAttr = 0;
+}
+
 //===----------------------------------------------------------------------===//
 // Parameters with their own syntax
 //===----------------------------------------------------------------------===//
@@ -56,6 +67,12 @@ def Twell_Feature : I32EnumAttr<"Feature", "GPU feature", [
 def Twell_ThresholdParameter : APFloatParameter<"sparsity threshold (f32)"> {
   let parser = "::mlir::twell::parseF32Parameter($_parser)";
   let printer = "::mlir::twell::printF32Parameter($_printer, $_self)";
+}
+
+// `mma_sync`; fma when omitted.
+def Twell_MainloopParameter : EnumParameter<Twell_Mainloop> {
+  let defaultValue = "::mlir::twell::Mainloop::Fma";
+  let parser = "::mlir::twell::parseMainloop($_parser)";
 }
 
 // `[wgmma, tma]`, possibly empty.
@@ -145,16 +162,28 @@ def Twell_TargetAttr : AttrDef<Twell_Dialect, "Target"> {
 
 def Twell_ConfigAttr : AttrDef<Twell_Dialect, "Config"> {
   let mnemonic = "config";
-  let summary = "kernel configuration: CTA tile and block size";
+  let summary = "kernel configuration: CTA tile, block size and GEMM main loop";
   let description = [{
     `#twell.config<cta_m = 64, cta_k = 16, threads = 256>`: token rows per CTA (`cta_m`), the K
     step of the GEMM main loop (`cta_k`, gate kernel only; omitted means none) and threads per CTA.
+    `mainloop` is the gate GEMM's main loop, `fma` (the default, omitted) or `mma_sync`; on a
+    gated_down it names the main loop of the gate kernel that feeds it. `stages` is the depth of the
+    mma_sync gate kernel's cp.async pipeline (0, omitted, otherwise):
+    `#twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>`.
   }];
   let parameters = (ins
     "int64_t":$cta_m,
     DefaultValuedParameter<"int64_t", "0", "K step of the GEMM main loop; 0 = none">:$cta_k,
-    "int64_t":$threads
+    "int64_t":$threads,
+    Twell_MainloopParameter:$mainloop,
+    DefaultValuedParameter<"int64_t", "0", "cp.async pipeline stages (mma_sync gate); 0 = none">:$stages
   );
+  let builders = [
+    // An fma configuration (no pipeline).
+    AttrBuilder<(ins "int64_t":$cta_m, "int64_t":$cta_k, "int64_t":$threads), [{
+      return $_get($_ctxt, cta_m, cta_k, threads, ::mlir::twell::Mainloop::Fma, 0);
+    }]>
+  ];
   let assemblyFormat = "`<` struct(params) `>`";
   let genVerifyDecl = 1;
 }

@@ -1,30 +1,28 @@
-// D2T, the portable correct-first version: H = act(X Wg^T) computed by a CTA-tiled GEMM with fp32
-// accumulation, packed into TwELL in the epilogue of the CTA that produced the tile (paper §3, TwELL:
-// the N extent of the CTA tile is the TwELL tile width, so no other CTA's data is needed).
+// D2T: H = act(X Wg^T), the gate GEMM, packed into TwELL in the epilogue of the CTA that produced
+// the tile (paper §3: the N extent of the CTA tile is the TwELL tile width, so no other CTA's data is
+// needed; twell_epilogue.cuh). Two main loops, chosen by the generator (Config::mainloop):
 //
-// CTA tile: Config::cta_m rows x Config::tile_n columns (cta_m * tile_n = 16384, 64 fp32 accumulators
-// per thread over 256 threads), K consumed Config::cta_k at a time through shared memory. Any M, K, N:
-// rows, columns and K beyond the matrix are masked (TWELL_FORMAT.md, requirement 4).
+//   fma (0)       CTA tile cta_m x tile_n (cta_m * tile_n = 16384), fp32 FMA, K through static shared
+//                 memory cta_k at a time. Any K and any alignment.
+//   mma_sync (1)  tensor cores: mma.sync m16n8k16 (bf16/f16 in, fp32 accumulate) fed by ldmatrix from a
+//                 `stages`-deep cp.async ring in dynamic shared memory (the portable sm_80+ feature
+//                 set). Needs K % 8 == 0 and 16-byte aligned rows of x and Wg (operand_alignment 8).
 //
-// Epilogue, per (row, tile), deterministic (requirement 2): the activated tile-row is staged in shared
-// memory; one warp per row counts the active entries with __ballot_sync, then writes them in ascending
-// column order at the positions given by the ballot prefix (popc of the lanes below). A tile-row with
-// more than `slots` entries is never truncated (requirement 1): it claims a backup slot with one
-// atomicAdd and stores its whole activated tile-row there; word 1 of the header then holds the backup
-// index, or kBackupMissing when the backup is full (consumers recompute it; the counter tells the host
-// how large the backup must be next time).
+// Any M, N: rows and columns beyond the matrix are masked (TWELL_FORMAT.md, requirement 4). Each
+// output element is one fixed-order accumulation chain over K, so results are bitwise reproducible;
+// the consumer's overflow recompute (gated_down.cuh) repeats the same chain.
 #pragma once
-#include "twell/device/numerics.cuh"
+#include "twell/device/tile_primitives.cuh"
+#include "twell/device/twell_epilogue.cuh"
 
 namespace twell::device {
 
 template <class Config>
-__device__ __forceinline__ void gate_twell(const GateParams& p) {
+__device__ __forceinline__ void gate_twell_fma(const GateParams& p) {
   using Value = typename Config::Value;
   constexpr int K = Config::d_model;
   constexpr int N = Config::d_ff;
   constexpr int TILE_N = Config::tile_n;
-  constexpr int SLOTS = Config::slots;
   constexpr int CTA_M = Config::cta_m;
   constexpr int CTA_K = Config::cta_k;
   constexpr int THREADS = Config::threads;
@@ -32,8 +30,6 @@ __device__ __forceinline__ void gate_twell(const GateParams& p) {
   static_assert(CTA_M % 16 == 0 && TILE_N % 16 == 0, "micro-tiles are (cta_m/16) x (tile_n/16)");
   constexpr int MICRO_M = CTA_M / 16;
   constexpr int MICRO_N = TILE_N / 16;
-  constexpr int TILES = (N + TILE_N - 1) / TILE_N;
-  constexpr int WORDS_PER_ROW = TILES * (SLOTS + 1);
 
   // Main loop operands (fp32, K-major so the inner product reads broadcast/consecutive words) and the
   // epilogue's activated tile share one buffer: the epilogue starts after the last K step.
@@ -98,47 +94,130 @@ __device__ __forceinline__ void gate_twell(const GateParams& p) {
       Hs[ty * MICRO_M + i][tx + 16 * j] = activate<Value, Config::activation>(Value::from_float(acc[i][j]));
   __syncthreads();
 
-  // Epilogue 2: one warp per tile-row; ballot + prefix gives each entry its slot in column order.
+  pack_twell_tile<Config>(p, &Hs[0][0], m0, tile);
+}
+
+template <class Config>
+__device__ __forceinline__ void gate_twell_mma(const GateParams& p) {
+  using Value = typename Config::Value;
+  constexpr int K = Config::d_model;
+  constexpr int N = Config::d_ff;
+  constexpr int TILE_N = Config::tile_n;
+  constexpr int CTA_M = Config::cta_m;
+  constexpr int CTA_K = 32;
+  constexpr int STAGES = Config::stages;
+  constexpr int THREADS = 256;
+  static_assert(Config::cta_k == CTA_K && Config::threads == THREADS, "mma_sync main loop: cta_k 32, 256 threads");
+  static_assert(STAGES >= 2, "the cp.async ring needs at least 2 stages");
+  static_assert(K % 8 == 0, "cp.async moves 16-byte chunks: d_model % 8 == 0");
+  // 8 warps as 2 x 4; each warp owns a WM x WN block of m16n8 accumulator tiles.
+  constexpr int WARPS_N = 4;
+  constexpr int WM = CTA_M / 2, WN = TILE_N / WARPS_N;
+  constexpr int MT = WM / 16, NT = WN / 8;
+  static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16 x 16");
+  // Shared-memory rows of 32 K-elements padded to 40 (80 bytes): the 8 row addresses of an ldmatrix
+  // land in 8 disjoint groups of 4 banks (no conflicts).
+  constexpr int LD = 40;
+  constexpr int STAGE_ELEMS = (CTA_M + TILE_N) * LD;
+  constexpr int KT = (K + CTA_K - 1) / CTA_K;
+  constexpr int TILES = (N + TILE_N - 1) / TILE_N;
+  extern __shared__ __align__(128) unsigned char dynamic_smem[];
+  uint16_t* smem = reinterpret_cast<uint16_t*>(dynamic_smem);
+
+  const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
-  for (int r = warp; r < CTA_M; r += THREADS / 32) {
-    const int64_t row = m0 + r;
-    if (row >= p.m) break;
-    uint32_t* out = p.twell + row * WORDS_PER_ROW + tile * (SLOTS + 1);
-    uint32_t nnz = 0;
-    for (int c0 = 0; c0 < TILE_N; c0 += 32) {
-      const int c = c0 + lane;
-      const bool active = c < valid_n && is_active<Value, Config::activation>(Hs[r][c], Config::threshold);
-      nnz += __popc(__ballot_sync(0xFFFFFFFFu, active));
+  const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+  // Tiles vary fastest across consecutive CTAs: the CTAs running together share one block of x rows,
+  // and Wg (at most d_ff x d_model) stays in L2, so x is read from memory about once.
+  const int64_t linear = static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x;
+  const int tile = static_cast<int>(linear % TILES);
+  const int64_t m0 = linear / TILES * CTA_M;
+  const int n0 = tile * TILE_N;
+
+  auto load_stage = [&](int stage, int kt) {
+    uint16_t* As = smem + stage * STAGE_ELEMS;
+    uint16_t* Bs = As + CTA_M * LD;
+    const int k0 = kt * CTA_K;
+    for (int c = tid; c < CTA_M * 4; c += THREADS) {
+      const int r = c / 4, kc = (c % 4) * 8;
+      const int64_t row = m0 + r;
+      const bool valid = row < p.m && k0 + kc < K;
+      cp_async_16(As + r * LD + kc, valid ? p.x + row * p.ldx + k0 + kc : p.x, valid);
     }
-    if (nnz <= SLOTS) {
-      uint32_t base = 0;
-      for (int c0 = 0; c0 < TILE_N; c0 += 32) {
-        const int c = c0 + lane;
-        const bool active = c < valid_n && is_active<Value, Config::activation>(Hs[r][c], Config::threshold);
-        const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, active);
-        if (active) out[1 + base + __popc(ballot & lanemask_lt())] = (static_cast<uint32_t>(Hs[r][c]) << 16) | c;
-        base += __popc(ballot);
-      }
-      if (lane == 0) out[0] = nnz;
-    } else {
-      uint32_t slot = 0;
-      if (lane == 0) slot = atomicAdd(p.overflow_count, 1u);
-      slot = __shfl_sync(0xFFFFFFFFu, slot, 0);
-      const bool stored = slot < p.backup_capacity;
-      if (stored) {
-        uint16_t* dst = p.backup + static_cast<int64_t>(slot) * TILE_N;
-        for (int c = lane; c < TILE_N; c += 32) {
-          const bool active = c < valid_n && is_active<Value, Config::activation>(Hs[r][c], Config::threshold);
-          dst[c] = active ? Hs[r][c] : static_cast<uint16_t>(0);
-        }
-      }
-      if (lane == 0) {
-        out[0] = nnz;
-        out[1] = stored ? slot : kBackupMissing;
-      }
+    for (int c = tid; c < TILE_N * 4; c += THREADS) {
+      const int r = c / 4, kc = (c % 4) * 8;
+      const int n = n0 + r;
+      const bool valid = n < N && k0 + kc < K;
+      cp_async_16(Bs + r * LD + kc, valid ? p.w_gate + static_cast<int64_t>(n) * p.ldw + k0 + kc : p.w_gate, valid);
     }
+  };
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage kt landed for everyone; everyone is done with stage kt - 1
+    if (kt + STAGES - 1 < KT) load_stage((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+    cp_async_commit();
+    const uint16_t* As = smem + (kt % STAGES) * STAGE_ELEMS;
+    const uint16_t* Bs = As + CTA_M * LD;
+#pragma unroll
+    for (int kk = 0; kk < CTA_K; kk += 16) {
+      uint32_t a[MT][4], b[NT][2];
+#pragma unroll
+      for (int i = 0; i < MT; ++i) ldmatrix_x4(a[i], As + (wm * WM + i * 16 + lane % 16) * LD + kk + (lane / 16) * 8);
+#pragma unroll
+      for (int j = 0; j < NT; j += 2) {
+        uint32_t r[4];
+        ldmatrix_x4(r, Bs + (wn * WN + j * 8 + lane % 8 + (lane / 16) * 8) * LD + kk + (lane / 8) % 2 * 8);
+        b[j][0] = r[0];
+        b[j][1] = r[1];
+        b[j + 1][0] = r[2];
+        b[j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) mma_16816<Value>(acc[i][j], a[i], b[j][0], b[j][1]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is free: reuse it to stage the activated tile
+
+  uint16_t* staged = smem;  // [CTA_M][TILE_N]
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int row = wm * WM + i * 16 + lane / 4;
+      const int col = wn * WN + j * 8 + (lane % 4) * 2;
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        staged[(row + (e / 2) * 8) * TILE_N + col + e % 2] =
+            activate<Value, Config::activation>(Value::from_float(acc[i][j][e]));
+    }
+  __syncthreads();
+  pack_twell_tile<Config>(p, staged, m0, tile);
+}
+
+template <class Config>
+__device__ __forceinline__ void gate_twell(const GateParams& p) {
+  if constexpr (Config::mainloop == 1) {
+    gate_twell_mma<Config>(p);
+  } else {
+    gate_twell_fma<Config>(p);
   }
 }
 

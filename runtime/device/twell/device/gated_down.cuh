@@ -8,7 +8,7 @@
 // Overflowing tile-rows (nnz > slots) are read densely from the backup area, or, when the backup was
 // full, recomputed from x and Wg: exact for every input (TWELL_FORMAT.md, requirement 1).
 #pragma once
-#include "twell/device/numerics.cuh"
+#include "twell/device/tile_primitives.cuh"
 
 namespace twell::device {
 
@@ -20,6 +20,52 @@ __device__ __forceinline__ float warp_dot(const uint16_t* a, const uint16_t* b, 
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
   return s;
+}
+
+// Pre-activations of one tile-row (columns n0 .. n0 + valid_n - 1 of one token row x), activated,
+// into dense_tile, computed with the arithmetic of the gate kernel's main loop (Config::gate_mainloop)
+// so that they equal, bit for bit, what the gate kernel computed: a tile-row then gives the same y
+// whichever overflow path it took.
+template <class Config>
+__device__ __forceinline__ void recompute_gate_tile(const GatedDownParams& p, const uint16_t* x, int n0, int valid_n,
+                                                    uint16_t* dense_tile) {
+  using Value = typename Config::Value;
+  constexpr int K = Config::d_model;
+  constexpr int THREADS = Config::threads;
+  if constexpr (Config::gate_mainloop == 1) {
+    // The gate's mma.sync chain: k16 chunks in ascending order, as many as its cta_k loop runs (zero
+    // padded past K). Token row x is row 0 of the A fragment; each warp takes n8 column tiles.
+    constexpr int K_CHUNKS = (K + Config::gate_cta_k - 1) / Config::gate_cta_k * (Config::gate_cta_k / 16);
+    static_assert(K % 8 == 0, "mma_sync gate: d_model % 8 == 0");
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    auto pair = [](const uint16_t* row, int k) {
+      return k < K ? *reinterpret_cast<const uint32_t*>(row + k) : 0u;  // k even; K % 8 == 0: both in or out
+    };
+    for (int nt = warp; nt * 8 < valid_n; nt += THREADS / 32) {
+      const int c = nt * 8 + lane / 4;  // this lane's B column
+      const uint16_t* w = p.w_gate + static_cast<int64_t>(n0 + c) * p.ldwg;
+      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int kc = 0; kc < K_CHUNKS; ++kc) {
+        const int k = kc * 16 + (lane % 4) * 2;
+        const uint32_t a[4] = {lane < 4 ? pair(x, k) : 0u, 0u, lane < 4 ? pair(x, k + 8) : 0u, 0u};
+        const bool col_valid = c < valid_n;
+        mma_16816<Value>(d, a, col_valid ? pair(w, k) : 0u, col_valid ? pair(w, k + 8) : 0u);
+      }
+      if (lane < 4) {
+        dense_tile[nt * 8 + lane * 2] = activate<Value, Config::activation>(Value::from_float(d[0]));
+        dense_tile[nt * 8 + lane * 2 + 1] = activate<Value, Config::activation>(Value::from_float(d[1]));
+      }
+    }
+  } else {
+    // The gate's fma chain: one thread per column, ascending k.
+    for (int c = threadIdx.x; c < valid_n; c += THREADS) {
+      const uint16_t* w = p.w_gate + static_cast<int64_t>(n0 + c) * p.ldwg;
+      float g = 0.0f;
+      for (int k = 0; k < K; ++k) g = fmaf(Value::to_float(x[k]), Value::to_float(w[k]), g);
+      dense_tile[c] = activate<Value, Config::activation>(Value::from_float(g));
+    }
+  }
 }
 
 template <class Config>
@@ -71,15 +117,7 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
         for (int c = tid; c < TILE_N; c += THREADS)
           dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
       } else {
-        // One thread per column, one fmaf chain in ascending k: the gate GEMM's order, so the
-        // recomputed pre-activation is bitwise the one the gate kernel computed (a tile-row gives
-        // the same y whichever overflow path it took).
-        for (int c = tid; c < valid_n; c += THREADS) {
-          const uint16_t* w = p.w_gate + static_cast<int64_t>(n0 + c) * p.ldwg;
-          float g = 0.0f;
-          for (int k = 0; k < K; ++k) g = fmaf(Value::to_float(x[k]), Value::to_float(w[k]), g);
-          dense_tile[c] = activate<Value, Config::activation>(Value::from_float(g));
-        }
+        recompute_gate_tile<Config>(p, x, n0, valid_n, dense_tile);
       }
       __syncthreads();
       if (warp == 0) {
