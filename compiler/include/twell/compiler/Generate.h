@@ -17,6 +17,7 @@ enum class KernelKind {
               // (GatedDownParams)
   DenseGatedMul,  // the dense baseline's elementwise h = act(g) * u (GatedMulParams); made by the
                   // runtime (dense.h), not by the dialect
+  WeightTranspose,  // the runtime's out_in -> in_out transpose of Wd (TransposeParams; plan.cpp)
 };
 
 // One generated kernel: a self-contained CUDA C++ translation unit for NVRTC plus its launch geometry.

@@ -1,12 +1,18 @@
-// Gated consumer, the portable correct-first version: for one token row x,
+// Gated consumer: for one token row x,
 //   y = sum over active j of  (g_j * (x . Wu_j)) * Wd[:, j]
 // where the active set {j, g_j} is read from the TwELL tile-rows the gate kernel wrote (paper §3: the
 // up projection is computed only for active neurons, so both the up and the down projection are
-// sparse). One CTA per token row; tiles are processed in ascending order and entries in ascending
-// column order, so the fp32 sums run in the same order every time (bitwise deterministic).
+// sparse). One CTA per token row. The row's active entries are gathered into a shared-memory list,
+// tiles in ascending order and entries in ascending column order, up to kChunk entries at a time;
+// each chunk then gets its up projection (one warp per neuron) and its down projection (one thread
+// per output column, ascending j), so the fp32 sums run in the same order every time (bitwise
+// deterministic) and the CTA synchronizes per chunk, not per tile.
 //
 // Overflowing tile-rows (nnz > slots) are read densely from the backup area, or, when the backup was
 // full, recomputed from x and Wg: exact for every input (TWELL_FORMAT.md, requirement 1).
+//
+// The down weight is best read as rows of Wd^T ([d_ff, d_model], in_out): coalesced. The runtime
+// transposes an nn.Linear (out_in) Wd into that layout on the stream before the launch (plan.cpp).
 #pragma once
 #include "twell/device/tile_primitives.cuh"
 
@@ -80,11 +86,12 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
   constexpr int TILES = (N + TILE_N - 1) / TILE_N;
   constexpr int WORDS_PER_ROW = TILES * (SLOTS + 1);
   constexpr int Y_PER_THREAD = (K + THREADS - 1) / THREADS;
+  constexpr int kChunk = TILE_N > 1024 ? TILE_N : 1024;  // entries gathered before a projection pass
 
-  __shared__ int active_col[TILE_N];      // column in d_ff of each active entry of the current tile
-  __shared__ float active_h[TILE_N];      // g_j, then g_j * u_j
-  __shared__ uint16_t dense_tile[TILE_N]; // an overflowing tile-row, activated, from backup or recomputed
-  __shared__ int active_count;
+  __shared__ int active_col[kChunk];       // column in d_ff of each gathered entry
+  __shared__ float active_h[kChunk];       // g_j, then g_j * u_j
+  __shared__ uint16_t dense_tile[TILE_N];  // an overflowing tile-row, activated, from backup or recomputed
+  __shared__ int overflow_count;           // entries warp 0 appended from an overflowing tile-row
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -98,55 +105,14 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
 #pragma unroll
   for (int q = 0; q < Y_PER_THREAD; ++q) y[q] = 0.0f;
 
-  for (int tile = 0; tile < TILES; ++tile) {
-    const uint32_t* header = twell_row + tile * (SLOTS + 1);
-    const uint32_t nnz = header[0];
-    const int n0 = tile * TILE_N;
-    const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
-    if (nnz == 0) continue;  // uniform across the CTA
-    if (nnz <= SLOTS) {
-      for (int e = tid; e < static_cast<int>(nnz); e += THREADS) {
-        const uint32_t word = header[1 + e];
-        active_col[e] = n0 + static_cast<int>(word & 0xFFFFu);
-        active_h[e] = Value::to_float(static_cast<uint16_t>(word >> 16));
-      }
-      if (tid == 0) active_count = static_cast<int>(nnz);
-    } else {
-      const uint32_t slot = header[1];
-      if (slot != kBackupMissing && slot < p.backup_capacity) {
-        for (int c = tid; c < TILE_N; c += THREADS)
-          dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
-      } else {
-        recompute_gate_tile<Config>(p, x, n0, valid_n, dense_tile);
-      }
-      __syncthreads();
-      if (warp == 0) {
-        int base = 0;
-        for (int c0 = 0; c0 < TILE_N; c0 += 32) {
-          const int c = c0 + lane;
-          const bool active = c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold);
-          const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, active);
-          if (active) {
-            const int e = base + __popc(ballot & lanemask_lt());
-            active_col[e] = n0 + c;
-            active_h[e] = Value::to_float(dense_tile[c]);
-          }
-          base += __popc(ballot);
-        }
-        if (lane == 0) active_count = base;
-      }
-    }
-    __syncthreads();
-    const int count = active_count;
-
-    // Up projection for the active neurons only: h_j = g_j * (x . Wu_j).
+  // Up and down projections of the gathered entries [0, count); leaves the list free for reuse.
+  auto project = [&](int count) {
+    __syncthreads();  // the gathered list is complete
     for (int e = warp; e < count; e += WARPS) {
       const float u = warp_dot<Value, K>(x, p.w_up + static_cast<int64_t>(active_col[e]) * p.ldwu, lane);
       if (lane == 0) active_h[e] *= u;
     }
-    __syncthreads();
-
-    // Down projection: y[i] += h_j * Wd(i, j), in ascending j.
+    __syncthreads();  // every h_j is final
     for (int e = 0; e < count; ++e) {
       const float h = active_h[e];
       const int64_t j = active_col[e];
@@ -154,13 +120,64 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
       for (int q = 0; q < Y_PER_THREAD; ++q) {
         const int i = tid + q * THREADS;
         if (i < K) {
+          // in_out: row j of Wd^T, coalesced. out_in: column j of Wd, one sector per element (slow;
+          // the runtime transposes out_in weights first, so only ahead-of-time users see this path).
           const uint16_t w = Config::down_in_out ? p.w_down[j * p.ldwd + i] : p.w_down[static_cast<int64_t>(i) * p.ldwd + j];
           y[q] = fmaf(h, Value::to_float(w), y[q]);
         }
       }
     }
-    __syncthreads();  // active_* are rewritten by the next tile
+    __syncthreads();  // the list may be overwritten
+  };
+
+  int count = 0;  // entries gathered so far in this chunk; uniform across the CTA
+  for (int tile = 0; tile < TILES; ++tile) {
+    const uint32_t* header = twell_row + tile * (SLOTS + 1);
+    const uint32_t nnz = header[0];  // every thread reads the same word: uniform control flow
+    if (nnz == 0) continue;
+    const int n0 = tile * TILE_N;
+    const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
+    const int most = nnz <= SLOTS ? static_cast<int>(nnz) : valid_n;
+    if (count + most > kChunk) {
+      project(count);
+      count = 0;
+    }
+    if (nnz <= SLOTS) {
+      for (int e = tid; e < static_cast<int>(nnz); e += THREADS) {
+        const uint32_t word = header[1 + e];
+        active_col[count + e] = n0 + static_cast<int>(word & 0xFFFFu);
+        active_h[count + e] = Value::to_float(static_cast<uint16_t>(word >> 16));
+      }
+      count += static_cast<int>(nnz);
+      continue;
+    }
+    const uint32_t slot = header[1];
+    __syncthreads();  // dense_tile may still be read by warp 0 for the previous overflowing tile-row
+    if (slot != kBackupMissing && slot < p.backup_capacity) {
+      for (int c = tid; c < TILE_N; c += THREADS) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
+    } else {
+      recompute_gate_tile<Config>(p, x, n0, valid_n, dense_tile);
+    }
+    __syncthreads();
+    if (warp == 0) {
+      int added = 0;
+      for (int c0 = 0; c0 < TILE_N; c0 += 32) {
+        const int c = c0 + lane;
+        const bool active = c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold);
+        const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, active);
+        if (active) {
+          const int e = count + added + __popc(ballot & lanemask_lt());
+          active_col[e] = n0 + c;
+          active_h[e] = Value::to_float(dense_tile[c]);
+        }
+        added += __popc(ballot);
+      }
+      if (lane == 0) overflow_count = added;
+    }
+    __syncthreads();
+    count += overflow_count;
   }
+  if (count > 0) project(count);
 
 #pragma unroll
   for (int q = 0; q < Y_PER_THREAD; ++q) {

@@ -66,4 +66,15 @@ struct GatedMulParams {
   int64_t ld;
 };
 
+// out [cols, rows] = in [rows, cols]^T (row-major, strides in elements): the runtime's layout
+// normalization of nn.Linear down weights.
+struct TransposeParams {
+  const uint16_t* in;
+  uint16_t* out;
+  int64_t rows;
+  int64_t cols;
+  int64_t ld_in;
+  int64_t ld_out;
+};
+
 }  // namespace twell::device
