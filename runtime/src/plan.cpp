@@ -138,10 +138,10 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
 }
 
 namespace {
-// The tensor-core main loop moves 16-byte chunks of x and Wg rows (cp.async), and the consumer's
-// recompute reads 4-byte pairs: the generated kernels say how aligned (in elements) those operands
-// and their row strides must be.
-void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t) {
+// The tensor-core main loop moves 16-byte chunks of x and Wg rows (cp.async), and its consumer reads
+// x, Wu and Wd^T rows 16 bytes at a time: the generated kernels say how aligned (in elements) those
+// operands and their row strides must be.
+void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t, bool gate_only) {
   int need = 1;
   for (const auto& k : p.kernels) need = std::max(need, k->source.operand_alignment);
   if (need == 1) return;
@@ -156,6 +156,10 @@ void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t) {
   };
   check("x", t.x, "ld_x", t.ld_x ? t.ld_x : s.d_model);
   check("w_gate", t.w_gate, "ld_gate", t.ld_gate ? t.ld_gate : s.d_model);
+  if (gate_only || need < 8) return;
+  // The consumer then reads rows of Wu and Wd^T with 16-byte loads too (gated_down.cuh).
+  check("w_up", t.w_up, "ld_up", t.ld_up ? t.ld_up : s.d_model);
+  if (s.down_layout == WeightLayout::InOut) check("w_down", t.w_down, "ld_down", t.ld_down ? t.ld_down : s.d_model);
 }
 
 // A default-constructed or moved-from plan has no Impl: every use is a clear error, not a crash.
@@ -197,7 +201,7 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, bool ga
     throw Error(ErrorCode::NoDevice, "FfnPlan::run: this plan was made without a GPU (" + p.context->no_gpu_reason + ")");
   p.context->make_current();
   check_run_arguments(gate_only ? "FfnPlan::run_gate" : "FfnPlan::run", p.spec, t, tokens, p.max_tokens, !gate_only);
-  check_operand_alignment(p, t);
+  check_operand_alignment(p, t, gate_only);
   const detail::Driver& d = detail::Driver::get();
   const FfnSpec& s = p.spec;
   const bool in_out = s.down_layout == WeightLayout::InOut;

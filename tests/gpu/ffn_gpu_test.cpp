@@ -47,10 +47,11 @@ struct Outcome {
 
 // The gate kernel's TwELL matrix against the CPU reference's, value by value (each tile-row read from
 // its entries or its backup row; tile-rows the consumer had to recompute are skipped). The tensor-core
-// main loop sums K in another order than the CPU's fmaf chain, so a pre-activation may round to the
-// neighbouring 16-bit value, and an activation within a rounding step of the threshold may be active
-// on one side only. Allowed: values one unit in the last place apart, and such borderline flips.
-// Anything else is a packing error: a wrong column, a lost or invented entry, a wrong value.
+// main loop sums K in another order than the CPU's fmaf chain: the fp32 sums differ by about
+// K * 2^-24 * sum|x_k w_k| (absolute, so a value near zero may differ in several 16-bit ulps), and an
+// activation that close to the threshold may be active on one side only. Allowed: differences within
+// 1e-4 + 2^-7 |value|, and such borderline flips. Anything else is a packing error: a wrong column, a
+// lost or invented entry, a wrong value.
 void expect_same_twell(const TwellMatrix& gpu, const TwellMatrix& cpu) {
   const TwellLayout& l = gpu.layout;
   const int64_t tiles = l.tiles(gpu.d_ff), wpr = l.words_per_row(gpu.d_ff);
@@ -68,7 +69,7 @@ void expect_same_twell(const TwellMatrix& gpu, const TwellMatrix& cpu) {
   };
   std::vector<uint16_t> g(l.tile_n), c(l.tile_n);
   int64_t compared = 0, ulp = 0, flips = 0, bad = 0;
-  const float flip_band = l.threshold * (1.0f + 1.0f / 64) + 1e-3f;
+  const float flip_band = l.threshold * (1.0f + 1.0f / 64) + 1e-4f;
   for (int64_t r = 0; r < gpu.rows; ++r)
     for (int64_t t = 0; t < tiles; ++t) {
       if (!dense_tile_row(gpu, r, t, g) || !dense_tile_row(cpu, r, t, c)) continue;
@@ -77,7 +78,7 @@ void expect_same_twell(const TwellMatrix& gpu, const TwellMatrix& cpu) {
         if (g[i] == c[i]) continue;
         const bool ga = is_active(l, g[i]), ca = is_active(l, c[i]);
         const float gv = to_float(l.value, g[i]), cv = to_float(l.value, c[i]);
-        if (ga && ca && (g[i] ^ c[i]) < 0x8000 && (g[i] > c[i] ? g[i] - c[i] : c[i] - g[i]) == 1) {
+        if (ga && ca && std::fabs(gv - cv) <= 1e-4f + std::fabs(cv) / 128) {
           ++ulp;
         } else if (ga != ca && std::fabs(ga ? gv : cv) <= flip_band) {
           ++flips;
@@ -88,7 +89,7 @@ void expect_same_twell(const TwellMatrix& gpu, const TwellMatrix& cpu) {
       }
     }
   EXPECT_EQ(bad, 0) << "of " << compared << " values compared";
-  EXPECT_LE(ulp + flips, std::max<int64_t>(4, compared / 500)) << ulp << " one-ulp differences and " << flips
+  EXPECT_LE(ulp + flips, std::max<int64_t>(4, compared / 500)) << ulp << " rounding differences and " << flips
                                                                   << " borderline flips of " << compared << " values";
 }
 

@@ -74,6 +74,25 @@ __device__ __forceinline__ void recompute_gate_tile(const GatedDownParams& p, co
   }
 }
 
+// The same with 16-byte loads (8 values per lane per step): for K % 8 == 0 and 16-byte aligned rows.
+template <class Value, int K>
+__device__ __forceinline__ float warp_dot_16B(const uint16_t* a, const uint16_t* b, int lane) {
+  float s = 0.0f;
+  for (int k = lane * 8; k < K; k += 32 * 8) {
+    const uint4 va = *reinterpret_cast<const uint4*>(a + k);
+    const uint4 vb = *reinterpret_cast<const uint4*>(b + k);
+    const uint32_t wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e])), Value::to_float(static_cast<uint16_t>(wb[e])), s);
+      s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e] >> 16)), Value::to_float(static_cast<uint16_t>(wb[e] >> 16)), s);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+  return s;
+}
+
 template <class Config>
 __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
   using Value = typename Config::Value;
@@ -85,7 +104,13 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
   constexpr int WARPS = THREADS / 32;
   constexpr int TILES = (N + TILE_N - 1) / TILE_N;
   constexpr int WORDS_PER_ROW = TILES * (SLOTS + 1);
-  constexpr int Y_PER_THREAD = (K + THREADS - 1) / THREADS;
+  // With the tensor-core gate, K % 8 == 0 and the runtime guarantees 16-byte aligned rows of x, Wu and
+  // Wd^T (FfnPlan::run checks them): every load is then 16 bytes wide, 8 values, and each thread owns
+  // 8 consecutive outputs per step. Otherwise 2-byte loads, one output per thread per step.
+  constexpr bool kVector = Config::gate_mainloop == 1 && Config::down_in_out;
+  constexpr int Y_WIDTH = kVector ? 8 : 1;
+  constexpr int Y_STEPS = (K + THREADS * Y_WIDTH - 1) / (THREADS * Y_WIDTH);
+  constexpr int Y_PER_THREAD = Y_STEPS * Y_WIDTH;
   constexpr int kChunk = TILE_N > 1024 ? TILE_N : 1024;  // entries gathered before a projection pass
 
   __shared__ int active_col[kChunk];       // column in d_ff of each gathered entry
@@ -109,13 +134,31 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
   auto project = [&](int count) {
     __syncthreads();  // the gathered list is complete
     for (int e = warp; e < count; e += WARPS) {
-      const float u = warp_dot<Value, K>(x, p.w_up + static_cast<int64_t>(active_col[e]) * p.ldwu, lane);
+      const uint16_t* wu = p.w_up + static_cast<int64_t>(active_col[e]) * p.ldwu;
+      const float u = kVector ? warp_dot_16B<Value, K>(x, wu, lane) : warp_dot<Value, K>(x, wu, lane);
       if (lane == 0) active_h[e] *= u;
     }
     __syncthreads();  // every h_j is final
     for (int e = 0; e < count; ++e) {
       const float h = active_h[e];
       const int64_t j = active_col[e];
+      if constexpr (kVector) {
+        const uint16_t* wd = p.w_down + j * p.ldwd;
+#pragma unroll
+        for (int q = 0; q < Y_STEPS; ++q) {
+          const int i = (tid + q * THREADS) * 8;
+          if (i < K) {
+            const uint4 v = *reinterpret_cast<const uint4*>(wd + i);
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+              y[q * 8 + 2 * t] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t])), y[q * 8 + 2 * t]);
+              y[q * 8 + 2 * t + 1] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t] >> 16)), y[q * 8 + 2 * t + 1]);
+            }
+          }
+        }
+        continue;
+      }
 #pragma unroll
       for (int q = 0; q < Y_PER_THREAD; ++q) {
         const int i = tid + q * THREADS;
@@ -181,7 +224,7 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
 
 #pragma unroll
   for (int q = 0; q < Y_PER_THREAD; ++q) {
-    const int i = tid + q * THREADS;
+    const int i = kVector ? (tid + q / 8 * THREADS) * 8 + q % 8 : tid + q * THREADS;
     if (i < K) p.y[row * p.ldy + i] = Value::from_float(y[q]);
   }
 }
