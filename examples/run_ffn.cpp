@@ -29,7 +29,9 @@ int main(int argc, char** argv) {
     spec.d_ff = 1408;
 
     twell::Context ctx;
-    twell::FfnPlan plan = ctx.plan(spec, tokens);
+    twell::PlanOptions options;
+    options.dispatch = twell::Dispatch::Sparse;  // the TwELL kernels (Auto would pick the faster of TwELL and dense)
+    twell::FfnPlan plan = ctx.plan(spec, tokens, options);
     for (const auto& k : plan.kernels())
       std::printf("%s: %s (cache %s, %.1f ms NVRTC)\n", k.kind.c_str(), k.name.c_str(), k.cache.c_str(), k.compile_ms);
     if (!ctx.has_gpu()) {

@@ -2,11 +2,15 @@
 //   memset(overflow counter) -> gate_twell (D2T) -> gated_down
 // all on the caller's stream, with no host synchronization.
 #include <algorithm>
+#include <bit>
+#include <map>
 
 #include <fmt/format.h>
 
 #include "context_impl.h"
+#include "twell/dense.h"
 #include "twell/device/params.h"
+#include "twell/device_memory.h"
 #include "twell/error.h"
 #include "twell/reference.h"
 
@@ -31,6 +35,10 @@ struct FfnPlan::Impl {
   uint32_t backup_capacity = 0;
   uint32_t wanted_capacity = 0;  // set by last_overflow(); the next run() grows the backup to it
   int64_t last_tokens = -1;
+  Dispatch dispatch = Dispatch::Sparse;
+  std::unique_ptr<DenseFfn> dense;          // with Dispatch::Auto or Dense
+  std::map<int, bool> dense_is_faster;      // Auto: per bucket bit_width(tokens - 1)
+  std::string last_path;
 
   void allocate_backup(uint32_t capacity) {
     backup_capacity = capacity;
@@ -131,6 +139,8 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
     p.counter = std::make_unique<detail::DeviceBuffer>(4);
     if (transpose_down) p.w_down_t = std::make_unique<detail::DeviceBuffer>(size_t(spec.d_ff) * spec.d_model * 2);
     const int64_t tile_rows = max_tokens * p.layout.tiles(spec.d_ff);
+    p.dispatch = options.dispatch;
+    if (p.dispatch != Dispatch::Sparse) p.dense = std::make_unique<DenseFfn>(*this, spec, max_tokens);
     p.allocate_backup(options.backup_capacity.value_or(
         static_cast<uint32_t>(std::clamp<int64_t>(tile_rows / 16, 256, int64_t{1} << 24))));
   }
@@ -192,7 +202,34 @@ const std::string& FfnPlan::ptx(size_t i) const { return kernel_at(impl_, i, "pt
 const std::string& FfnPlan::cuda_source(size_t i) const { return kernel_at(impl_, i, "cuda_source").source.source; }
 bool FfnPlan::runnable() const { return checked(impl_, "runnable").context->gpu; }
 
-void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) { launch(stream, t, tokens, /*gate_only=*/false); }
+void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
+  Impl& p = checked(impl_, "run");
+  if (p.dispatch == Dispatch::Sparse || tokens <= 0 || !p.context->gpu) {
+    launch(stream, t, tokens, /*gate_only=*/false);
+    return;
+  }
+  bool use_dense = p.dispatch == Dispatch::Dense;
+  if (p.dispatch == Dispatch::Auto) {
+    const int bucket = std::bit_width(static_cast<uint64_t>(tokens - 1));
+    auto it = p.dense_is_faster.find(bucket);
+    if (it == p.dense_is_faster.end()) {
+      // Calibrate on these inputs: median of 3 timed calls of each path after one warm-up.
+      const auto sparse_ms = time_on_stream(stream, [&] { launch(stream, t, tokens, false); }, 1, 3);
+      const auto dense_ms = time_on_stream(stream, [&] { p.dense->run(stream, t, tokens); }, 1, 3);
+      it = p.dense_is_faster.emplace(bucket, dense_ms[1] < sparse_ms[1]).first;
+    }
+    use_dense = it->second;
+  }
+  if (use_dense) {
+    p.dense->run(stream, t, tokens);
+    p.last_path = "dense";
+  } else {
+    launch(stream, t, tokens, /*gate_only=*/false);
+  }
+}
+
+std::string FfnPlan::last_path() const { return checked(impl_, "last_path").last_path; }
+
 void FfnPlan::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) { launch(stream, t, tokens, /*gate_only=*/true); }
 
 void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, bool gate_only) {
@@ -214,6 +251,7 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, bool ga
   }
   detail::check(d.cuMemsetD32Async(p.counter->get(), 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(overflow counter)");
   p.last_tokens = tokens;
+  p.last_path = "twell";
   if (tokens == 0) return;
 
   device::GateParams gate{};
@@ -265,6 +303,9 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, bool ga
 
 OverflowReport FfnPlan::last_overflow(Stream stream) {
   Impl& p = checked(impl_, "last_overflow");
+  if (p.last_path == "dense")
+    throw Error(ErrorCode::InvalidArgument, "FfnPlan::last_overflow: the last run() took the dense path (Dispatch::Auto or "
+                                            "Dense), which makes no TwELL matrix; use PlanOptions::dispatch = Sparse");
   if (!p.context->gpu) throw Error(ErrorCode::NoDevice, "FfnPlan::last_overflow: this plan was made without a GPU");
   p.context->make_current();
   const detail::Driver& d = detail::Driver::get();
@@ -279,6 +320,9 @@ OverflowReport FfnPlan::last_overflow(Stream stream) {
 
 TwellMatrix FfnPlan::download_twell(Stream stream) const {
   const Impl& p = checked(impl_, "download_twell");
+  if (p.last_path == "dense")
+    throw Error(ErrorCode::InvalidArgument, "FfnPlan::download_twell: the last run() took the dense path (Dispatch::Auto or "
+                                            "Dense), which makes no TwELL matrix; use PlanOptions::dispatch = Sparse");
   if (!p.context->gpu) throw Error(ErrorCode::NoDevice, "FfnPlan::download_twell: this plan was made without a GPU");
   if (p.last_tokens < 0) throw Error(ErrorCode::InvalidArgument, "FfnPlan::download_twell: run() has not been called");
   p.context->make_current();

@@ -169,7 +169,9 @@ int run_command(const std::vector<std::string>& argv) {
     // 3. Generate and compile.
     twell::Context ctx;
     t0 = Clock::now();
-    twell::FfnPlan plan = ctx.plan(spec, d.tokens);
+    twell::PlanOptions options;
+    options.dispatch = twell::Dispatch::Sparse;  // the main job runs and checks the TwELL kernels themselves
+    twell::FfnPlan plan = ctx.plan(spec, d.tokens, options);
     say(fmt::format("== kernels for {} ({} target; these kernels are the portable tiled versions: fp32 FMA GEMM + "
                     "TwELL epilogue, CTA-per-row consumer), generated and compiled in {:.0f} ms",
                     ctx.target().arch(), ctx.target().arch_specific ? "Hopper" : "portable", ms_since(t0)));

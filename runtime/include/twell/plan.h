@@ -15,10 +15,23 @@ namespace twell {
 
 using Stream = CUstream_st*;  // a CUstream / cudaStream_t; nullptr = the legacy default stream
 
+// Which path FfnPlan::run takes. Both compute the same function (the dense path applies the same
+// activation, threshold and roundings), so the choice only changes time.
+enum class Dispatch {
+  // Per token-count bucket (powers of two), the first run() times the TwELL path and the dense
+  // cuBLASLt path on its inputs (a few calls each, one stream synchronization) and keeps the faster
+  // one for later runs of that bucket: never slower than dense beyond the timing noise, on inputs
+  // like the first. Later runs do not synchronize.
+  Auto,
+  Sparse,  // always the TwELL kernels
+  Dense,   // always cuBLASLt (DenseFfn)
+};
+
 struct PlanOptions {
   // Tile-rows of the overflow backup area; unset: max_tokens * tiles / 16 (at least 256). Results are
   // exact whatever the capacity (a full backup makes the consumer recompute); it only costs time.
   std::optional<uint32_t> backup_capacity;
+  Dispatch dispatch = Dispatch::Auto;
 };
 
 // How one kernel was obtained.
@@ -74,11 +87,15 @@ class FfnPlan {
   // Calls on one plan must be ordered (one stream, or synchronized): they share the workspace.
   void run(Stream stream, const FfnTensors& t, int64_t tokens);
 
+  // The path the last run() took: "twell" or "dense" ("" before the first run).
+  std::string last_path() const;
+
   // Only the D2T kernel (gate GEMM + TwELL epilogue): fills the plan's TwELL matrix (see
   // download_twell) without the consumer; y is not written and may be null. Same checks as run().
   void run_gate(Stream stream, const FfnTensors& t, int64_t tokens);
 
-  // Synchronizes `stream` and reads the overflow counter of the last run. If the backup was too small
+  // Synchronizes `stream` and reads the overflow counter of the last run (Error(InvalidArgument) if
+  // it took the dense path: there is no TwELL matrix then). If the backup was too small
   // the next run() first grows it to fit (no result was ever wrong: the consumer recomputed the
   // tile-rows that did not fit).
   OverflowReport last_overflow(Stream stream);
