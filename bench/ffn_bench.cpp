@@ -59,62 +59,45 @@ Problem& problem(int64_t tokens, int density_permille) {
 // Useful FLOPs: the gate GEMM (dense) plus up and down for the active neurons.
 double useful_flops(int64_t tokens, double density) { return 2.0 * tokens * kDModel * kDff * (1.0 + 2.0 * density); }
 
-void BM_GatedFfn(benchmark::State& state, bool sparse) {
+// Times one path on the (M, density) problem of the state's arguments: the TwELL plan (pinned to the
+// TwELL kernels, not the dispatcher's choice) or cuBLASLt, the whole FFN or the gate GEMM alone;
+// `tflop` is the work counted per call.
+void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflop, const char* counter) {
   Context& ctx = context();
   if (!ctx.has_gpu()) {
     state.SkipWithError(("no GPU: " + ctx.no_gpu_reason()).c_str());
     return;
   }
   const int64_t tokens = state.range(0);
-  const int permille = static_cast<int>(state.range(1));
-  Problem& p = problem(tokens, permille);
+  Problem& p = problem(tokens, static_cast<int>(state.range(1)));
   StreamHandle stream(ctx);
   std::unique_ptr<FfnPlan> plan;
   std::unique_ptr<DenseFfn> dense;
   PlanOptions twell_path;
-  twell_path.dispatch = Dispatch::Sparse;  // time the TwELL kernels, not the dispatcher's choice
+  twell_path.dispatch = Dispatch::Sparse;
   if (sparse) plan = std::make_unique<FfnPlan>(ctx.plan(p.host.spec, tokens, twell_path));
   else dense = std::make_unique<DenseFfn>(ctx, p.host.spec, tokens);
   auto call = [&] {
-    if (sparse) plan->run(stream.get(), p.tensors(), tokens);
+    if (sparse && gate_only) plan->run_gate(stream.get(), p.tensors(), tokens);
+    else if (sparse) plan->run(stream.get(), p.tensors(), tokens);
+    else if (gate_only) dense->run_gate(stream.get(), p.tensors(), tokens);
     else dense->run(stream.get(), p.tensors(), tokens);
   };
   for (auto _ : state) {
-    const auto ms = time_on_stream(stream.get(), call, 1, 5);
+    const auto ms = time_on_stream(stream.get(), call, 2, 5);
     state.SetIterationTime(ms[ms.size() / 2] / 1e3);
   }
-  state.counters["TFLOP/s(useful)"] =
-      benchmark::Counter(useful_flops(tokens, permille / 1000.0) / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters[counter] = benchmark::Counter(tflop, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_GatedFfn(benchmark::State& state, bool sparse) {
+  time_path(state, sparse, false, useful_flops(state.range(0), state.range(1) / 1000.0) / 1e12, "TFLOP/s(useful)");
 }
 
 // D2T alone (gate GEMM + activation + TwELL packing) against cuBLASLt's plain gate GEMM (bf16 out):
 // PERFORMANCE.md's target is >= 90% of cuBLAS throughput at M = 131072.
 void BM_Gate(benchmark::State& state, bool sparse) {
-  Context& ctx = context();
-  if (!ctx.has_gpu()) {
-    state.SkipWithError(("no GPU: " + ctx.no_gpu_reason()).c_str());
-    return;
-  }
-  const int64_t tokens = state.range(0);
-  const int permille = static_cast<int>(state.range(1));
-  Problem& p = problem(tokens, permille);
-  StreamHandle stream(ctx);
-  std::unique_ptr<FfnPlan> plan;
-  std::unique_ptr<DenseFfn> dense;
-  PlanOptions twell_path;
-  twell_path.dispatch = Dispatch::Sparse;  // time the TwELL kernels, not the dispatcher's choice
-  if (sparse) plan = std::make_unique<FfnPlan>(ctx.plan(p.host.spec, tokens, twell_path));
-  else dense = std::make_unique<DenseFfn>(ctx, p.host.spec, tokens);
-  auto call = [&] {
-    if (sparse) plan->run_gate(stream.get(), p.tensors(), tokens);
-    else dense->run_gate(stream.get(), p.tensors(), tokens);
-  };
-  for (auto _ : state) {
-    const auto ms = time_on_stream(stream.get(), call, 2, 10);
-    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
-  }
-  state.counters["TFLOP/s"] =
-      benchmark::Counter(2.0 * tokens * kDModel * kDff / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+  time_path(state, sparse, true, 2.0 * state.range(0) * kDModel * kDff / 1e12, "TFLOP/s");
 }
 
 void GateArgs(benchmark::internal::Benchmark* b) {
