@@ -85,7 +85,8 @@ __device__ __forceinline__ float warp_dot_16B(const uint16_t* a, const uint16_t*
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e])), Value::to_float(static_cast<uint16_t>(wb[e])), s);
-      s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e] >> 16)), Value::to_float(static_cast<uint16_t>(wb[e] >> 16)), s);
+      s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e] >> 16)), Value::to_float(static_cast<uint16_t>(wb[e] >> 16)),
+               s);
     }
   }
 #pragma unroll
@@ -117,6 +118,9 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
   __shared__ float active_h[kChunk];       // g_j, then g_j * u_j
   __shared__ uint16_t dense_tile[TILE_N];  // an overflowing tile-row, activated, from backup or recomputed
   __shared__ int overflow_count;           // entries warp 0 appended from an overflowing tile-row
+  // The row's nnz headers, loaded by all threads at once (one memory latency, not one per tile).
+  constexpr int kHeaderWindow = TILES < 1024 ? TILES : 1024;
+  __shared__ uint32_t tile_nnz[kHeaderWindow];
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -165,7 +169,8 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
         if (i < K) {
           // in_out: row j of Wd^T, coalesced. out_in: column j of Wd, one sector per element (slow;
           // the runtime transposes out_in weights first, so only ahead-of-time users see this path).
-          const uint16_t w = Config::down_in_out ? p.w_down[j * p.ldwd + i] : p.w_down[static_cast<int64_t>(i) * p.ldwd + j];
+          const uint16_t w =
+              Config::down_in_out ? p.w_down[j * p.ldwd + i] : p.w_down[static_cast<int64_t>(i) * p.ldwd + j];
           y[q] = fmaf(h, Value::to_float(w), y[q]);
         }
       }
@@ -174,51 +179,57 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
   };
 
   int count = 0;  // entries gathered so far in this chunk; uniform across the CTA
-  for (int tile = 0; tile < TILES; ++tile) {
-    const uint32_t* header = twell_row + tile * (SLOTS + 1);
-    const uint32_t nnz = header[0];  // every thread reads the same word: uniform control flow
-    if (nnz == 0) continue;
-    const int n0 = tile * TILE_N;
-    const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
-    const int most = nnz <= SLOTS ? static_cast<int>(nnz) : valid_n;
-    if (count + most > kChunk) {
-      project(count);
-      count = 0;
-    }
-    if (nnz <= SLOTS) {
-      for (int e = tid; e < static_cast<int>(nnz); e += THREADS) {
-        const uint32_t word = header[1 + e];
-        active_col[count + e] = n0 + static_cast<int>(word & 0xFFFFu);
-        active_h[count + e] = Value::to_float(static_cast<uint16_t>(word >> 16));
-      }
-      count += static_cast<int>(nnz);
-      continue;
-    }
-    const uint32_t slot = header[1];
-    __syncthreads();  // dense_tile may still be read by warp 0 for the previous overflowing tile-row
-    if (slot != kBackupMissing && slot < p.backup_capacity) {
-      for (int c = tid; c < TILE_N; c += THREADS) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
-    } else {
-      recompute_gate_tile<Config>(p, x, n0, valid_n, dense_tile);
-    }
+  for (int window = 0; window < TILES; window += kHeaderWindow) {
+    const int window_end = window + kHeaderWindow < TILES ? window + kHeaderWindow : TILES;
+    __syncthreads();  // the previous window's headers are no longer read
+    for (int t = window + tid; t < window_end; t += THREADS) tile_nnz[t - window] = twell_row[t * (SLOTS + 1)];
     __syncthreads();
-    if (warp == 0) {
-      int added = 0;
-      for (int c0 = 0; c0 < TILE_N; c0 += 32) {
-        const int c = c0 + lane;
-        const bool active = c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold);
-        const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, active);
-        if (active) {
-          const int e = count + added + __popc(ballot & lanemask_lt());
-          active_col[e] = n0 + c;
-          active_h[e] = Value::to_float(dense_tile[c]);
+    for (int tile = window; tile < window_end; ++tile) {
+      const uint32_t* header = twell_row + tile * (SLOTS + 1);
+      const uint32_t nnz = tile_nnz[tile - window];  // the same for every thread: uniform control flow
+      if (nnz == 0) continue;
+      const int n0 = tile * TILE_N;
+      const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
+      const int most = nnz <= SLOTS ? static_cast<int>(nnz) : valid_n;
+      if (count + most > kChunk) {
+        project(count);
+        count = 0;
+      }
+      if (nnz <= SLOTS) {
+        for (int e = tid; e < static_cast<int>(nnz); e += THREADS) {
+          const uint32_t word = header[1 + e];
+          active_col[count + e] = n0 + static_cast<int>(word & 0xFFFFu);
+          active_h[count + e] = Value::to_float(static_cast<uint16_t>(word >> 16));
         }
-        added += __popc(ballot);
+        count += static_cast<int>(nnz);
+        continue;
       }
-      if (lane == 0) overflow_count = added;
+      const uint32_t slot = header[1];
+      __syncthreads();  // dense_tile may still be read by warp 0 for the previous overflowing tile-row
+      if (slot != kBackupMissing && slot < p.backup_capacity) {
+        for (int c = tid; c < TILE_N; c += THREADS) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
+      } else {
+        recompute_gate_tile<Config>(p, x, n0, valid_n, dense_tile);
+      }
+      __syncthreads();
+      if (warp == 0) {
+        int added = 0;
+        for (int c0 = 0; c0 < TILE_N; c0 += 32) {
+          const int c = c0 + lane;
+          const bool active = c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold);
+          const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, active);
+          if (active) {
+            const int e = count + added + __popc(ballot & lanemask_lt());
+            active_col[e] = n0 + c;
+            active_h[e] = Value::to_float(dense_tile[c]);
+          }
+          added += __popc(ballot);
+        }
+        if (lane == 0) overflow_count = added;
+      }
+      __syncthreads();
+      count += overflow_count;
     }
-    __syncthreads();
-    count += overflow_count;
   }
   if (count > 0) project(count);
 
