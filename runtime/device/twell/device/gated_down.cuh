@@ -143,7 +143,38 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
       if (lane == 0) active_h[e] *= u;
     }
     __syncthreads();  // every h_j is final
-    for (int e = 0; e < count; ++e) {
+    int e = 0;
+    if constexpr (kVector) {
+      // Four neurons' Wd^T rows in flight before their FMAs (the loads, not the math, bound this
+      // loop); the FMAs still run in ascending j, so the sums keep their order.
+      constexpr int kBatch = 4;
+      for (; e + kBatch <= count; e += kBatch) {
+        uint4 v[kBatch][Y_STEPS];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const uint16_t* wd = p.w_down + static_cast<int64_t>(active_col[e + b]) * p.ldwd;
+#pragma unroll
+          for (int q = 0; q < Y_STEPS; ++q) {
+            const int i = (tid + q * THREADS) * 8;
+            v[b][q] = i < K ? *reinterpret_cast<const uint4*>(wd + i) : uint4{0u, 0u, 0u, 0u};
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const float h = active_h[e + b];
+#pragma unroll
+          for (int q = 0; q < Y_STEPS; ++q) {
+            const uint32_t w[4] = {v[b][q].x, v[b][q].y, v[b][q].z, v[b][q].w};
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+              y[q * 8 + 2 * t] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t])), y[q * 8 + 2 * t]);
+              y[q * 8 + 2 * t + 1] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t] >> 16)), y[q * 8 + 2 * t + 1]);
+            }
+          }
+        }
+      }
+    }
+    for (; e < count; ++e) {
       const float h = active_h[e];
       const int64_t j = active_col[e];
       if constexpr (kVector) {
