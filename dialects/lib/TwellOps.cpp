@@ -224,7 +224,7 @@ LogicalResult verifyMmaSyncGateConfig(Operation* op, ConfigAttr config, int64_t 
                              << ", cta_k must be " << Mma::kCtaK << ", got " << config.getCtaK();
   if (config.getThreads() != Mma::kThreads)
     return op->emitOpError() << "config: mainloop mma_sync runs " << Mma::kThreads
-                             << " threads (8 warps), threads must be " << Mma::kThreads << ", got "
+                             << " threads (16 warps), threads must be " << Mma::kThreads << ", got "
                              << config.getThreads();
   int64_t ctaM = Mma::ctaM(tileN);
   if (config.getCtaM() != ctaM)

@@ -127,9 +127,9 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
       ASSERT_EQ(gate.kind, compiler::KernelKind::GateTwell);
       ASSERT_EQ(down.kind, compiler::KernelKind::GatedDown);
       EXPECT_EQ(gate.cta_m, c.cta_m);
-      EXPECT_EQ(gate.threads, 256);
-      EXPECT_EQ(down.smem_bytes, 0);
       const bool mma = c.stages > 0;
+      EXPECT_EQ(gate.threads, mma ? 512 : 256);
+      EXPECT_EQ(down.smem_bytes, 0);
       if (mma) {
         const int stage_bytes = (c.cta_m + c.tile_n) * 40 * 2;
         EXPECT_EQ(gate.smem_bytes, std::max(c.stages * stage_bytes, c.cta_m * c.tile_n * 2));
@@ -169,7 +169,7 @@ TEST(Generator, PaperShapeUsesFourStagesOfTensorCores) {
   EXPECT_EQ(gen.kernels[0].smem_bytes, 122880);
   EXPECT_EQ(gen.kernels[0].operand_alignment, 8);
   EXPECT_EQ(gen.kernels[1].operand_alignment, 2);
-  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>"))
+  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>"))
       << gen.ir;
   EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>")) << gen.ir;
 }
@@ -205,7 +205,7 @@ TEST(Generator, MismatchedMainLoopsAreRejected) {
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @ffn(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
-  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>

@@ -232,12 +232,12 @@ func.func private @f() attributes {config = #twell.config<cta_m = 1, threads = 2
 // -----
 
 // expected-error @+1 {{stages must be between 0 and 8 (0 or omitted: no pipeline), got -1}}
-func.func private @f() attributes {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = -1>}
+func.func private @f() attributes {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = -1>}
 
 // -----
 
 // expected-error @+1 {{stages must be between 0 and 8 (0 or omitted: no pipeline), got 9223372036854775807}}
-func.func private @f() attributes {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 9223372036854775807>}
+func.func private @f() attributes {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 9223372036854775807>}
 
 // -----
 
@@ -430,7 +430,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x514xbf16>, %wg: tensor<5632x514xbf16>) {
   // expected-error @+1 {{'twell.gate_matmul' op config: mainloop mma_sync needs d_model % 8 == 0 (16-byte cp.async chunks), got d_model 514}}
-  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>}
       : (tensor<?x514xbf16>, tensor<5632x514xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }
@@ -440,7 +440,7 @@ func.func @f(%x: tensor<?x514xbf16>, %wg: tensor<5632x514xbf16>) {
 #L = #twell.layout<tile_n = 32, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gate_matmul' op config: mainloop mma_sync needs 64 <= tile_n <= 1024, got tile_n 32}}
-  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }
@@ -450,7 +450,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gate_matmul' op config: mainloop mma_sync steps K by 32, cta_k must be 32, got 16}}
-  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 16, threads = 256, mainloop = mma_sync, stages = 4>}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 16, threads = 512, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }
@@ -459,7 +459,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
-  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop mma_sync runs 256 threads (8 warps), threads must be 256, got 128}}
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop mma_sync runs 512 threads (16 warps), threads must be 512, got 128}}
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 128, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
@@ -470,7 +470,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gate_matmul' op config: mainloop mma_sync needs cta_m = min(128, 32768 / tile_n) = 128 at tile_n = 256, got cta_m = 64}}
-  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }
@@ -480,7 +480,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 #L = #twell.layout<tile_n = 512, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gate_matmul' op config: mainloop mma_sync needs cta_m = min(128, 32768 / tile_n) = 64 at tile_n = 512, got cta_m = 128}}
-  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }
@@ -490,7 +490,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gate_matmul' op config: mainloop mma_sync needs a cp.async pipeline of 2 to 4 stages, got stages = 0}}
-  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync>}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }
@@ -500,7 +500,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gate_matmul' op config: mainloop mma_sync needs a cp.async pipeline of 2 to 4 stages, got stages = 5}}
-  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 5>}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 5>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }
@@ -511,7 +511,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 #L = #twell.layout<tile_n = 1024, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gate_matmul' op config: mainloop mma_sync with stages = 3 would need 253440 bytes of shared memory (max(stages * (cta_m + tile_n) * 80, cta_m * tile_n * 2)), more than 204800: lower stages (at most 2 at tile_n = 1024)}}
-  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 32, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 3>}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 32, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 3>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }

@@ -14,10 +14,10 @@
 // pipeline (4, 3 or 2 stages) whose shared memory fits 200 KiB. Consumer: one row per CTA, 256 threads,
 // the main loop of its gate kernel.
 // CHECK-LABEL: func.func @heuristic
-// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
+// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
 // CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
 // SM80-LABEL: func.func @heuristic
-// SM80: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
+// SM80: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
 // SM80: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
 func.func @heuristic(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                      %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
@@ -31,7 +31,7 @@ func.func @heuristic(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: 
 
 // tile_n = 128: cta_m = 128, 4 stages of (128 + 128) * 80 bytes.
 // CHECK-LABEL: func.func @tile_128
-// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>
+// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>
 func.func @tile_128(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L128> {
   %h = twell.gate_matmul %x, %wg
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L128>
@@ -41,7 +41,7 @@ func.func @tile_128(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) -> ten
 // tile_n = 1024: cta_m = 32; a stage is (32 + 1024) * 80 = 84480 bytes, so 3 stages (253440) would
 // overflow 200 KiB: 2 stages.
 // CHECK-LABEL: func.func @tile_1024
-// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 32, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 2>
+// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 32, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 2>
 func.func @tile_1024(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L1024> {
   %h = twell.gate_matmul %x, %wg
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L1024>

@@ -50,7 +50,7 @@ func.func @too_wide(%x: tensor<?x4294967296xbf16>, %wg: tensor<5632x4294967296xb
 func.func @mainloop_mismatch(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                              %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %h = twell.gate_matmul %x, %wg {target = #twell.target<"sm_80", []>,
-      config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>}
+      config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   // expected-error @+1 {{'twell.gated_down' op config: mainloop fma differs from mainloop mma_sync of the twell.gate_matmul producing h: the consumer's overflow recompute must repeat the gate kernel's arithmetic, give both the same mainloop}}
   %y = twell.gated_down %x, %h, %wu, %wd {target = #twell.target<"sm_80", []>, config = #twell.config<cta_m = 1, threads = 256>}

@@ -9,7 +9,7 @@
 #S80 = #twell.target<"sm_80", [mma_sync, cp_async]>
 #G = #twell.config<cta_m = 64, cta_k = 16, threads = 256>
 #D = #twell.config<cta_m = 1, threads = 256>
-#GM = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>
+#GM = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>
 #DM = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>
 
 // CHECK-LABEL: func.func @base
@@ -74,9 +74,9 @@ func.func @target_config_layout(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xb
 // The tensor-core main loop: other hashes for both kernels (the consumer's recompute follows the gate
 // kernel's main loop); another pipeline depth, another gate hash.
 // CHECK-LABEL: func.func @mainloop
-// CHECK: twell.gate_matmul {{.*}}kernel_name = "twell_gate_k2048_n5632_t256_s31_relu_bf16_74d1df9a"
+// CHECK: twell.gate_matmul {{.*}}kernel_name = "twell_gate_k2048_n5632_t256_s31_relu_bf16_79a87b8b"
 // CHECK: twell.gated_down {{.*}}kernel_name = "twell_gated_down_k2048_n5632_t256_s31_relu_bf16_out_in_dbba36fb"
-// CHECK: twell.gate_matmul {{.*}}kernel_name = "twell_gate_k2048_n5632_t256_s31_relu_bf16_6f5c8c9f"
+// CHECK: twell.gate_matmul {{.*}}kernel_name = "twell_gate_k2048_n5632_t256_s31_relu_bf16_dd732738"
 func.func @mainloop(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                     %wd: tensor<2048x5632xbf16>) -> (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>) {
   %h = twell.gate_matmul %x, %wg {target = #H90, config = #GM}
@@ -85,7 +85,7 @@ func.func @mainloop(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: t
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>)
       -> tensor<?x2048xbf16>
   %h3 = twell.gate_matmul %x, %wg {target = #H90,
-      config = #twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 3>}
+      config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 3>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return %y, %h3 : tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>
 }

@@ -106,13 +106,17 @@ __device__ __forceinline__ void gate_twell_mma(const GateParams& p) {
   constexpr int CTA_M = Config::cta_m;
   constexpr int CTA_K = 32;
   constexpr int STAGES = Config::stages;
-  constexpr int THREADS = 256;
-  static_assert(Config::cta_k == CTA_K && Config::threads == THREADS, "mma_sync main loop: cta_k 32, 256 threads");
+  constexpr int THREADS = Config::threads;
+  static_assert(Config::cta_k == CTA_K && THREADS % 32 == 0, "mma_sync main loop: cta_k 32, whole warps");
   static_assert(STAGES >= 2, "the cp.async ring needs at least 2 stages");
   static_assert(K % 8 == 0, "cp.async moves 16-byte chunks: d_model % 8 == 0");
-  // 8 warps as 2 x 4; each warp owns a WM x WN block of m16n8 accumulator tiles.
-  constexpr int WARPS_N = 4;
-  constexpr int WM = CTA_M / 2, WN = TILE_N / WARPS_N;
+  // The warps tile the CTA as WARPS_M x WARPS_N (at most 4 warps along M, each at least 16 rows);
+  // each warp owns a WM x WN block of m16n8 accumulator tiles.
+  constexpr int WARPS = THREADS / 32;
+  constexpr int WARPS_M = CTA_M / 16 < 4 ? CTA_M / 16 : 4;
+  constexpr int WARPS_N = WARPS / WARPS_M;
+  static_assert(WARPS_M * WARPS_N == WARPS, "the warps must tile the CTA");
+  constexpr int WM = CTA_M / WARPS_M, WN = TILE_N / WARPS_N;
   constexpr int MT = WM / 16, NT = WN / 8;
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16 x 16");
   // Shared-memory rows of 32 K-elements padded to 40 (80 bytes): the 8 row addresses of an ldmatrix
