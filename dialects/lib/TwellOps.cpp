@@ -249,14 +249,20 @@ LogicalResult verifyMmaSyncGateConfig(Operation* op, ConfigAttr config, int64_t 
 
 }  // namespace
 
+namespace {
+// The #twell.layout encoding of a TwELL tensor value (null when the type carries none; the verifiers
+// report that case).
+LayoutAttr twellEncoding(Value h) {
+  auto type = llvm::dyn_cast<RankedTensorType>(h.getType());
+  return type ? llvm::dyn_cast_if_present<LayoutAttr>(type.getEncoding()) : LayoutAttr();
+}
+}  // namespace
+
 //===----------------------------------------------------------------------===//
 // twell.gate_matmul
 //===----------------------------------------------------------------------===//
 
-LayoutAttr GateMatmulOp::getLayout() {
-  auto type = llvm::dyn_cast<RankedTensorType>(getH().getType());
-  return type ? llvm::dyn_cast_if_present<LayoutAttr>(type.getEncoding()) : LayoutAttr();
-}
+LayoutAttr GateMatmulOp::getLayout() { return twellEncoding(getH()); }
 
 LogicalResult GateMatmulOp::verify() {
   ShapeChecker check(*this);
@@ -280,10 +286,7 @@ LogicalResult GateMatmulOp::verify() {
 // twell.gated_down
 //===----------------------------------------------------------------------===//
 
-LayoutAttr GatedDownOp::getLayout() {
-  auto type = llvm::dyn_cast<RankedTensorType>(getH().getType());
-  return type ? llvm::dyn_cast_if_present<LayoutAttr>(type.getEncoding()) : LayoutAttr();
-}
+LayoutAttr GatedDownOp::getLayout() { return twellEncoding(getH()); }
 
 LogicalResult GatedDownOp::verify() {
   ShapeChecker check(*this);

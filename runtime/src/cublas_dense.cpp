@@ -2,6 +2,10 @@
 // through cuBLASLt (bf16/fp16 operands, fp32 compute), the elementwise step through NVRTC.
 #include <cublasLt.h>
 
+#include <map>
+#include <memory>
+#include <tuple>
+
 #include <fmt/format.h>
 
 #include "context_impl.h"
@@ -21,6 +25,23 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
 }  // namespace
 
+// One cuBLASLt GEMM shape, described and matched to an algorithm once: descriptors, layouts and the
+// heuristic's choice are host work that need not repeat on every call of the same shape.
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t layout_b = nullptr, layout_a = nullptr, layout_c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  GemmPlan() = default;
+  GemmPlan(const GemmPlan&) = delete;
+  GemmPlan& operator=(const GemmPlan&) = delete;
+  ~GemmPlan() {
+    if (layout_c) cublasLtMatrixLayoutDestroy(layout_c);
+    if (layout_a) cublasLtMatrixLayoutDestroy(layout_a);
+    if (layout_b) cublasLtMatrixLayoutDestroy(layout_b);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
 struct DenseFfn::Impl {
   std::shared_ptr<Context::Impl> context;
   FfnSpec spec;
@@ -28,50 +49,57 @@ struct DenseFfn::Impl {
   std::shared_ptr<LoadedKernel> gated_mul;
   cublasLtHandle_t handle = nullptr;
   std::unique_ptr<detail::DeviceBuffer> workspace, g, u;
+  // Keyed by (m, n, k, lda, ldb, ldc, b_is_n_by_k).
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<GemmPlan>> gemm_plans;
 
   ~Impl() {
+    gemm_plans.clear();  // descriptors before the handle
     if (handle != nullptr) cublasLtDestroy(handle);
   }
 
   // Row-major C[m, n] = A[m, k] * op(B) where B is stored row-major as [n, k] (transposed = true,
   // nn.Linear) or [k, n]. cuBLASLt is column-major: compute C^T = op(B)^T-as-stored * A^T.
-  void gemm(CUstream stream, const void* a, int64_t lda, const void* b, int64_t ldb, bool b_is_n_by_k, void* c, int64_t ldc,
-            int64_t m, int64_t n, int64_t k) {
+  const GemmPlan& gemm_plan(int64_t lda, int64_t ldb, bool b_is_n_by_k, int64_t ldc, int64_t m, int64_t n, int64_t k) {
+    auto& slot = gemm_plans[{m, n, k, lda, ldb, ldc, b_is_n_by_k}];
+    if (slot) return *slot;
+    auto plan = std::make_unique<GemmPlan>();
     const cudaDataType_t type = spec.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-    cublasLtMatmulPreference_t pref = nullptr;
-    struct Cleanup {
-      cublasLtMatmulDesc_t& d; cublasLtMatrixLayout_t &a, &b, &c; cublasLtMatmulPreference_t& p;
-      ~Cleanup() {
-        if (p) cublasLtMatmulPreferenceDestroy(p);
-        if (c) cublasLtMatrixLayoutDestroy(c);
-        if (b) cublasLtMatrixLayoutDestroy(b);
-        if (a) cublasLtMatrixLayoutDestroy(a);
-        if (d) cublasLtMatmulDescDestroy(d);
-      }
-    } cleanup{desc, la, lb, lc, pref};
-    check_lt(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    check_lt(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
     // First operand of the column-major product: B as stored. [n, k] row-major is k x n column-major
     // (ld = ldb): transpose it to n x k. [k, n] row-major is n x k column-major already.
     const cublasOperation_t op_first = b_is_n_by_k ? CUBLAS_OP_T : CUBLAS_OP_N;
     const cublasOperation_t op_second = CUBLAS_OP_N;
-    check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "TRANSA");
-    check_lt(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)), "TRANSB");
-    if (b_is_n_by_k) check_lt(cublasLtMatrixLayoutCreate(&la, type, k, n, ldb), "layout B");
-    else check_lt(cublasLtMatrixLayoutCreate(&la, type, n, k, ldb), "layout B");
-    check_lt(cublasLtMatrixLayoutCreate(&lb, type, k, m, lda), "layout A");
-    check_lt(cublasLtMatrixLayoutCreate(&lc, type, n, m, ldc), "layout C");
+    check_lt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)), "TRANSA");
+    check_lt(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)), "TRANSB");
+    if (b_is_n_by_k) check_lt(cublasLtMatrixLayoutCreate(&plan->layout_b, type, k, n, ldb), "layout B");
+    else check_lt(cublasLtMatrixLayoutCreate(&plan->layout_b, type, n, k, ldb), "layout B");
+    check_lt(cublasLtMatrixLayoutCreate(&plan->layout_a, type, k, m, lda), "layout A");
+    check_lt(cublasLtMatrixLayoutCreate(&plan->layout_c, type, n, m, ldc), "layout C");
+    cublasLtMatmulPreference_t pref = nullptr;
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const uint64_t ws = kWorkspaceBytes;
-    check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), "workspace pref");
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    check_lt(cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, pref, 1, &heuristic, &found), "cublasLtMatmulAlgoGetHeuristic");
+    const cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    const cublasStatus_t got = set != CUBLAS_STATUS_SUCCESS ? set
+                               : cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->layout_b, plan->layout_a, plan->layout_c,
+                                                                plan->layout_c, pref, 1, &heuristic, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    check_lt(set, "workspace pref");
+    check_lt(got, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0) throw Error(ErrorCode::Cuda, fmt::format("DenseFfn: cuBLASLt has no algorithm for m={} n={} k={}", m, n, k));
+    plan->algo = heuristic.algo;
+    slot = std::move(plan);
+    return *slot;
+  }
+
+  void gemm(CUstream stream, const void* a, int64_t lda, const void* b, int64_t ldb, bool b_is_n_by_k, void* c, int64_t ldc,
+            int64_t m, int64_t n, int64_t k) {
+    const GemmPlan& plan = gemm_plan(lda, ldb, b_is_n_by_k, ldc, m, n, k);
     const float alpha = 1.0f, beta = 0.0f;
-    check_lt(cublasLtMatmul(handle, desc, &alpha, b, la, a, lb, &beta, c, lc, c, lc, &heuristic.algo,
-                            reinterpret_cast<void*>(workspace->get()), kWorkspaceBytes, reinterpret_cast<cudaStream_t>(stream)),
+    check_lt(cublasLtMatmul(handle, plan.desc, &alpha, b, plan.layout_b, a, plan.layout_a, &beta, c, plan.layout_c, c,
+                            plan.layout_c, &plan.algo, reinterpret_cast<void*>(workspace->get()), kWorkspaceBytes,
+                            reinterpret_cast<cudaStream_t>(stream)),
              "cublasLtMatmul");
   }
 };
