@@ -22,7 +22,8 @@ step run_json    $B/bin/twellc run --json
 step gpu_tests   $B/bin/twell_gpu_tests
 step unit_tests  $B/bin/twell_unit_tests
 step example     $B/bin/run_ffn 100
-[ "${TWELL_BENCH:-1}" = 1 ] && step bench $B/bin/ffn_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+[ "${TWELL_BENCH:-1}" = 1 ] && step bench $B/bin/ffn_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+    --benchmark_filter="${TWELL_BENCH_FILTER:-.}"
 tar -C "$LOGS" -czf "$OUT/logs.tar.gz" .
 for f in run_sample run_sample2 run_tiny0 run_tiny1 run_paper; do echo "--- $f"; grep -E "nnz per row|overflow|cache|TwELL FFN|dense FFN|PASS|FAIL|error" "$LOGS/$f.txt"; done
 echo "--- gpu tests"; grep -E "^\[  (FAILED|PASSED|SKIPPED) |\[ real \]|Failure|Actual|Expected|Which is|differs" "$LOGS/gpu_tests.txt" | head -60

@@ -68,12 +68,14 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
   if (gate) os << "  static constexpr int cta_k = " << kernel.config.getCtaK() << ";\n";
   os << "  static constexpr int threads = " << kernel.config.getThreads() << ";\n";
   auto mainloop = [](Mainloop m) {
-    return m == Mainloop::MmaSync ? "1;  // mma_sync (tensor cores)" : "0;  // fma";
+    return m == Mainloop::Wgmma     ? "2;  // wgmma (TMA + wgmma, warp-specialized, persistent)"
+           : m == Mainloop::MmaSync ? "1;  // mma_sync (tensor cores)"
+                                    : "0;  // fma";
   };
   if (gate) {
     os << "  static constexpr int mainloop = " << mainloop(kernel.config.getMainloop()) << "\n";
     os << "  static constexpr int stages = " << kernel.config.getStages()
-       << ";  // cp.async pipeline depth (mma_sync)\n";
+       << ";  // shared-memory ring depth (mma_sync: cp.async, wgmma: TMA)\n";
   } else {
     os << "  static constexpr bool down_in_out = "
        << (kernel.downLayout == DownLayout::InOut ? "true" : "false") << ";\n";
@@ -82,8 +84,12 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
     os << "  static constexpr int gate_cta_k = " << kernel.gateCtaK << ";\n";
   }
   os << "};\n";
-  os << "extern \"C\" __global__ void __launch_bounds__(" << kernel.config.getThreads() << ") "
-     << name << "(const twell::device::" << (gate ? "GateParams" : "GatedDownParams") << " p) {\n";
+  // wgmma: one CTA per SM (setmaxnreg needs the register cap that minBlocks = 1 sets), and the TMA maps
+  // inside the parameter block must be addressable in parameter space (__grid_constant__).
+  bool wgmma = gate && kernel.config.getMainloop() == Mainloop::Wgmma;
+  os << "extern \"C\" __global__ void __launch_bounds__(" << kernel.config.getThreads()
+     << (wgmma ? ", 1" : "") << ") " << name << "(const " << (wgmma ? "__grid_constant__ " : "")
+     << "twell::device::" << (gate ? "GateParams" : "GatedDownParams") << " p) {\n";
   os << "  twell::device::" << kernel.templateName() << "<" << name << "_config>(p);\n";
   os << "}\n";
   return source;
@@ -119,6 +125,8 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
     // The mma_sync gate kernel's pipeline is dynamic shared memory; the others use static only.
     source.smem_bytes = static_cast<int>(kernel->dynamicSharedBytes());
     source.operand_alignment = static_cast<int>(kernel->operandAlignment());
+    source.tma_persistent = kernel->kind == ::twell::compiler::KernelKind::GateTwell &&
+                            kernel->config.getMainloop() == Mainloop::Wgmma;
     kernels.push_back(std::move(source));
     return WalkResult::advance();
   });

@@ -52,9 +52,9 @@ FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
   }
   // The consumer's overflow recompute repeats the gate kernel's arithmetic: it must know the main
   // loop (and K step) of the kernel that produced h.
-  kernel.gateCtaK = kernel.gateMainloop == Mainloop::MmaSync
-                        ? MmaSyncGateConstraints::kCtaK
-                        : GateKernelConstraints::defaultCtaK(kernel.layout.getTileN());
+  kernel.gateCtaK = kernel.gateMainloop == Mainloop::Wgmma     ? WgmmaGateConstraints::kCtaK
+                    : kernel.gateMainloop == Mainloop::MmaSync ? MmaSyncGateConstraints::kCtaK
+                                                               : GateKernelConstraints::defaultCtaK(kernel.layout.getTileN());
   auto gate = llvm::cast<GatedDownOp>(op).getH().getDefiningOp<GateMatmulOp>();
   if (ConfigAttr gateConfig = gate ? gate.getConfigAttr() : ConfigAttr()) {
     if (gateConfig.getMainloop() != kernel.gateMainloop)
@@ -69,13 +69,17 @@ FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
 }
 
 int64_t KernelInstance::dynamicSharedBytes() const {
-  if (kind != ::twell::compiler::KernelKind::GateTwell || config.getMainloop() != Mainloop::MmaSync)
-    return 0;
+  if (kind != ::twell::compiler::KernelKind::GateTwell) return 0;
+  if (config.getMainloop() == Mainloop::Wgmma)
+    return WgmmaGateConstraints::sharedBytes(layout.getTileN(), config.getStages());
+  if (config.getMainloop() != Mainloop::MmaSync) return 0;
   return MmaSyncGateConstraints::sharedBytes(config.getCtaM(), layout.getTileN(), config.getStages());
 }
 
 int64_t KernelInstance::operandAlignment() const {
-  if (gateMainloop != Mainloop::MmaSync) return 1;
+  if (gateMainloop == Mainloop::Fma) return 1;
+  if (kind == ::twell::compiler::KernelKind::GateTwell && gateMainloop == Mainloop::Wgmma)
+    return WgmmaGateConstraints::kOperandAlignment;
   return kind == ::twell::compiler::KernelKind::GateTwell
              ? MmaSyncGateConstraints::kOperandAlignment
              : GatedDownKernelConstraints::kOperandAlignmentAfterMmaSync;

@@ -13,7 +13,8 @@ namespace mlir::twell {
 
 namespace {
 
-// The gate kernel's main loop: mma_sync (tensor cores, a cp.async pipeline in dynamic shared memory)
+// The gate kernel's main loop: wgmma (the persistent TMA + wgmma kernel) where the target has the
+// wgmma and tma features (sm_90a) and WgmmaGateConstraints allow the shape; else mma_sync (tensor cores, a cp.async pipeline in dynamic shared memory)
 // wherever MmaSyncGateConstraints allow it (d_model % 8 == 0, 64 <= tile_n <= 1024; every supported
 // target, sm_80 and later, has mma.sync for bf16 and f16), else fma, the plain tiled loop: its CTA
 // computes cta_m x tile_n = 16384 outputs on 256 threads, stepping K by 16 (by less where its operands
@@ -38,9 +39,30 @@ ConfigAttr mmaSyncGateConfig(MLIRContext* context, LayoutAttr layout) {
                          Mma::maxStages(tileN));
 }
 
-// `preferred` when the shape allows it (fma always does), else fma.
-ConfigAttr gateConfig(MLIRContext* context, int64_t dModel, LayoutAttr layout, Mainloop preferred) {
-  if (preferred == Mainloop::MmaSync && mmaSyncAllowed(dModel, layout))
+bool wgmmaAllowed(int64_t dModel, LayoutAttr layout, TargetAttr target) {
+  return target.hasFeature(Feature::Wgmma) && target.hasFeature(Feature::Tma) &&
+         WgmmaGateConstraints::allowed(dModel, layout.getTileN());
+}
+
+ConfigAttr wgmmaGateConfig(MLIRContext* context, LayoutAttr layout) {
+  using Wg = WgmmaGateConstraints;
+  return ConfigAttr::get(context, Wg::kCtaM, Wg::kCtaK, Wg::kThreads, Mainloop::Wgmma,
+                         Wg::maxStages(layout.getTileN()));
+}
+
+// The best main loop the target and shape allow.
+Mainloop bestMainloop(int64_t dModel, LayoutAttr layout, TargetAttr target) {
+  if (wgmmaAllowed(dModel, layout, target)) return Mainloop::Wgmma;
+  if (mmaSyncAllowed(dModel, layout)) return Mainloop::MmaSync;
+  return Mainloop::Fma;
+}
+
+// `preferred` when the target and shape allow it, else mma_sync if allowed, else fma.
+ConfigAttr gateConfig(MLIRContext* context, int64_t dModel, LayoutAttr layout, TargetAttr target,
+                      Mainloop preferred) {
+  if (preferred == Mainloop::Wgmma && wgmmaAllowed(dModel, layout, target))
+    return wgmmaGateConfig(context, layout);
+  if (preferred != Mainloop::Fma && mmaSyncAllowed(dModel, layout))
     return mmaSyncGateConfig(context, layout);
   return fmaGateConfig(context, layout);
 }
@@ -71,18 +93,18 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
     getOperation().walk([&](GateMatmulOp gate) {
       if (!gate.getTargetAttr()) gate.setTargetAttr(defaultTarget);
       if (gate.getConfigAttr()) return;
-      Mainloop preferred = Mainloop::MmaSync;
+      Mainloop preferred = bestMainloop(dModelOf(gate), gate.getLayout(), gate.getTargetAttr());
       for (Operation* user : gate.getH().getUsers())
         if (auto down = llvm::dyn_cast<GatedDownOp>(user))
           if (ConfigAttr config = down.getConfigAttr()) preferred = config.getMainloop();
-      gate.setConfigAttr(gateConfig(context, dModelOf(gate), gate.getLayout(), preferred));
+      gate.setConfigAttr(
+          gateConfig(context, dModelOf(gate), gate.getLayout(), gate.getTargetAttr(), preferred));
     });
     getOperation().walk([&](GatedDownOp down) {
       if (!down.getTargetAttr()) down.setTargetAttr(defaultTarget);
       if (down.getConfigAttr()) return;
       // Without a visible gate kernel (h is an argument), the main loop one would get here.
-      Mainloop gateMainloop = mmaSyncAllowed(dModelOf(down), down.getLayout()) ? Mainloop::MmaSync
-                                                                                 : Mainloop::Fma;
+      Mainloop gateMainloop = bestMainloop(dModelOf(down), down.getLayout(), down.getTargetAttr());
       if (auto gate = down.getH().getDefiningOp<GateMatmulOp>())
         if (ConfigAttr config = gate.getConfigAttr()) gateMainloop = config.getMainloop();
       down.setConfigAttr(gatedDownConfig(context, gateMainloop));

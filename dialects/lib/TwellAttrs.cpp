@@ -94,7 +94,7 @@ static FailureOr<Mainloop> parseMainloop(AsmParser& parser) {
   if (parser.parseKeyword(&keyword)) return failure();
   std::optional<Mainloop> mainloop = symbolizeMainloop(keyword);
   if (!mainloop)
-    return parser.emitError(loc, "unknown mainloop '") << keyword << "', expected fma or mma_sync";
+    return parser.emitError(loc, "unknown mainloop '") << keyword << "', expected fma, mma_sync or wgmma";
   return *mainloop;
 }
 

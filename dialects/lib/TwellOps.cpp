@@ -247,6 +247,34 @@ LogicalResult verifyMmaSyncGateConfig(Operation* op, ConfigAttr config, int64_t 
   return success();
 }
 
+// The gate kernel's configuration for mainloop wgmma (KernelConstraints.h, WgmmaGateConstraints).
+LogicalResult verifyWgmmaGateConfig(Operation* op, ConfigAttr config, TargetAttr target, int64_t dModel,
+                                    int64_t tileN) {
+  using Wg = WgmmaGateConstraints;
+  if (target && !(target.hasFeature(Feature::Wgmma) && target.hasFeature(Feature::Tma)))
+    return op->emitOpError() << "config: mainloop wgmma needs a target with features wgmma and tma "
+                                "(sm_90a), got "
+                             << target;
+  if (dModel % Wg::kDModelMultiple != 0)
+    return op->emitOpError() << "config: mainloop wgmma needs d_model % " << Wg::kDModelMultiple
+                             << " == 0 (16-byte TMA rows), got d_model " << dModel;
+  if (!Wg::tileNAllowed(tileN))
+    return op->emitOpError() << "config: mainloop wgmma takes the tile width as the wgmma N: tile_n "
+                                "must be 64, 128 or 256, got "
+                             << tileN;
+  if (config.getCtaM() != Wg::kCtaM || config.getCtaK() != Wg::kCtaK || config.getThreads() != Wg::kThreads)
+    return op->emitOpError() << "config: mainloop wgmma needs cta_m = " << Wg::kCtaM << ", cta_k = "
+                             << Wg::kCtaK << ", threads = " << Wg::kThreads
+                             << " (a producer and two consumer warpgroups), got " << config;
+  int64_t stages = config.getStages();
+  int64_t maxStages = Wg::maxStages(tileN);
+  if (stages < Wg::kMinStages || stages > maxStages)
+    return op->emitOpError() << "config: mainloop wgmma needs a TMA ring of " << Wg::kMinStages << " to "
+                             << maxStages << " stages at tile_n = " << tileN << " (at most "
+                             << Wg::kMaxSharedBytes << " bytes of shared memory), got stages = " << stages;
+  return success();
+}
+
 }  // namespace
 
 namespace {
@@ -273,7 +301,10 @@ LogicalResult GateMatmulOp::verify() {
     return failure();
   if (ConfigAttr config = getConfigAttr()) {
     int64_t tileN = check.layout().getTileN();
-    if (config.getMainloop() == Mainloop::MmaSync) {
+    if (config.getMainloop() == Mainloop::Wgmma) {
+      if (failed(verifyWgmmaGateConfig(*this, config, getTargetAttr(), check.dModel(), tileN)))
+        return failure();
+    } else if (config.getMainloop() == Mainloop::MmaSync) {
       if (failed(verifyMmaSyncGateConfig(*this, config, check.dModel(), tileN))) return failure();
     } else if (failed(verifyFmaGateConfig(*this, config, tileN))) {
       return failure();

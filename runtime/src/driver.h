@@ -60,7 +60,8 @@ namespace twell::detail {
   X(cuGetErrorName)                                                                                  \
   X(cuGetErrorString)                                                                                \
   X(cuPointerGetAttribute)                                                                           \
-  X(cuMemGetInfo)
+  X(cuMemGetInfo)                                                                                     \
+  X(cuTensorMapEncodeTiled)
 
 struct Driver {
 #define TWELL_DECLARE_DRIVER_FUNCTION(name) decltype(&::name) name = nullptr;

@@ -172,6 +172,25 @@ void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t, bool g
   if (s.down_layout == WeightLayout::InOut) check("w_down", t.w_down, "ld_down", t.ld_down ? t.ld_down : s.d_model);
 }
 
+// The TMA map of a row-major [rows, cols] 16-bit matrix with row stride `ld` elements, read in boxes of
+// box_rows x 64 columns (one 128-byte swizzle row each; gate_twell_wgmma.cuh): out-of-bounds elements
+// arrive as zeros (CUDA driver API, cuTensorMapEncodeTiled). check_operand_alignment has checked the
+// 16-byte alignment of the base and of the stride that the driver requires.
+void encode_tma_map(device::TmaDescriptor& map, DType dtype, const void* base, int64_t rows, int64_t cols, int64_t ld,
+                    int box_rows, const char* what) {
+  static_assert(sizeof(CUtensorMap) == sizeof(device::TmaDescriptor) && alignof(CUtensorMap) <= alignof(device::TmaDescriptor));
+  const detail::Driver& d = detail::Driver::get();
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
+  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  detail::check(d.cuTensorMapEncodeTiled(reinterpret_cast<CUtensorMap*>(&map),
+                                         dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                         const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                what);
+}
+
 // A default-constructed or moved-from plan has no Impl: every use is a clear error, not a crash.
 FfnPlan::Impl& checked(const std::unique_ptr<FfnPlan::Impl>& impl, const char* what) {
   if (!impl) throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::{}: this plan is empty (default-constructed or moved "
@@ -294,8 +313,17 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, bool ga
     const compiler::KernelSource& src = k->source;
     if (gate_only && src.kind != compiler::KernelKind::GateTwell) continue;
     void* args[1] = {src.kind == compiler::KernelKind::GateTwell ? static_cast<void*>(&gate) : static_cast<void*>(&down)};
-    const unsigned grid_x = static_cast<unsigned>((tokens + src.cta_m - 1) / src.cta_m);
-    detail::check(d.cuLaunchKernel(k->function, grid_x, static_cast<unsigned>(src.grid_y), 1, static_cast<unsigned>(src.threads), 1, 1,
+    unsigned grid_x = static_cast<unsigned>((tokens + src.cta_m - 1) / src.cta_m);
+    unsigned grid_y = static_cast<unsigned>(src.grid_y);
+    if (src.tma_persistent) {
+      encode_tma_map(gate.x_map, s.dtype, gate.x, tokens, s.d_model, gate.ldx, src.cta_m, "FfnPlan::run: cuTensorMapEncodeTiled(x)");
+      encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n,
+                     "FfnPlan::run: cuTensorMapEncodeTiled(w_gate)");
+      const int64_t tiles = int64_t{grid_x} * grid_y;
+      grid_x = static_cast<unsigned>(std::min<int64_t>(tiles, p.context->sm_count));
+      grid_y = 1;
+    }
+    detail::check(d.cuLaunchKernel(k->function, grid_x, grid_y, 1, static_cast<unsigned>(src.threads), 1, 1,
                                    static_cast<unsigned>(src.smem_bytes), cu, args, nullptr),
                   fmt::format("FfnPlan::run: launching {}", src.name).c_str());
   }

@@ -97,8 +97,10 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 }  // namespace
 
-// The gate kernel's main loop: mma_sync (tensor cores) wherever d_model % 8 == 0 and 64 <= tile_n <= 1024,
-// on every target, with cta_m = min(128, 32768 / tile_n), cta_k = 32, the deepest pipeline of 4, 3, 2
+// The gate kernel's main loop: on sm_90a, wgmma (TMA + wgmma, 384 threads, cta_m 128, cta_k 64, the
+// deepest ring of at most 6 stages of (128 + tile_n) * 128 bytes that fits 227 KiB) wherever d_model % 8
+// == 0 and tile_n is 64, 128 or 256. Elsewhere, and on the other targets, mma_sync (tensor cores)
+// wherever d_model % 8 == 0 and 64 <= tile_n <= 1024, with cta_m = min(128, 32768 / tile_n), cta_k = 32, the deepest pipeline of 4, 3, 2
 // stages whose max(stages * (cta_m + tile_n) * 80, cta_m * tile_n * 2) bytes fit 200 KiB; fma otherwise.
 TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
   struct Case {
@@ -126,10 +128,30 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
       const compiler::KernelSource& down = gen.kernels[1];
       ASSERT_EQ(gate.kind, compiler::KernelKind::GateTwell);
       ASSERT_EQ(down.kind, compiler::KernelKind::GatedDown);
-      EXPECT_EQ(gate.cta_m, c.cta_m);
       const bool mma = c.stages > 0;
-      EXPECT_EQ(gate.threads, mma ? 512 : 256);
+      const bool wgmma = mma && target.arch_specific && (c.tile_n == 64 || c.tile_n == 128 || c.tile_n == 256);
       EXPECT_EQ(down.smem_bytes, 0);
+      EXPECT_EQ(gate.tma_persistent, wgmma);
+      if (wgmma) {
+        const int stages = c.tile_n == 256 ? 4 : 6;
+        EXPECT_EQ(gate.cta_m, 128);
+        EXPECT_EQ(gate.threads, 384);
+        EXPECT_EQ(gate.smem_bytes, stages * ((128 + c.tile_n) * 128 + 16) + 1024);
+        EXPECT_LE(gate.smem_bytes, 227 * 1024);
+        EXPECT_EQ(gate.operand_alignment, 8);
+        EXPECT_EQ(down.operand_alignment, 2);
+        EXPECT_TRUE(contains(gate.source, "static constexpr int cta_k = 64;\n")) << gate.source;
+        EXPECT_TRUE(contains(gate.source, "static constexpr int mainloop = 2;")) << gate.source;
+        EXPECT_TRUE(contains(gate.source, "__launch_bounds__(384, 1)")) << gate.source;
+        EXPECT_TRUE(contains(gate.source, "const __grid_constant__ twell::device::GateParams p")) << gate.source;
+        EXPECT_TRUE(contains(gate.source, fmt::format("static constexpr int stages = {};", stages))) << gate.source;
+        EXPECT_TRUE(contains(down.source, "static constexpr int gate_mainloop = 2;")) << down.source;
+        EXPECT_TRUE(contains(down.source, "static constexpr int gate_cta_k = 64;\n")) << down.source;
+        EXPECT_TRUE(contains(gen.ir, "mainloop = wgmma")) << gen.ir;
+        continue;
+      }
+      EXPECT_EQ(gate.cta_m, c.cta_m);
+      EXPECT_EQ(gate.threads, mma ? 512 : 256);
       if (mma) {
         const int stage_bytes = (c.cta_m + c.tile_n) * 40 * 2;
         EXPECT_EQ(gate.smem_bytes, std::max(c.stages * stage_bytes, c.cta_m * c.tile_n * 2));
@@ -161,11 +183,27 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
   }
 }
 
-// The paper's shape, exactly: 4 stages of (128 + 256) * 80 bytes.
-TEST(Generator, PaperShapeUsesFourStagesOfTensorCores) {
+// The paper's shape, exactly: on sm_90a the wgmma kernel with 4 TMA stages of (128 + 256) * 128 bytes.
+TEST(Generator, PaperShapeUsesFourTmaStagesOfWgmmaOnSm90a) {
   const auto gen = compiler::generateFfn(shape(2048, 5632, 256, 31), Target{90, true});
   EXPECT_EQ(gen.kernels[0].cta_m, 128);
   EXPECT_EQ(gen.kernels[0].grid_y, 22);
+  EXPECT_EQ(gen.kernels[0].threads, 384);
+  EXPECT_TRUE(gen.kernels[0].tma_persistent);
+  EXPECT_EQ(gen.kernels[0].smem_bytes, 4 * (49152 + 16) + 1024);
+  EXPECT_EQ(gen.kernels[0].operand_alignment, 8);
+  EXPECT_EQ(gen.kernels[1].operand_alignment, 2);
+  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>"))
+      << gen.ir;
+  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 1, threads = 256, mainloop = wgmma>")) << gen.ir;
+}
+
+// The paper's shape on the portable feature set: 4 stages of (128 + 256) * 80 bytes of mma.sync.
+TEST(Generator, PaperShapeUsesFourStagesOfMmaSyncOnSm90) {
+  const auto gen = compiler::generateFfn(shape(2048, 5632, 256, 31), Target{90, false});
+  EXPECT_EQ(gen.kernels[0].cta_m, 128);
+  EXPECT_EQ(gen.kernels[0].grid_y, 22);
+  EXPECT_FALSE(gen.kernels[0].tma_persistent);
   EXPECT_EQ(gen.kernels[0].smem_bytes, 122880);
   EXPECT_EQ(gen.kernels[0].operand_alignment, 8);
   EXPECT_EQ(gen.kernels[1].operand_alignment, 2);

@@ -225,9 +225,9 @@ func.func private @f() attributes {config = #twell.config<cta_m = 1, threads = 0
 
 // -----
 
-// expected-error @+2 {{unknown mainloop 'wgmma', expected fma or mma_sync}}
+// expected-error @+2 {{unknown mainloop 'hgmma', expected fma, mma_sync or wgmma}}
 // expected-error @+1 {{failed to parse Twell_ConfigAttr parameter 'mainloop'}}
-func.func private @f() attributes {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>}
+func.func private @f() attributes {config = #twell.config<cta_m = 1, threads = 256, mainloop = hgmma>}
 
 // -----
 
@@ -420,6 +420,62 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gate_matmul' op config: the gate kernel would need 1310720 bytes of static shared memory (cta_k * (cta_m + tile_n) * 4 at cta_k = 1024), more than 49152: lower cta_k}}
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, cta_k = 1024, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// mainloop wgmma: only on a target with the wgmma and tma features.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a target with features wgmma and tma (sm_90a), got #twell.target<"sm_80", [mma_sync, cp_async]>}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>,
+                                  target = #twell.target<"sm_80", [mma_sync, cp_async]>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// mainloop wgmma: the tile width is the wgmma N.
+#L = #twell.layout<tile_n = 512, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma takes the tile width as the wgmma N: tile_n must be 64, 128 or 256, got 512}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 2>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// mainloop wgmma: 16-byte TMA rows.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x514xbf16>, %wg: tensor<5632x514xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs d_model % 8 == 0 (16-byte TMA rows), got d_model 514}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}
+      : (tensor<?x514xbf16>, tensor<5632x514xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// mainloop wgmma: fixed CTA shape.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs cta_m = 128, cta_k = 64, threads = 384 (a producer and two consumer warpgroups), got #twell.config<cta_m = 64, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// mainloop wgmma: the ring must fit shared memory (4 stages of 48 KiB at tile_n 256).
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a TMA ring of 2 to 4 stages at tile_n = 256 (at most 232448 bytes of shared memory), got stages = 5}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 5>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }

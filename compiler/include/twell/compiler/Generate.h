@@ -35,6 +35,10 @@ struct KernelSource {
   // ldw): 8 (16 bytes) for a GateTwell kernel with the mma_sync main loop (cp.async), 2 for a
   // GatedDown kernel after one (its overflow recompute reads 4-byte pairs), 1 otherwise.
   int operand_alignment = 1;
+  // A GateTwell kernel with the wgmma main loop: it reads x and w_gate through the TMA maps of
+  // GateParams (x_map, w_map: box {64, cta_m} and {64, tile_n}, 128-byte swizzle), which the launcher
+  // encodes, and is persistent: launch min(SMs, ceil(tokens / cta_m) * grid_y) CTAs on grid.x, grid.y 1.
+  bool tma_persistent = false;
 };
 
 // Everything the pipeline decided, for one FFN.

@@ -127,6 +127,44 @@ static_assert(MmaSyncGateConstraints::ctaM(256) == 128 && MmaSyncGateConstraints
               MmaSyncGateConstraints::sharedBytes(128, 256, 4) == 122880);
 static_assert(MmaSyncGateConstraints::ctaM(1024) == 32 && MmaSyncGateConstraints::maxStages(1024) == 2);
 
+// Gate GEMM with the TwELL epilogue, main loop `wgmma` (#twell.config mainloop = wgmma; sm_90a with the
+// wgmma and tma features): a persistent, warp-specialized kernel of 384 threads, one producer warpgroup
+// issuing TMA loads and two consumer warpgroups of 64 rows each issuing wgmma m64nNk16 with N =
+// tile_n (so tile_n is 64, 128 or 256: the accumulators of a whole tile-row fit one thread quad's
+// registers and the epilogue packs TwELL from them). K is consumed 64 values (one 128-byte swizzle row)
+// at a time through a `stages`-deep ring of (cta_m + tile_n) x 128-byte stages in dynamic shared memory,
+// plus 1 KiB to align the ring and 16 bytes of mbarriers per stage. TMA needs 16-byte aligned rows.
+struct WgmmaGateConstraints {
+  static constexpr int64_t kCtaM = 128;
+  static constexpr int64_t kCtaK = 64;
+  static constexpr int64_t kThreads = 384;
+  static constexpr int64_t kDModelMultiple = 8;
+  static constexpr int64_t kOperandAlignment = 8;  // elements (16 bytes)
+  static constexpr int64_t kMinStages = 2;
+  static constexpr int64_t kMaxStages = 6;
+  static constexpr int64_t kMaxSharedBytes = 227 * 1024;  // the sm_90 per-CTA opt-in limit
+
+  static constexpr bool tileNAllowed(int64_t tileN) { return tileN == 64 || tileN == 128 || tileN == 256; }
+  static constexpr bool allowed(int64_t dModel, int64_t tileN) {
+    return dModel > 0 && dModel % kDModelMultiple == 0 && tileNAllowed(tileN);
+  }
+  static constexpr int64_t stageBytes(int64_t tileN) {
+    return detail::saturatingMul(detail::saturatingAdd(kCtaM, std::max<int64_t>(tileN, 0)), kCtaK * 2);
+  }
+  static constexpr int64_t sharedBytes(int64_t tileN, int64_t stages) {
+    stages = std::max<int64_t>(stages, 0);
+    return detail::saturatingAdd(detail::saturatingMul(stages, detail::saturatingAdd(stageBytes(tileN), 16)), 1024);
+  }
+  // The deepest ring (kMaxStages down to kMinStages) that fits kMaxSharedBytes; 0 if none does.
+  static constexpr int64_t maxStages(int64_t tileN) {
+    for (int64_t stages = kMaxStages; stages >= kMinStages; --stages)
+      if (sharedBytes(tileN, stages) <= kMaxSharedBytes) return stages;
+    return 0;
+  }
+};
+// The paper's shape (tile_n = 256): 4 stages of 48 KiB.
+static_assert(WgmmaGateConstraints::maxStages(256) == 4 && WgmmaGateConstraints::maxStages(64) == 6);
+
 // The ranges #twell.config accepts (ConfigAttr::verify), checked before any arithmetic on the fields.
 // They are wide enough for any kernel configuration (a CTA has at most 1024 threads) and small enough
 // that products of a few of them cannot overflow int64.
@@ -168,7 +206,7 @@ struct SupportedArchs {
 // after an mma_sync gate it reads x and w_gate in 4-byte pairs (operand alignment 2 elements).
 struct GatedDownKernelConstraints {
   static constexpr int64_t kCtaM = 1;
-  static constexpr int64_t kOperandAlignmentAfterMmaSync = 2;
+  static constexpr int64_t kOperandAlignmentAfterMmaSync = 2;  // and after wgmma
 };
 
 }  // namespace mlir::twell

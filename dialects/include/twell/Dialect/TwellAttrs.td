@@ -50,11 +50,14 @@ def Twell_Feature : I32EnumAttr<"Feature", "GPU feature", [
 
 // The gate kernel's GEMM main loop (#twell.config mainloop; KernelConstraints.h): fma, the CTA-tiled fp32
 // FMA loop on static shared memory (any target, any shape); mma_sync, tensor cores through mma.sync
-// m16n8k16 + ldmatrix fed by a cp.async pipeline (sm_80+, d_model % 8 == 0, 64 <= tile_n <= 1024).
+// m16n8k16 + ldmatrix fed by a cp.async pipeline (sm_80+, d_model % 8 == 0, 64 <= tile_n <= 1024);
+// wgmma, the persistent warp-specialized TMA + wgmma kernel (sm_90a with features wgmma and tma,
+// d_model % 8 == 0, tile_n 64, 128 or 256).
 // A gated_down's config carries its gate kernel's main loop (its overflow recompute repeats it).
 def Twell_Mainloop : I32EnumAttr<"Mainloop", "gate GEMM main loop", [
     I32EnumAttrCase<"Fma", 0, "fma">,
-    I32EnumAttrCase<"MmaSync", 1, "mma_sync">]> {
+    I32EnumAttrCase<"MmaSync", 1, "mma_sync">,
+    I32EnumAttrCase<"Wgmma", 2, "wgmma">]> {
   let cppNamespace = "::mlir::twell";
   let genSpecializedAttr = 0;
 }
@@ -166,10 +169,11 @@ def Twell_ConfigAttr : AttrDef<Twell_Dialect, "Config"> {
   let description = [{
     `#twell.config<cta_m = 64, cta_k = 16, threads = 256>`: token rows per CTA (`cta_m`), the K
     step of the GEMM main loop (`cta_k`, gate kernel only; omitted means none) and threads per CTA.
-    `mainloop` is the gate GEMM's main loop, `fma` (the default, omitted) or `mma_sync`; on a
-    gated_down it names the main loop of the gate kernel that feeds it. `stages` is the depth of the
-    mma_sync gate kernel's cp.async pipeline (0, omitted, otherwise):
-    `#twell.config<cta_m = 128, cta_k = 32, threads = 256, mainloop = mma_sync, stages = 4>`.
+    `mainloop` is the gate GEMM's main loop, `fma` (the default, omitted), `mma_sync` or `wgmma`; on
+    a gated_down it names the main loop of the gate kernel that feeds it. `stages` is the depth of the
+    gate kernel's shared-memory ring (cp.async for mma_sync, TMA for wgmma; 0, omitted, otherwise):
+    `#twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>`,
+    `#twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>`.
   }];
   let parameters = (ins
     "int64_t":$cta_m,

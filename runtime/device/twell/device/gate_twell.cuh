@@ -4,6 +4,7 @@
 //
 //   fma (0)       CTA tile cta_m x tile_n (cta_m * tile_n = 16384), fp32 FMA, K through static shared
 //                 memory cta_k at a time. Any K and any alignment.
+//   wgmma (2)     sm_90a: persistent, warp-specialized TMA + wgmma kernel (gate_twell_wgmma.cuh).
 //   mma_sync (1)  tensor cores: mma.sync m16n8k16 (bf16/f16 in, fp32 accumulate) fed by ldmatrix from a
 //                 `stages`-deep cp.async ring in dynamic shared memory (the portable sm_80+ feature
 //                 set). Needs K % 8 == 0 and 16-byte aligned rows of x and Wg (operand_alignment 8).
@@ -14,6 +15,9 @@
 #pragma once
 #include "twell/device/tile_primitives.cuh"
 #include "twell/device/twell_epilogue.cuh"
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#include "twell/device/gate_twell_wgmma.cuh"
+#endif
 
 namespace twell::device {
 
@@ -218,7 +222,13 @@ __device__ __forceinline__ void gate_twell_mma(const GateParams& p) {
 
 template <class Config>
 __device__ __forceinline__ void gate_twell(const GateParams& p) {
-  if constexpr (Config::mainloop == 1) {
+  if constexpr (Config::mainloop == 2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    gate_twell_wgmma<Config>(p);
+#else
+    static_assert(Config::mainloop != 2, "mainloop wgmma needs the sm_90a target");
+#endif
+  } else if constexpr (Config::mainloop == 1) {
     gate_twell_mma<Config>(p);
   } else {
     gate_twell_fma<Config>(p);

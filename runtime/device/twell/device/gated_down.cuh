@@ -38,7 +38,7 @@ __device__ __forceinline__ void recompute_gate_tile(const GatedDownParams& p, co
   using Value = typename Config::Value;
   constexpr int K = Config::d_model;
   constexpr int THREADS = Config::threads;
-  if constexpr (Config::gate_mainloop == 1) {
+  if constexpr (Config::gate_mainloop >= 1) {  // mma_sync or wgmma: the same k16 tensor-core chain
     // The gate's mma.sync chain: k16 chunks in ascending order, as many as its cta_k loop runs (zero
     // padded past K). Token row x is row 0 of the A fragment; each warp takes n8 column tiles.
     constexpr int K_CHUNKS = (K + Config::gate_cta_k - 1) / Config::gate_cta_k * (Config::gate_cta_k / 16);
@@ -108,7 +108,7 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
   // With the tensor-core gate, K % 8 == 0 and the runtime guarantees 16-byte aligned rows of x, Wu and
   // Wd^T (FfnPlan::run checks them): every load is then 16 bytes wide, 8 values, and each thread owns
   // 8 consecutive outputs per step. Otherwise 2-byte loads, one output per thread per step.
-  constexpr bool kVector = Config::gate_mainloop == 1 && Config::down_in_out;
+  constexpr bool kVector = Config::gate_mainloop >= 1 && Config::down_in_out;
   constexpr int Y_WIDTH = kVector ? 8 : 1;
   constexpr int Y_STEPS = (K + THREADS * Y_WIDTH - 1) / (THREADS * Y_WIDTH);
   constexpr int Y_PER_THREAD = Y_STEPS * Y_WIDTH;

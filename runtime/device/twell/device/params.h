@@ -23,6 +23,12 @@ namespace twell::device {
 // recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
 constexpr uint32_t kBackupMissing = 0xFFFFFFFFu;
 
+// The driver's CUtensorMap (cuTensorMapEncodeTiled): 128 opaque bytes, 128-byte aligned (CUDA 13's CUtensorMap). Kernels take
+// it inside a __grid_constant__ parameter, so its address is a parameter-space address, as TMA needs.
+struct alignas(128) TmaDescriptor {
+  uint64_t opaque[16];
+};
+
 // D2T: H = act(X Wg^T) packed into TwELL in the GEMM epilogue.
 struct GateParams {
   const uint16_t* x;          // [M, K] row-major, row stride ldx
@@ -35,6 +41,10 @@ struct GateParams {
   int64_t ldw;
   uint32_t backup_capacity;   // tile-rows the backup can hold
   uint32_t pad_;
+  // mainloop wgmma only (zeros otherwise): TMA maps of x ({d_model, M}, box {64, cta_m}) and w_gate
+  // ({d_model, d_ff}, box {64, tile_n}), 16-bit elements, 128-byte swizzle, out-of-bounds zero fill.
+  TmaDescriptor x_map;
+  TmaDescriptor w_map;
 };
 
 // Gated consumer: y = ((g ⊙ (x Wu^T)) restricted to the active set of g) Wd^T.
