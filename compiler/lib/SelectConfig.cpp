@@ -67,14 +67,20 @@ ConfigAttr gateConfig(MLIRContext* context, int64_t dModel, LayoutAttr layout, T
   return fmaGateConfig(context, layout);
 }
 
-ConfigAttr gatedDownConfig(MLIRContext* context, Mainloop gateMainloop) {
-  return ConfigAttr::get(context, GatedDownKernelConstraints::kCtaM, /*cta_k=*/0, kThreads,
-                         gateMainloop, /*stages=*/0);
-}
-
 int64_t dModelOf(Operation* op) {
   return llvm::cast<RankedTensorType>(op->getOperand(0).getType()).getDimSize(1);
 }
+
+// One row per warp wherever allowed (measured faster at the paper's shape: bench/README.md v9), else
+// one row per CTA.
+ConfigAttr gatedDownConfig(MLIRContext* context, Mainloop gateMainloop, GatedDownOp down) {
+  using Down = GatedDownKernelConstraints;
+  const bool warpRows = Down::warpRowAllowed(gateMainloop != Mainloop::Fma,
+                                             down.getDownLayout() == DownLayout::InOut, dModelOf(down));
+  return ConfigAttr::get(context, warpRows ? kThreads / 32 : Down::kCtaM, /*cta_k=*/0, kThreads,
+                         gateMainloop, /*stages=*/0);
+}
+
 
 struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
   using Base::Base;
@@ -107,7 +113,7 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
       Mainloop gateMainloop = bestMainloop(dModelOf(down), down.getLayout(), down.getTargetAttr());
       if (auto gate = down.getH().getDefiningOp<GateMatmulOp>())
         if (ConfigAttr config = gate.getConfigAttr()) gateMainloop = config.getMainloop();
-      down.setConfigAttr(gatedDownConfig(context, gateMainloop));
+      down.setConfigAttr(gatedDownConfig(context, gateMainloop, down));
     });
   }
 };

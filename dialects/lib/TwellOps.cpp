@@ -332,10 +332,20 @@ LogicalResult GatedDownOp::verify() {
       return emitOpError() << "config: the gated_down kernel has no K loop, cta_k must be omitted, "
                               "got "
                            << config;
-    if (config.getCtaM() != GatedDownKernelConstraints::kCtaM)
-      return emitOpError() << "config: the gated_down kernel processes one token row per CTA, "
-                              "cta_m must be "
-                           << GatedDownKernelConstraints::kCtaM << ", got " << config.getCtaM();
+    using Down = GatedDownKernelConstraints;
+    const int64_t warps = config.getThreads() / 32;
+    if (config.getCtaM() != Down::kCtaM && config.getCtaM() != warps)
+      return emitOpError() << "config: the gated_down kernel processes one token row per CTA (cta_m = "
+                           << Down::kCtaM << ") or per warp (cta_m = threads / 32 = " << warps
+                           << "), got cta_m = " << config.getCtaM();
+    if (config.getCtaM() == warps && warps != Down::kCtaM &&
+        !Down::warpRowAllowed(config.getMainloop() != Mainloop::Fma, getDownLayout() == DownLayout::InOut,
+                              check.dModel()))
+      return emitOpError() << "config: one token row per warp needs a tensor-core gate (mainloop mma_sync "
+                              "or wgmma), in_out down weights and d_model a multiple of "
+                           << Down::kWarpRowDModelMultiple << " up to " << Down::kWarpRowMaxDModel
+                           << ", got mainloop " << stringifyMainloop(config.getMainloop()) << ", "
+                           << stringifyDownLayout(getDownLayout()) << ", d_model " << check.dModel();
     if (config.getStages() != 0)
       return emitOpError() << "config: the gated_down kernel has no cp.async pipeline, stages must be "
                               "omitted, got "

@@ -178,6 +178,9 @@ TEST(GpuFfn, LayoutsDtypesActivations) {
   s.tile_n = 128;
   expect_good(run_and_compare(make_random_ffn(s, 100, 0.05, 4)), "fp16 d_model 512 tile_n 128");
   s = odd_spec();
+  s.d_model = 2568;  // > 2048: the CTA-per-row consumer after the tensor-core gate
+  expect_good(run_and_compare(make_random_ffn(s, 60, 0.05, 7)), "d_model 2568");
+  s = odd_spec();
   s.activation = Activation::SiLU;
   s.threshold = 0.1f;
   expect_good(run_and_compare(make_random_ffn(s, 100, 0.2, 5)), "silu |a| > 0.1");

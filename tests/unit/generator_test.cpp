@@ -133,10 +133,10 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
       EXPECT_EQ(down.smem_bytes, 0);
       EXPECT_EQ(gate.tma_persistent, wgmma);
       if (wgmma) {
-        const int stages = c.tile_n == 256 ? 4 : 6;
+        const int stages = c.tile_n == 256 ? 3 : c.tile_n == 128 ? 5 : 6;
         EXPECT_EQ(gate.cta_m, 128);
         EXPECT_EQ(gate.threads, 384);
-        EXPECT_EQ(gate.smem_bytes, stages * ((128 + c.tile_n) * 128 + 16) + 1024);
+        EXPECT_EQ(gate.smem_bytes, stages * ((128 + c.tile_n) * 128 + 16) + 128 * (c.tile_n + 8) * 2 + 1024);
         EXPECT_LE(gate.smem_bytes, 227 * 1024);
         EXPECT_EQ(gate.operand_alignment, 8);
         EXPECT_EQ(down.operand_alignment, 2);
@@ -183,19 +183,36 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
   }
 }
 
-// The paper's shape, exactly: on sm_90a the wgmma kernel with 4 TMA stages of (128 + 256) * 128 bytes.
+// The paper's shape, exactly: on sm_90a the wgmma kernel with 3 TMA stages of (128 + 256) * 128 bytes and
+// the epilogue's 128 x (256 + 8) staging area.
 TEST(Generator, PaperShapeUsesFourTmaStagesOfWgmmaOnSm90a) {
   const auto gen = compiler::generateFfn(shape(2048, 5632, 256, 31), Target{90, true});
   EXPECT_EQ(gen.kernels[0].cta_m, 128);
   EXPECT_EQ(gen.kernels[0].grid_y, 22);
   EXPECT_EQ(gen.kernels[0].threads, 384);
   EXPECT_TRUE(gen.kernels[0].tma_persistent);
-  EXPECT_EQ(gen.kernels[0].smem_bytes, 4 * (49152 + 16) + 1024);
+  EXPECT_EQ(gen.kernels[0].smem_bytes, 3 * (49152 + 16) + 128 * 264 * 2 + 1024);
   EXPECT_EQ(gen.kernels[0].operand_alignment, 8);
   EXPECT_EQ(gen.kernels[1].operand_alignment, 2);
-  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>"))
+  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3>"))
       << gen.ir;
   EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 1, threads = 256, mainloop = wgmma>")) << gen.ir;
+}
+
+// The consumer takes one token row per warp (cta_m = 8 of 256 threads) where its rows are 16-byte
+// vectors in registers: after a tensor-core gate, in_out down weights (what FfnPlan hands it, having
+// transposed an nn.Linear Wd), d_model % 8 == 0 and <= 2048; else one row per CTA.
+TEST(Generator, ConsumerTakesOneRowPerWarpWhereItsRowsFitRegisters) {
+  FfnSpec s = shape(2048, 5632, 256, 31);
+  s.down_layout = WeightLayout::InOut;
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels[1].cta_m, 8);
+  EXPECT_EQ(compiler::generateFfn(s, Target{80, false}).kernels[1].cta_m, 8);
+  s.d_model = 2056;
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels[1].cta_m, 1);
+  s.d_model = 514;  // the fma gate
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels[1].cta_m, 1);
+  s = shape(2048, 5632, 256, 31);  // out_in
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels[1].cta_m, 1);
 }
 
 // The paper's shape on the portable feature set: 4 stages of (128 + 256) * 80 bytes of mma.sync.

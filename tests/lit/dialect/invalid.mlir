@@ -471,11 +471,11 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 
 // -----
 
-// mainloop wgmma: the ring must fit shared memory (4 stages of 48 KiB at tile_n 256).
+// mainloop wgmma: the ring must fit shared memory (3 stages of 48 KiB and 66 KiB of staging at tile_n 256).
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
-  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a TMA ring of 2 to 4 stages at tile_n = 256 (at most 232448 bytes of shared memory), got stages = 5}}
-  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 5>}
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a TMA ring of 2 to 3 stages at tile_n = 256 (at most 232448 bytes of shared memory), got stages = 4}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }
@@ -711,8 +711,20 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel processes one token row per CTA, cta_m must be 1, got 4}}
+  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel processes one token row per CTA (cta_m = 1) or per warp (cta_m = threads / 32 = 8), got cta_m = 4}}
   %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 4, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+// One row per warp keeps the row in registers: 16-byte rows of Wd^T (in_out), so not an nn.Linear Wd.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op config: one token row per warp needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights and d_model a multiple of 8 up to 2048, got mainloop wgmma, out_in, d_model 2048}}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 8, threads = 256, mainloop = wgmma>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return
 }

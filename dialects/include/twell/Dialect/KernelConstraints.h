@@ -130,10 +130,10 @@ static_assert(MmaSyncGateConstraints::ctaM(1024) == 32 && MmaSyncGateConstraints
 // Gate GEMM with the TwELL epilogue, main loop `wgmma` (#twell.config mainloop = wgmma; sm_90a with the
 // wgmma and tma features): a persistent, warp-specialized kernel of 384 threads, one producer warpgroup
 // issuing TMA loads and two consumer warpgroups of 64 rows each issuing wgmma m64nNk16 with N =
-// tile_n (so tile_n is 64, 128 or 256: the accumulators of a whole tile-row fit one thread quad's
-// registers and the epilogue packs TwELL from them). K is consumed 64 values (one 128-byte swizzle row)
-// at a time through a `stages`-deep ring of (cta_m + tile_n) x 128-byte stages in dynamic shared memory,
-// plus 1 KiB to align the ring and 16 bytes of mbarriers per stage. TMA needs 16-byte aligned rows.
+// tile_n (so tile_n is 64, 128 or 256). K is consumed 64 values (one 128-byte swizzle row) at a time
+// through a `stages`-deep ring of (cta_m + tile_n) x 128-byte stages in dynamic shared memory, plus the
+// epilogue's staging area (cta_m rows of tile_n + 8 16-bit values), 16 bytes of mbarriers per stage and
+// 1 KiB to align the ring. TMA needs 16-byte aligned rows.
 struct WgmmaGateConstraints {
   static constexpr int64_t kCtaM = 128;
   static constexpr int64_t kCtaK = 64;
@@ -151,9 +151,15 @@ struct WgmmaGateConstraints {
   static constexpr int64_t stageBytes(int64_t tileN) {
     return detail::saturatingMul(detail::saturatingAdd(kCtaM, std::max<int64_t>(tileN, 0)), kCtaK * 2);
   }
+  static constexpr int64_t stagingBytes(int64_t tileN) {
+    return detail::saturatingMul(kCtaM, detail::saturatingMul(detail::saturatingAdd(std::max<int64_t>(tileN, 0), 8), 2));
+  }
   static constexpr int64_t sharedBytes(int64_t tileN, int64_t stages) {
     stages = std::max<int64_t>(stages, 0);
-    return detail::saturatingAdd(detail::saturatingMul(stages, detail::saturatingAdd(stageBytes(tileN), 16)), 1024);
+    using detail::saturatingAdd;
+    return saturatingAdd(saturatingAdd(detail::saturatingMul(stages, saturatingAdd(stageBytes(tileN), 16)),
+                                       stagingBytes(tileN)),
+                         1024);
   }
   // The deepest ring (kMaxStages down to kMinStages) that fits kMaxSharedBytes; 0 if none does.
   static constexpr int64_t maxStages(int64_t tileN) {
@@ -162,8 +168,9 @@ struct WgmmaGateConstraints {
     return 0;
   }
 };
-// The paper's shape (tile_n = 256): 4 stages of 48 KiB.
-static_assert(WgmmaGateConstraints::maxStages(256) == 4 && WgmmaGateConstraints::maxStages(64) == 6);
+// The paper's shape (tile_n = 256): 3 stages of 48 KiB and 66 KiB of staging.
+static_assert(WgmmaGateConstraints::maxStages(256) == 3 && WgmmaGateConstraints::maxStages(128) == 5 &&
+              WgmmaGateConstraints::maxStages(64) == 6);
 
 // The ranges #twell.config accepts (ConfigAttr::verify), checked before any arithmetic on the fields.
 // They are wide enough for any kernel configuration (a CTA has at most 1024 threads) and small enough
@@ -201,12 +208,23 @@ struct SupportedArchs {
   }
 };
 
-// Gated consumer: one token row per CTA. Its overflow recompute of a gate value repeats the gate
-// kernel's arithmetic (to stay bit-exact), so its #twell.config carries the gate kernel's `mainloop`;
-// after an mma_sync gate it reads x and w_gate in 4-byte pairs (operand alignment 2 elements).
+// Gated consumer, two variants told apart by cta_m: one token row per CTA (cta_m = 1, any shape), or
+// one token row per warp (cta_m = threads / 32; gated_down_warp in gated_down.cuh): x and the fp32 y of
+// the row live in the warp's registers, 8 values per lane per 256 columns, so it needs 16-byte rows
+// (after a tensor-core gate, d_model % 8 == 0, in_out down weights) and d_model <= 2048 (registers).
+// Its overflow recompute of a gate value repeats the gate kernel's arithmetic (to stay bit-exact), so
+// its #twell.config carries the gate kernel's `mainloop`; after an mma_sync or wgmma gate it reads x
+// and w_gate in 4-byte pairs (operand alignment 2 elements).
 struct GatedDownKernelConstraints {
   static constexpr int64_t kCtaM = 1;
   static constexpr int64_t kOperandAlignmentAfterMmaSync = 2;  // and after wgmma
+  static constexpr int64_t kWarpRowMaxDModel = 2048;
+  static constexpr int64_t kWarpRowDModelMultiple = 8;
+
+  static constexpr bool warpRowAllowed(bool tensorCoreGate, bool inOut, int64_t dModel) {
+    return tensorCoreGate && inOut && dModel > 0 && dModel % kWarpRowDModelMultiple == 0 &&
+           dModel <= kWarpRowMaxDModel;
+  }
 };
 
 }  // namespace mlir::twell

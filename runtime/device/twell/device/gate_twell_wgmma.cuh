@@ -1,5 +1,5 @@
 // D2T on the sm_90a feature set (Config::mainloop == 2): a persistent, warp-specialized gate GEMM
-// H = act(X Wg^T) whose epilogue packs TwELL straight from the wgmma accumulators.
+// H = act(X Wg^T) with the TwELL packing epilogue.
 //
 //   warpgroup 0   producer: one thread issues TMA loads of the x block (cta_m x 64) and the Wg tile
 //                 (tile_n x 64) of each K step into a `stages`-deep shared-memory ring; `full[s]`
@@ -7,17 +7,16 @@
 //                 warpgroups are done reading stage s. setmaxnreg gives its registers to the consumers.
 //   warpgroups 1-2  consumers: each owns 64 rows of the 128-row CTA tile and issues wgmma m64nNk16
 //                 (N = tile_n) from the ring, fp32 accumulators in registers (N / 2 per thread), then
-//                 the TwELL epilogue below while the producer already fills the ring for the next tile.
+//                 the epilogue while the producer already fills the ring for the next tile.
 //
 // CTA tiles are taken persistently (tile b, b + gridDim.x, ...), the tile index of d_ff fastest: the
 // CTAs running together share one block of x rows, and Wg (d_ff x d_model) stays in L2.
 //
-// Epilogue (paper §3; TWELL_FORMAT.md requirements 1-4): a row's tile_n values live in the 4 lanes of a
-// quad, lane t holding columns 8j + 2t + {0, 1}. Each lane sets its active columns in a bit mask laid
-// out in column order (32 columns per word), the quad ORs the masks with two shuffles, and an entry's
-// slot is the popcount of the active columns before it: ascending column order, deterministic, no
-// shared memory. Overflowing tile-rows go to the backup, else are marked for recompute, as in
-// twell_epilogue.cuh.
+// Epilogue (paper §3; TWELL_FORMAT.md requirements 1-4): each consumer warpgroup stages its activated
+// 64 x tile_n slab in its own shared-memory area and packs it with pack_twell_tile (twell_epilogue.cuh:
+// ballot + prefix, ascending columns, overflowing tile-rows to the backup or marked for recompute). An
+// epilogue straight from the accumulators needs more than the 168 registers a thread has here (ptxas
+// spilled, and spilling around in-flight wgmma accumulators produced wrong sums: bench/README.md v8).
 //
 // Arithmetic: each output is the K-ordered chain of k16 tensor-core steps (zero-filled past K), the
 // chain the consumer's overflow recompute (gated_down.cuh) repeats with mma.sync.
@@ -37,7 +36,6 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   constexpr int K = Config::d_model;
   constexpr int N = Config::d_ff;
   constexpr int TILE_N = Config::tile_n;
-  constexpr int SLOTS = Config::slots;
   constexpr int CTA_M = Config::cta_m;
   constexpr int CTA_K = 64;  // one 128-byte swizzle row of 16-bit values
   constexpr int STAGES = Config::stages;
@@ -50,14 +48,14 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // multiple of 1024: every tile stays swizzle-aligned
   constexpr int KT = (K + CTA_K - 1) / CTA_K;
   constexpr int TILES_N = (N + TILE_N - 1) / TILE_N;
-  constexpr int WORDS_PER_ROW = TILES_N * (SLOTS + 1);
   constexpr int ACC = TILE_N / 2;
-  constexpr int MASK_WORDS = TILE_N / 32;
+  constexpr int STAGE_STRIDE = TILE_N + 8;  // staging row stride in 16-bit values
 
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   // The runtime allocates 1 KiB extra: align the ring to the 1024 bytes 128-byte swizzling needs.
   unsigned char* ring = dynamic_smem + ((1024 - (smem_address(dynamic_smem) & 1023)) & 1023);
-  uint64_t* full = reinterpret_cast<uint64_t*>(ring + STAGES * STAGE_BYTES);
+  uint16_t* staging = reinterpret_cast<uint16_t*>(ring + STAGES * STAGE_BYTES);  // [CTA_M][STAGE_STRIDE]
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + CTA_M * STAGE_STRIDE);
   uint64_t* empty = full + STAGES;
 
   const int tid = threadIdx.x;
@@ -145,80 +143,26 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
     wgmma_fence_operands(acc);
     mbarrier_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
 
-    // ---- TwELL epilogue from registers ----
-    // h(j, half, e): the activated value of column 8j + 2t + e in row half `half` of this lane's pair.
-    auto value = [&](int j, int half, int e) {
-      return activate<Value, Config::activation>(Value::from_float(acc[4 * j + 2 * half + e]));
-    };
-    auto active = [&](int j, int half, int e) {
-      return n0 + 8 * j + 2 * quad_t + e < N && is_active<Value, Config::activation>(value(j, half, e), Config::threshold);
-    };
-    // mask[half][q]: bit c % 32 of word c / 32 is set when column c of the tile-row is active.
-    uint32_t mask[2][MASK_WORDS];
+    // ---- TwELL epilogue ----
+    // The warpgroup rounds and activates its 64 x tile_n slab into its staging area (rows padded by 16
+    // bytes: the 8 rows a warp writes at once fall in distinct banks), then its 4 warps pack the rows
+    // (pack_twell_tile, the epilogue every main loop shares). Named barrier 1 + wg syncs just this
+    // warpgroup; the other one and the producer keep going.
+    uint16_t* staged = staging + wg * 64 * STAGE_STRIDE;
 #pragma unroll
-    for (int q = 0; q < MASK_WORDS; ++q)
+    for (int j = 0; j < TILE_N / 8; ++j)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        uint32_t own = 0;
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) own |= (active(q * 4 + jj, half, e) ? 1u : 0u) << (8 * jj + e);
-        own <<= 2 * quad_t;
-        own |= __shfl_xor_sync(0xFFFFFFFFu, own, 1);
-        own |= __shfl_xor_sync(0xFFFFFFFFu, own, 2);
-        mask[half][q] = own;
+        const int r = warp * 16 + lane / 4 + half * 8;
+        const uint32_t pair =
+            static_cast<uint32_t>(activate<Value, Config::activation>(Value::from_float(acc[4 * j + 2 * half]))) |
+            (static_cast<uint32_t>(activate<Value, Config::activation>(Value::from_float(acc[4 * j + 2 * half + 1])))
+             << 16);
+        *reinterpret_cast<uint32_t*>(staged + r * STAGE_STRIDE + 8 * j + 2 * quad_t) = pair;
       }
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t row = m0 + wg * 64 + warp * 16 + lane / 4 + half * 8;
-      const bool row_valid = row < p.m;
-      uint32_t nnz = 0;
-#pragma unroll
-      for (int q = 0; q < MASK_WORDS; ++q) nnz += __popc(mask[half][q]);
-      const bool overflow = row_valid && nnz > SLOTS;
-      uint32_t slot = 0;
-      if (overflow && quad_t == 0) slot = atomicAdd(p.overflow_count, 1u);
-      slot = __shfl_sync(0xFFFFFFFFu, slot, lane & ~3);
-      if (!row_valid) continue;
-      uint32_t* out = p.twell + row * WORDS_PER_ROW + tile * (SLOTS + 1);
-      if (!overflow) {
-        uint32_t before = 0;
-#pragma unroll
-        for (int q = 0; q < MASK_WORDS; ++q) {
-          const uint32_t mine = mask[half][q] & (0x03030303u << (2 * quad_t));
-          if (mine != 0) {
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) {
-                const int bit = 8 * jj + 2 * quad_t + e;
-                if (mine & (1u << bit)) {
-                  const uint32_t pos = before + __popc(mask[half][q] & ((1u << bit) - 1u));
-                  const int j = q * 4 + jj;
-                  out[1 + pos] = (static_cast<uint32_t>(value(j, half, e)) << 16) | static_cast<uint32_t>(8 * j + 2 * quad_t + e);
-                }
-              }
-          }
-          before += __popc(mask[half][q]);
-        }
-        if (quad_t == 0) out[0] = nnz;
-      } else {
-        const bool stored = slot < p.backup_capacity;
-        if (stored) {
-          uint16_t* dst = p.backup + static_cast<int64_t>(slot) * TILE_N;
-#pragma unroll
-          for (int j = 0; j < TILE_N / 8; ++j)
-            *reinterpret_cast<uint32_t*>(dst + 8 * j + 2 * quad_t) =
-                static_cast<uint32_t>(active(j, half, 0) ? value(j, half, 0) : 0) |
-                (static_cast<uint32_t>(active(j, half, 1) ? value(j, half, 1) : 0) << 16);
-        }
-        if (quad_t == 0) {
-          out[0] = nnz;
-          out[1] = stored ? slot : kBackupMissing;
-        }
-      }
-    }
+    named_barrier_sync(1 + wg, 128);
+    pack_twell_tile<Config, STAGE_STRIDE>(p, staged, m0 + wg * 64, tile, 64, warp, 4);
+    named_barrier_sync(1 + wg, 128);  // the staging area is free for the next tile
   }
 }
 

@@ -32,9 +32,11 @@ __device__ __forceinline__ float warp_dot(const uint16_t* a, const uint16_t* b, 
 // into dense_tile, computed with the arithmetic of the gate kernel's main loop (Config::gate_mainloop)
 // so that they equal, bit for bit, what the gate kernel computed: a tile-row then gives the same y
 // whichever overflow path it took.
+// The mma chain runs on warps [warp0, warp0 + warps) of the CTA (the whole CTA, or one warp of the
+// warp-per-row consumer); the fma chain on the whole CTA.
 template <class Config>
 __device__ __forceinline__ void recompute_gate_tile(const GatedDownParams& p, const uint16_t* x, int n0, int valid_n,
-                                                    uint16_t* dense_tile) {
+                                                    uint16_t* dense_tile, int warp0 = 0, int warps = Config::threads / 32) {
   using Value = typename Config::Value;
   constexpr int K = Config::d_model;
   constexpr int THREADS = Config::threads;
@@ -43,12 +45,12 @@ __device__ __forceinline__ void recompute_gate_tile(const GatedDownParams& p, co
     // padded past K). Token row x is row 0 of the A fragment; each warp takes n8 column tiles.
     constexpr int K_CHUNKS = (K + Config::gate_cta_k - 1) / Config::gate_cta_k * (Config::gate_cta_k / 16);
     static_assert(K % 8 == 0, "mma_sync gate: d_model % 8 == 0");
-    const int warp = threadIdx.x / 32;
+    const int warp = threadIdx.x / 32 - warp0;
     const int lane = threadIdx.x % 32;
     auto pair = [](const uint16_t* row, int k) {
       return k < K ? *reinterpret_cast<const uint32_t*>(row + k) : 0u;  // k even; K % 8 == 0: both in or out
     };
-    for (int nt = warp; nt * 8 < valid_n; nt += THREADS / 32) {
+    for (int nt = warp; nt * 8 < valid_n; nt += warps) {
       const int c = nt * 8 + lane / 4;  // this lane's B column
       const uint16_t* w = p.w_gate + static_cast<int64_t>(n0 + c) * p.ldwg;
       float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -95,7 +97,7 @@ __device__ __forceinline__ float warp_dot_16B(const uint16_t* a, const uint16_t*
 }
 
 template <class Config>
-__device__ __forceinline__ void gated_down(const GatedDownParams& p) {
+__device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
   using Value = typename Config::Value;
   constexpr int K = Config::d_model;
   constexpr int N = Config::d_ff;
@@ -269,6 +271,150 @@ __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
     const int i = kVector ? (tid + q / 8 * THREADS) * 8 + q % 8 : tid + q * THREADS;
     if (i < K) p.y[row * p.ldy + i] = Value::from_float(y[q]);
   }
+}
+
+// Warp-per-row consumer (Config::cta_m = threads / 32 rows per CTA; after a tensor-core gate, in_out
+// down weights, d_model % 8 == 0 and <= 2048): each warp owns one token row with x and the fp32 y in
+// registers (lane l holds columns 8l + 256i .. +7), and walks the row's active entries in tile then
+// column order. Per entry it issues the 16-byte loads of the Wu row and the Wd^T row together (one L2
+// round trip per neuron, not two), reduces x . Wu_j over the warp (butterfly: every lane gets the same
+// bits), and adds h_j * Wd^T_j to y. No shared memory and no CTA barrier on this path: the many
+// independent warps keep the L2 busy (at 0.5% density the consumer streams 8 KiB of weights per entry
+// and nothing else). Overflowing tile-rows come from the backup or are recomputed by the warp with the
+// gate's arithmetic (recompute_gate_tile), then scanned 32 columns per ballot. Sums run in entry order:
+// bitwise deterministic.
+template <class Config>
+__device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
+  using Value = typename Config::Value;
+  constexpr int K = Config::d_model;
+  constexpr int N = Config::d_ff;
+  constexpr int TILE_N = Config::tile_n;
+  constexpr int SLOTS = Config::slots;
+  constexpr int WARPS = Config::threads / 32;
+  constexpr int TILES = (N + TILE_N - 1) / TILE_N;
+  constexpr int WORDS_PER_ROW = TILES * (SLOTS + 1);
+  constexpr int XS = (K + 255) / 256;  // 16-byte chunks per lane
+  static_assert(Config::cta_m == WARPS && Config::gate_mainloop >= 1 && Config::down_in_out && K % 8 == 0 && XS <= 8,
+                "warp-per-row consumer: cta_m = warps, tensor-core gate, in_out Wd, d_model % 8 == 0 and <= 2048");
+  __shared__ uint16_t dense_tiles[WARPS][TILE_N];  // an overflowing tile-row per warp (backup or recompute)
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * WARPS + warp;
+  if (row >= p.m) return;  // whole warps leave; nothing below synchronizes the CTA
+  const uint16_t* x = p.x + row * p.ldx;
+  const uint32_t* twell_row = p.twell + row * WORDS_PER_ROW;
+  auto in_k = [&](int i) { return (8 * lane + 256 * i) < K; };
+
+  uint4 xv[XS];
+  float y[XS * 8];
+#pragma unroll
+  for (int i = 0; i < XS; ++i) {
+    xv[i] = in_k(i) ? *reinterpret_cast<const uint4*>(x + 8 * lane + 256 * i) : uint4{0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int e = 0; e < 8; ++e) y[8 * i + e] = 0.0f;
+  }
+
+  // One active entry: column j of d_ff with activated gate value g.
+  auto entry = [&](int j, float g) {
+    const uint16_t* wu = p.w_up + static_cast<int64_t>(j) * p.ldwu + 8 * lane;
+    const uint16_t* wd = p.w_down + static_cast<int64_t>(j) * p.ldwd + 8 * lane;
+    uint4 u4[XS], d4[XS];
+#pragma unroll
+    for (int i = 0; i < XS; ++i) {
+      u4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wu + 256 * i) : uint4{0u, 0u, 0u, 0u};
+      d4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
+    }
+    float u = 0.0f;
+#pragma unroll
+    for (int i = 0; i < XS; ++i) {
+      const uint32_t a[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w}, b[4] = {u4[i].x, u4[i].y, u4[i].z, u4[i].w};
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        u = fmaf(Value::to_float(static_cast<uint16_t>(a[t])), Value::to_float(static_cast<uint16_t>(b[t])), u);
+        u = fmaf(Value::to_float(static_cast<uint16_t>(a[t] >> 16)), Value::to_float(static_cast<uint16_t>(b[t] >> 16)), u);
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xFFFFFFFFu, u, o);
+    const float h = g * u;
+#pragma unroll
+    for (int i = 0; i < XS; ++i) {
+      const uint32_t w[4] = {d4[i].x, d4[i].y, d4[i].z, d4[i].w};
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        y[8 * i + 2 * t] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t])), y[8 * i + 2 * t]);
+        y[8 * i + 2 * t + 1] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t] >> 16)), y[8 * i + 2 * t + 1]);
+      }
+    }
+  };
+
+  for (int window = 0; window < TILES; window += 32) {
+    // Lane l holds the nnz header of tile window + l: one load for 32 tiles.
+    const int my_tile = window + lane;
+    const uint32_t my_nnz = my_tile < TILES ? twell_row[static_cast<int64_t>(my_tile) * (SLOTS + 1)] : 0u;
+    uint32_t busy = __ballot_sync(0xFFFFFFFFu, my_nnz != 0);
+    while (busy != 0) {
+      const int b = __ffs(busy) - 1;
+      busy &= busy - 1;
+      const int tile = window + b;
+      const uint32_t nnz = __shfl_sync(0xFFFFFFFFu, my_nnz, b);
+      const uint32_t* header = twell_row + static_cast<int64_t>(tile) * (SLOTS + 1);
+      const int n0 = tile * TILE_N;
+      if (nnz <= SLOTS) {
+        for (int e0 = 0; e0 < static_cast<int>(nnz); e0 += 32) {
+          const uint32_t word = e0 + lane < static_cast<int>(nnz) ? header[1 + e0 + lane] : 0u;
+          const int count = static_cast<int>(nnz) - e0 < 32 ? static_cast<int>(nnz) - e0 : 32;
+          for (int e = 0; e < count; ++e) {
+            const uint32_t w = __shfl_sync(0xFFFFFFFFu, word, e);
+            entry(n0 + static_cast<int>(w & 0xFFFFu), Value::to_float(static_cast<uint16_t>(w >> 16)));
+          }
+        }
+        continue;
+      }
+      // Overflowing tile-row: its dense activated values, then every active column in order.
+      const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
+      const uint32_t slot = header[1];
+      uint16_t* dense_tile = dense_tiles[warp];
+      if (slot != kBackupMissing && slot < p.backup_capacity) {
+        for (int c = lane; c < TILE_N; c += 32) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
+      } else {
+        recompute_gate_tile<Config>(p, x, n0, valid_n, dense_tile, warp, 1);
+      }
+      __syncwarp();
+      for (int c0 = 0; c0 < valid_n; c0 += 32) {
+        const int c = c0 + lane;
+        const uint16_t v = c < valid_n ? dense_tile[c] : static_cast<uint16_t>(0);
+        uint32_t active = __ballot_sync(0xFFFFFFFFu, c < valid_n && is_active<Value, Config::activation>(v, Config::threshold));
+        while (active != 0) {
+          const int bit = __ffs(active) - 1;
+          active &= active - 1;
+          entry(n0 + c0 + bit, Value::to_float(__shfl_sync(0xFFFFFFFFu, v, bit)));
+        }
+      }
+      __syncwarp();  // dense_tile is free for the next overflowing tile-row
+    }
+  }
+
+  uint16_t* out = p.y + row * p.ldy + 8 * lane;
+#pragma unroll
+  for (int i = 0; i < XS; ++i) {
+    if (!in_k(i)) continue;
+    uint32_t w[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+      w[t] = static_cast<uint32_t>(Value::from_float(y[8 * i + 2 * t])) |
+             (static_cast<uint32_t>(Value::from_float(y[8 * i + 2 * t + 1])) << 16);
+    *reinterpret_cast<uint4*>(out + 256 * i) = uint4{w[0], w[1], w[2], w[3]};
+  }
+}
+
+template <class Config>
+__device__ __forceinline__ void gated_down(const GatedDownParams& p) {
+  if constexpr (Config::cta_m > 1)
+    gated_down_warp<Config>(p);
+  else
+    gated_down_cta<Config>(p);
 }
 
 }  // namespace twell::device

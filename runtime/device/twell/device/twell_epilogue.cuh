@@ -13,23 +13,26 @@
 
 namespace twell::device {
 
-template <class Config>
-__device__ __forceinline__ void pack_twell_tile(const GateParams& p, const uint16_t* staged, int64_t m0, int tile) {
+//
+// `rows` staged rows (row r at staged + r * STRIDE, global row m0 + r) are packed by warps
+// [0, warps) counted from `warp` (this thread's warp among them): the whole CTA by default, or one
+// consumer warpgroup of the wgmma kernel.
+template <class Config, int STRIDE = Config::tile_n>
+__device__ __forceinline__ void pack_twell_tile(const GateParams& p, const uint16_t* staged, int64_t m0, int tile,
+                                                int rows = Config::cta_m, int warp = threadIdx.x / 32,
+                                                int warps = Config::threads / 32) {
   using Value = typename Config::Value;
   constexpr int N = Config::d_ff;
   constexpr int TILE_N = Config::tile_n;
   constexpr int SLOTS = Config::slots;
-  constexpr int CTA_M = Config::cta_m;
-  constexpr int WARPS = Config::threads / 32;
   constexpr int WORDS_PER_ROW = (N + TILE_N - 1) / TILE_N * (SLOTS + 1);
-  const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int n0 = tile * TILE_N;
   const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
-  for (int r = warp; r < CTA_M; r += WARPS) {
+  for (int r = warp; r < rows; r += warps) {
     const int64_t row = m0 + r;
     if (row >= p.m) break;
-    const uint16_t* h = staged + r * TILE_N;
+    const uint16_t* h = staged + r * STRIDE;
     uint32_t* out = p.twell + row * WORDS_PER_ROW + tile * (SLOTS + 1);
     uint32_t nnz = 0;
     for (int c0 = 0; c0 < TILE_N; c0 += 32) {
