@@ -1,11 +1,14 @@
 // twell vs cuBLASLt dense, the gated FFN at the paper's shape (d_model 2048, d_ff 5632, bf16), in one
 // process: CUDA-event time per call (manual time; Google Benchmark reports the median over
 // repetitions), FLOP/s of the useful work, and the ratio to dense as a counter.
-// D2T alone against the same cuBLASLt GEMM. Also the JIT: cold NVRTC compile and warm cache hit of
-// the generated kernels (no GPU needed).
+// D2T alone against the same cuBLASLt GEMM. The consumer alone (gated up + down over a TwELL matrix),
+// on uniform densities and on the real activation patterns of the paper model's 4 layers
+// (../shared/data/paper_patterns.safetensors), with the bytes of Wu/Wd rows it must stream. Also the
+// JIT: cold NVRTC compile and warm cache hit of the generated kernels (no GPU needed).
 //   ./build/bin/ffn_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
+#include <cstring>
 #include <map>
 #include <memory>
 
@@ -13,6 +16,8 @@
 #include "twell/context.h"
 #include "twell/dense.h"
 #include "twell/device_memory.h"
+#include "twell/format.h"
+#include "twell/safetensors.h"
 
 using namespace twell;
 
@@ -105,6 +110,100 @@ void GateArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "density_permille"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 
+// The consumer alone over the TwELL matrix the D2T kernel made from the problem (run_gate once, then
+// run_consumer timed). Bytes: the Wu and Wd rows of every nonzero (2 * d_model * 2 bytes each).
+void BM_Consumer(benchmark::State& state) {
+  Context& ctx = context();
+  if (!ctx.has_gpu()) {
+    state.SkipWithError(("no GPU: " + ctx.no_gpu_reason()).c_str());
+    return;
+  }
+  const int64_t tokens = state.range(0);
+  Problem& p = problem(tokens, static_cast<int>(state.range(1)));
+  StreamHandle stream(ctx);
+  PlanOptions twell_path;
+  twell_path.dispatch = Dispatch::Sparse;
+  FfnPlan plan = ctx.plan(p.host.spec, tokens, twell_path);
+  plan.run_gate(stream.get(), p.tensors(), tokens);
+  const double nnz = tokens * kDff * state.range(1) / 1000.0;
+  for (auto _ : state) {
+    const auto ms = time_on_stream(stream.get(), [&] { plan.run_consumer(stream.get(), p.tensors(), tokens); }, 2, 5);
+    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
+  }
+  state.counters["GB/s(Wu,Wd rows)"] = benchmark::Counter(nnz * 4.0 * kDModel, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void ConsumerArgs(benchmark::internal::Benchmark* b) {
+  for (int64_t m : {16384, 131072})
+    for (int permille : {5, 10, 20, 50, 100}) b->Args({m, permille});
+  b->ArgNames({"M", "density_permille"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+}
+
+// The real patterns: relu(x Wg^T) of layer `layer` of the paper model (1477 held-out tokens, CSR),
+// repeated to M rows, packed with the plan's layout (overflowing tile-rows in the backup), uploaded;
+// the consumer alone over it with random x, Wu, Wd (the files hold no up/down weights). The gate GEMM
+// it would follow costs what BM_Gate measures, whatever the pattern.
+void BM_ConsumerRealPattern(benchmark::State& state) {
+  Context& ctx = context();
+  if (!ctx.has_gpu()) {
+    state.SkipWithError(("no GPU: " + ctx.no_gpu_reason()).c_str());
+    return;
+  }
+  const auto file = testing::shared_data_dir() / "paper_patterns.safetensors";
+  if (!std::filesystem::exists(file)) {
+    state.SkipWithError(("missing " + file.string()).c_str());
+    return;
+  }
+  const int layer = static_cast<int>(state.range(0));
+  const int64_t tokens = state.range(1);
+  const SafeTensors st = SafeTensors::read(file);
+  const std::string prefix = "layers." + std::to_string(layer) + ".";
+  const TensorView row_ptr = st.at(prefix + "row_ptr"), col = st.at(prefix + "col"), val = st.at(prefix + "val");
+  if (row_ptr.dtype != "I32" || col.dtype != "I16" || val.dtype != "BF16" || row_ptr.shape.size() != 1) {
+    state.SkipWithError((prefix + "{row_ptr, col, val}: expected I32, I16, BF16 vectors").c_str());
+    return;
+  }
+  const int64_t rows = row_ptr.shape.at(0) - 1;
+  std::vector<int32_t> ptr(rows + 1);
+  std::memcpy(ptr.data(), row_ptr.data.data(), ptr.size() * 4);
+  std::vector<uint16_t> dense(tokens * kDff, 0);
+  int64_t nnz = 0;
+  for (int64_t r = 0; r < tokens; ++r) {
+    const int64_t src = r % rows;
+    for (int32_t e = ptr[src]; e < ptr[src + 1]; ++e) {
+      int16_t c;
+      uint16_t v;
+      std::memcpy(&c, col.data.data() + 2 * e, 2);
+      std::memcpy(&v, val.data.data() + 2 * e, 2);
+      if (c < 0 || c >= kDff) {
+        state.SkipWithError((prefix + "col: an index outside 0.." + std::to_string(kDff - 1)).c_str());
+        return;
+      }
+      dense[r * kDff + c] = v;
+      ++nnz;
+    }
+  }
+  Problem& p = problem(tokens, 5);  // x, Wg, Wu, Wd of the uniform problem (Wg unused: no recompute)
+  StreamHandle stream(ctx);
+  PlanOptions twell_path;
+  twell_path.dispatch = Dispatch::Sparse;
+  FfnPlan plan = ctx.plan(p.host.spec, tokens, twell_path);
+  const TwellMatrix h = pack_twell(plan.layout(), dense, tokens, kDff, UINT32_MAX);
+  plan.upload_twell(stream.get(), h);
+  for (auto _ : state) {
+    const auto ms = time_on_stream(stream.get(), [&] { plan.run_consumer(stream.get(), p.tensors(), tokens); }, 2, 5);
+    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
+  }
+  state.counters["nnz/row"] = static_cast<double>(nnz) / tokens;
+  state.counters["overflow tile-rows"] = h.overflow_count;
+  state.counters["GB/s(Wu,Wd rows)"] = benchmark::Counter(nnz * 4.0 * kDModel, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void RealPatternArgs(benchmark::internal::Benchmark* b) {
+  for (int layer = 0; layer < 4; ++layer) b->Args({layer, 16384});
+  b->ArgNames({"layer", "M"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+}
+
 void BM_JitColdCompile(benchmark::State& state) {
   FfnSpec s;
   s.d_model = kDModel;
@@ -132,9 +231,10 @@ void BM_JitWarmHit(benchmark::State& state) {
 }
 
 void FfnArgs(benchmark::internal::Benchmark* b) {
-  for (int64_t m : {256, 16384})
-    for (int permille : {5, 20, 50}) b->Args({m, permille});
-  b->Args({131072, 5});  // the paper's anchor: dense 13.6 ms, reference TwELL 8.35 ms, target 5.5 ms
+  for (int permille : {5, 20, 50}) b->Args({256, permille});
+  // M = 131072 at 0.5%: the paper's anchor (dense 13.6 ms, reference TwELL 8.35 ms, target 5.5 ms).
+  for (int64_t m : {16384, 131072})
+    for (int permille : {5, 10, 20, 50, 100}) b->Args({m, permille});
   b->ArgNames({"M", "density_permille"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 
@@ -144,6 +244,8 @@ BENCHMARK_CAPTURE(BM_GatedFfn, twell, true)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_Gate, twell_d2t, true)->Apply(GateArgs);
 BENCHMARK_CAPTURE(BM_Gate, dense_cublaslt_gemm, false)->Apply(GateArgs);
+BENCHMARK(BM_Consumer)->Apply(ConsumerArgs);
+BENCHMARK(BM_ConsumerRealPattern)->Apply(RealPatternArgs);
 BENCHMARK(BM_JitColdCompile)->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK(BM_JitWarmHit)->Unit(benchmark::kMicrosecond);
 

@@ -257,7 +257,7 @@ LogicalResult verifyWgmmaGateConfig(Operation* op, ConfigAttr config, TargetAttr
                              << target;
   if (dModel % Wg::kDModelMultiple != 0)
     return op->emitOpError() << "config: mainloop wgmma needs d_model % " << Wg::kDModelMultiple
-                             << " == 0 (16-byte TMA rows), got d_model " << dModel;
+                             << " == 0 (whole K steps of 64), got d_model " << dModel;
   if (!Wg::tileNAllowed(tileN))
     return op->emitOpError() << "config: mainloop wgmma takes the tile width as the wgmma N: tile_n "
                                 "must be 64, 128 or 256, got "

@@ -226,7 +226,7 @@ bool FfnPlan::runnable() const { return checked(impl_, "runnable").context->gpu;
 void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
   Impl& p = checked(impl_, "run");
   if (p.dispatch == Dispatch::Sparse || tokens <= 0 || !p.context->gpu) {
-    launch(stream, t, tokens, /*gate_only=*/false);
+    launch(stream, t, tokens, Stages::All);
     return;
   }
   bool use_dense = p.dispatch == Dispatch::Dense;
@@ -235,7 +235,7 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
     auto it = p.dense_is_faster.find(bucket);
     if (it == p.dense_is_faster.end()) {
       // Calibrate on these inputs: median of 3 timed calls of each path after one warm-up.
-      const auto sparse_ms = time_on_stream(stream, [&] { launch(stream, t, tokens, false); }, 1, 3);
+      const auto sparse_ms = time_on_stream(stream, [&] { launch(stream, t, tokens, Stages::All); }, 1, 3);
       const auto dense_ms = time_on_stream(stream, [&] { p.dense->run(stream, t, tokens); }, 1, 3);
       it = p.dense_is_faster.emplace(bucket, dense_ms[1] < sparse_ms[1]).first;
     }
@@ -245,32 +245,71 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
     p.dense->run(stream, t, tokens);
     p.last_path = "dense";
   } else {
-    launch(stream, t, tokens, /*gate_only=*/false);
+    launch(stream, t, tokens, Stages::All);
   }
 }
 
 std::string FfnPlan::last_path() const { return checked(impl_, "last_path").last_path; }
 
-void FfnPlan::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) { launch(stream, t, tokens, /*gate_only=*/true); }
+void FfnPlan::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) { launch(stream, t, tokens, Stages::GateOnly); }
 
-void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, bool gate_only) {
+void FfnPlan::run_consumer(Stream stream, const FfnTensors& t, int64_t tokens) {
+  Impl& p = checked(impl_, "run_consumer");
+  if (p.last_path != "twell")
+    throw Error(ErrorCode::InvalidArgument, "FfnPlan::run_consumer: the plan holds no TwELL matrix (run_gate(), a sparse run() "
+                                            "or upload_twell() first)");
+  if (tokens != p.last_tokens)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::run_consumer: tokens: expected {} (the rows of the plan's TwELL "
+                                                        "matrix), got {}", p.last_tokens, tokens));
+  launch(stream, t, tokens, Stages::ConsumerOnly);
+}
+
+void FfnPlan::upload_twell(Stream stream, const TwellMatrix& m) {
+  Impl& p = checked(impl_, "upload_twell");
+  if (!p.context->gpu) throw Error(ErrorCode::NoDevice, "FfnPlan::upload_twell: this plan was made without a GPU");
+  auto bad = [](const std::string& what) { throw Error(ErrorCode::InvalidArgument, "FfnPlan::upload_twell: " + what); };
+  validate_twell(m);
+  const TwellLayout& l = p.layout;
+  if (m.layout.tile_n != l.tile_n || m.layout.slots != l.slots || m.layout.value != l.value ||
+      m.layout.activation != l.activation || m.layout.threshold != l.threshold)
+    bad(fmt::format("m.layout: expected the plan's (tile_n {}, slots {}), got tile_n {}, slots {} (or another value type, "
+                    "activation or threshold)", l.tile_n, l.slots, m.layout.tile_n, m.layout.slots));
+  if (m.d_ff != p.spec.d_ff) bad(fmt::format("m.d_ff: expected {}, got {}", p.spec.d_ff, m.d_ff));
+  if (m.rows < 0 || m.rows > p.max_tokens) bad(fmt::format("m.rows: expected 0..{} (max_tokens), got {}", p.max_tokens, m.rows));
+  p.context->make_current();
+  const detail::Driver& d = detail::Driver::get();
+  detail::check(d.cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "FfnPlan::upload_twell: cuStreamSynchronize");
+  const uint32_t stored = static_cast<uint32_t>(m.backup.size() / std::max(1, l.tile_n));
+  if (stored > p.backup_capacity) p.allocate_backup(stored);
+  if (!m.words.empty()) detail::check(d.cuMemcpyHtoD(p.twell->get(), m.words.data(), m.words.size() * 4), "cuMemcpyHtoD(twell)");
+  if (!m.backup.empty()) detail::check(d.cuMemcpyHtoD(p.backup->get(), m.backup.data(), m.backup.size() * 2), "cuMemcpyHtoD(backup)");
+  detail::check(d.cuMemcpyHtoD(p.counter->get(), &m.overflow_count, 4), "cuMemcpyHtoD(overflow count)");
+  p.last_tokens = m.rows;
+  p.last_path = "twell";
+}
+
+void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages stages) {
+  const bool gate_only = stages == Stages::GateOnly;
+  const bool consumer_only = stages == Stages::ConsumerOnly;
+  const char* who = gate_only ? "FfnPlan::run_gate" : consumer_only ? "FfnPlan::run_consumer" : "FfnPlan::run";
   Impl& p = checked(impl_, gate_only ? "run_gate" : "run");
   if (!p.context->gpu)
-    throw Error(ErrorCode::NoDevice, "FfnPlan::run: this plan was made without a GPU (" + p.context->no_gpu_reason + ")");
+    throw Error(ErrorCode::NoDevice, fmt::format("{}: this plan was made without a GPU ({})", who, p.context->no_gpu_reason));
   p.context->make_current();
-  check_run_arguments(gate_only ? "FfnPlan::run_gate" : "FfnPlan::run", p.spec, t, tokens, p.max_tokens, !gate_only);
+  check_run_arguments(who, p.spec, t, tokens, p.max_tokens, !gate_only);
   check_operand_alignment(p, t, gate_only);
   const detail::Driver& d = detail::Driver::get();
   const FfnSpec& s = p.spec;
   const bool in_out = s.down_layout == WeightLayout::InOut;
   auto u16 = [](const void* ptr) { return static_cast<const uint16_t*>(ptr); };
   auto cu = reinterpret_cast<CUstream>(stream);
-  if (p.wanted_capacity > p.backup_capacity) {
+  if (p.wanted_capacity > p.backup_capacity && !consumer_only) {
     // last_overflow() synchronized the stream after the run that filled the old backup, and calls on
     // a plan are ordered, so no kernel still reads it.
     p.allocate_backup(p.wanted_capacity);
   }
-  detail::check(d.cuMemsetD32Async(p.counter->get(), 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(overflow counter)");
+  if (!consumer_only)
+    detail::check(d.cuMemsetD32Async(p.counter->get(), 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(overflow counter)");
   p.last_tokens = tokens;
   p.last_path = "twell";
   if (tokens == 0) return;
@@ -314,6 +353,7 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, bool ga
   for (const auto& k : p.kernels) {
     const compiler::KernelSource& src = k->source;
     if (gate_only && src.kind != compiler::KernelKind::GateTwell) continue;
+    if (consumer_only && src.kind == compiler::KernelKind::GateTwell) continue;
     void* args[1] = {src.kind == compiler::KernelKind::GateTwell ? static_cast<void*>(&gate) : static_cast<void*>(&down)};
     unsigned grid_x = static_cast<unsigned>((tokens + src.cta_m - 1) / src.cta_m);
     unsigned grid_y = static_cast<unsigned>(src.grid_y);

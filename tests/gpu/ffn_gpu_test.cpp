@@ -293,6 +293,33 @@ TEST(GpuFfn, NaNInXPropagatesLikeDense) {
   EXPECT_LT(relative_error(y, ref), 1e-2);  // rows other than 2 match; NaN positions agree
 }
 
+// The consumer alone over an uploaded TwELL matrix (the one a full run wrote, through the host) gives
+// that run's y bit for bit; run_consumer checks its token count.
+TEST(GpuFfn, ConsumerAloneOverAnUploadedMatrix) {
+  Context& ctx = context();
+  const auto f = make_random_ffn(odd_spec(), 300, 0.02, 31);
+  StreamHandle stream(ctx);
+  FfnPlan plan = ctx.plan(f.spec, f.tokens, sparse());
+  DeviceFfn dev(ctx, f);
+  const size_t count = f.tokens * f.spec.d_model;
+  dev.y.fill(0xFF);
+  plan.run(stream.get(), dev.tensors(), f.tokens);
+  const TwellMatrix h = plan.download_twell(stream.get());
+  const auto y_full = dev.y.download_vector<uint16_t>(count);
+
+  FfnPlan other = ctx.plan(f.spec, f.tokens, sparse());
+  EXPECT_THROW(other.run_consumer(stream.get(), dev.tensors(), f.tokens), Error);  // no matrix yet
+  other.upload_twell(stream.get(), h);
+  EXPECT_THROW(other.run_consumer(stream.get(), dev.tensors(), f.tokens - 1), Error);
+  dev.y.fill(0xFF);
+  other.run_consumer(stream.get(), dev.tensors(), f.tokens);
+  stream.synchronize();
+  EXPECT_EQ(dev.y.download_vector<uint16_t>(count), y_full);
+  TwellMatrix wrong = h;
+  wrong.d_ff += 1;
+  EXPECT_THROW(other.upload_twell(stream.get(), wrong), Error);
+}
+
 TEST(GpuFfn, StridedTensors) {
   const auto f = make_random_ffn(odd_spec(), 50, 0.05, 15);
   Context& ctx = context();

@@ -98,8 +98,8 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 }  // namespace
 
 // The gate kernel's main loop: on sm_90a, wgmma (TMA + wgmma, 384 threads, cta_m 128, cta_k 64, the
-// deepest ring of at most 6 stages of (128 + tile_n) * 128 bytes that fits 227 KiB) wherever d_model % 8
-// == 0 and tile_n is 64, 128 or 256. Elsewhere, and on the other targets, mma_sync (tensor cores)
+// deepest ring of at most 6 stages of (128 + tile_n) * 128 bytes that fits 227 KiB beside the staging
+// area) wherever d_model % 64 == 0 and tile_n is 64, 128 or 256. Elsewhere, and on the other targets, mma_sync (tensor cores)
 // wherever d_model % 8 == 0 and 64 <= tile_n <= 1024, with cta_m = min(128, 32768 / tile_n), cta_k = 32, the deepest pipeline of 4, 3, 2
 // stages whose max(stages * (cta_m + tile_n) * 80, cta_m * tile_n * 2) bytes fit 200 KiB; fma otherwise.
 TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
@@ -129,7 +129,8 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
       ASSERT_EQ(gate.kind, compiler::KernelKind::GateTwell);
       ASSERT_EQ(down.kind, compiler::KernelKind::GatedDown);
       const bool mma = c.stages > 0;
-      const bool wgmma = mma && target.arch_specific && (c.tile_n == 64 || c.tile_n == 128 || c.tile_n == 256);
+      const bool wgmma = mma && target.arch_specific && c.d_model % 64 == 0 &&
+                         (c.tile_n == 64 || c.tile_n == 128 || c.tile_n == 256);
       EXPECT_EQ(down.smem_bytes, 0);
       EXPECT_EQ(gate.tma_persistent, wgmma);
       if (wgmma) {

@@ -94,6 +94,17 @@ class FfnPlan {
   // download_twell) without the consumer; y is not written and may be null. Same checks as run().
   void run_gate(Stream stream, const FfnTensors& t, int64_t tokens);
 
+  // Only the consumer (gated up + down projection) over the plan's current TwELL matrix: the one the
+  // last run()/run_gate() wrote, or upload_twell() set. `tokens` must equal that matrix's row count
+  // (Error(InvalidArgument) otherwise, or when there is none); x and w_gate are still read for the
+  // overflow recompute. For benchmarks of the consumer alone and for TwELL inputs made elsewhere.
+  void run_consumer(Stream stream, const FfnTensors& t, int64_t tokens);
+
+  // Makes `m` the plan's TwELL matrix (synchronous copies; the backup grows to hold m's). m must pass
+  // validate_twell, have the plan's layout and d_ff, and at most max_tokens rows; else
+  // Error(InvalidArgument) naming what differs. Then run_consumer(stream, t, m.rows).
+  void upload_twell(Stream stream, const TwellMatrix& m);
+
   // Synchronizes `stream` and reads the overflow counter of the last run (Error(InvalidArgument) if
   // it took the dense path: there is no TwELL matrix then). If the backup was too small
   // the next run() first grows it to fit (no result was ever wrong: the consumer recomputed the
@@ -106,7 +117,8 @@ class FfnPlan {
   struct Impl;
 
  private:
-  void launch(Stream stream, const FfnTensors& t, int64_t tokens, bool gate_only);
+  enum class Stages { All, GateOnly, ConsumerOnly };
+  void launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages stages);
   friend class Context;
   std::unique_ptr<Impl> impl_;
 };

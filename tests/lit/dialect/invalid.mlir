@@ -449,10 +449,10 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 
 // -----
 
-// mainloop wgmma: 16-byte TMA rows.
+// mainloop wgmma: whole K steps.
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x514xbf16>, %wg: tensor<5632x514xbf16>) {
-  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs d_model % 8 == 0 (16-byte TMA rows), got d_model 514}}
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs d_model % 64 == 0 (whole K steps of 64), got d_model 514}}
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}
       : (tensor<?x514xbf16>, tensor<5632x514xbf16>) -> tensor<?x5632xbf16, #L>
   return

@@ -9,7 +9,7 @@
 #L32 = #twell.layout<tile_n = 32, slots = 7, value = bf16, index = i16, activation = relu, threshold = 0.0>
 #L1024 = #twell.layout<tile_n = 1024, slots = 127, value = bf16, index = i16, activation = relu, threshold = 0.0>
 
-// Gate kernel: on sm_90a (features wgmma, tma) the wgmma main loop wherever it is allowed (d_model % 8 ==
+// Gate kernel: on sm_90a (features wgmma, tma) the wgmma main loop wherever it is allowed (d_model % 64 ==
 // 0, tile_n 64, 128 or 256): cta_m 128, cta_k 64, 384 threads, the deepest TMA ring (at most 6 stages)
 // that fits 227 KiB beside the epilogue's staging area. Else the mma_sync main loop wherever allowed (d_model % 8 == 0, 64 <= tile_n <=
 // 1024), on every target: cta_m = min(128, 32768 / tile_n), cta_k = 32, 512 threads, the deepest cp.async

@@ -133,12 +133,15 @@ static_assert(MmaSyncGateConstraints::ctaM(1024) == 32 && MmaSyncGateConstraints
 // tile_n (so tile_n is 64, 128 or 256). K is consumed 64 values (one 128-byte swizzle row) at a time
 // through a `stages`-deep ring of (cta_m + tile_n) x 128-byte stages in dynamic shared memory, plus the
 // epilogue's staging area (cta_m rows of tile_n + 8 16-bit values), 16 bytes of mbarriers per stage and
-// 1 KiB to align the ring. TMA needs 16-byte aligned rows.
+// 1 KiB to align the ring. TMA needs 16-byte aligned rows, and d_model must be a multiple of the K step:
+// with a partial last K box (TMA zero-filling its tail) the f16 kernel returned wrong, run-to-run
+// different sums on the H200 (bench/README.md v9; not understood yet), so shapes with a K tail take the
+// mma_sync main loop.
 struct WgmmaGateConstraints {
   static constexpr int64_t kCtaM = 128;
   static constexpr int64_t kCtaK = 64;
   static constexpr int64_t kThreads = 384;
-  static constexpr int64_t kDModelMultiple = 8;
+  static constexpr int64_t kDModelMultiple = 64;    // the K step
   static constexpr int64_t kOperandAlignment = 8;  // elements (16 bytes)
   static constexpr int64_t kMinStages = 2;
   static constexpr int64_t kMaxStages = 6;
