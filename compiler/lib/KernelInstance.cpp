@@ -78,6 +78,8 @@ int64_t KernelInstance::dynamicSharedBytes() const {
 
 int64_t KernelInstance::operandAlignment() const {
   if (gateMainloop == Mainloop::Fma) return 1;
+  if (kind == ::twell::compiler::KernelKind::GatedDown && config.getCtaM() > 1)
+    return GatedDownKernelConstraints::kWarpRowOperandAlignment;
   if (kind == ::twell::compiler::KernelKind::GateTwell && gateMainloop == Mainloop::Wgmma)
     return WgmmaGateConstraints::kOperandAlignment;
   return kind == ::twell::compiler::KernelKind::GateTwell

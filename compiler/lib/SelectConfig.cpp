@@ -76,7 +76,7 @@ int64_t dModelOf(Operation* op) {
 ConfigAttr gatedDownConfig(MLIRContext* context, Mainloop gateMainloop, GatedDownOp down) {
   using Down = GatedDownKernelConstraints;
   const bool warpRows = Down::warpRowAllowed(gateMainloop != Mainloop::Fma,
-                                             down.getDownLayout() == DownLayout::InOut, dModelOf(down));
+                                             down.getDownLayout() == DownLayout::InOut, dModelOf(down), kThreads);
   return ConfigAttr::get(context, warpRows ? kThreads / 32 : Down::kCtaM, /*cta_k=*/0, kThreads,
                          gateMainloop, /*stages=*/0);
 }

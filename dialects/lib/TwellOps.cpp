@@ -340,12 +340,31 @@ LogicalResult GatedDownOp::verify() {
                            << "), got cta_m = " << config.getCtaM();
     if (config.getCtaM() == warps && warps != Down::kCtaM &&
         !Down::warpRowAllowed(config.getMainloop() != Mainloop::Fma, getDownLayout() == DownLayout::InOut,
-                              check.dModel()))
+                              check.dModel(), config.getThreads()))
       return emitOpError() << "config: one token row per warp needs a tensor-core gate (mainloop mma_sync "
-                              "or wgmma), in_out down weights and d_model a multiple of "
-                           << Down::kWarpRowDModelMultiple << " up to " << Down::kWarpRowMaxDModel
-                           << ", got mainloop " << stringifyMainloop(config.getMainloop()) << ", "
-                           << stringifyDownLayout(getDownLayout()) << ", d_model " << check.dModel();
+                              "or wgmma), in_out down weights, d_model a multiple of "
+                           << Down::kWarpRowDModelMultiple << " up to " << Down::kWarpRowMaxDModel << " and "
+                           << Down::kWarpRowThreads << " threads, got mainloop "
+                           << stringifyMainloop(config.getMainloop()) << ", "
+                           << stringifyDownLayout(getDownLayout()) << ", d_model " << check.dModel()
+                           << ", threads " << config.getThreads();
+    // The overflow recompute repeats the gate's arithmetic: the gate's shape rules hold here too.
+    if (config.getMainloop() == Mainloop::MmaSync && !MmaSyncGateConstraints::dModelAllowed(check.dModel()))
+      return emitOpError() << "config: mainloop mma_sync (the gate's, repeated by the overflow recompute) "
+                              "needs d_model % "
+                           << MmaSyncGateConstraints::kDModelMultiple << " == 0, got d_model " << check.dModel();
+    if (config.getMainloop() == Mainloop::Wgmma) {
+      TargetAttr target = getTargetAttr();
+      if (target && !(target.hasFeature(Feature::Wgmma) && target.hasFeature(Feature::Tma)))
+        return emitOpError() << "config: mainloop wgmma (the gate's) needs a target with features wgmma "
+                                "and tma (sm_90a), got "
+                             << target;
+      if (!WgmmaGateConstraints::allowed(check.dModel(), check.layout().getTileN()))
+        return emitOpError() << "config: mainloop wgmma (the gate's) needs d_model % "
+                             << WgmmaGateConstraints::kDModelMultiple
+                             << " == 0 and tile_n 64, 128 or 256, got d_model " << check.dModel()
+                             << ", tile_n " << check.layout().getTileN();
+    }
     if (config.getStages() != 0)
       return emitOpError() << "config: the gated_down kernel has no cp.async pipeline, stages must be "
                               "omitted, got "

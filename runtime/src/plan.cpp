@@ -167,11 +167,13 @@ void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t, bool g
   check("x", t.x, "ld_x", t.ld_x ? t.ld_x : s.d_model);
   check("w_gate", t.w_gate, "ld_gate", t.ld_gate ? t.ld_gate : s.d_model);
   if (gate_only || need < 8) return;
-  // The consumer then reads rows of Wu and Wd^T and writes rows of y with 16-byte accesses too
-  // (gated_down.cuh).
+  // The consumer then reads rows of Wu and Wd^T with 16-byte loads too (gated_down.cuh); one row per
+  // warp (operand alignment 8) also writes rows of y 16 bytes at a time.
   check("w_up", t.w_up, "ld_up", t.ld_up ? t.ld_up : s.d_model);
   if (s.down_layout == WeightLayout::InOut) check("w_down", t.w_down, "ld_down", t.ld_down ? t.ld_down : s.d_model);
-  check("y", t.y, "ld_y", t.ld_y ? t.ld_y : s.d_model);
+  for (const auto& k : p.kernels)
+    if (k->source.kind == compiler::KernelKind::GatedDown && k->source.operand_alignment >= 8)
+      check("y", t.y, "ld_y", t.ld_y ? t.ld_y : s.d_model);
 }
 
 // The TMA map of a row-major [rows, cols] 16-bit matrix with row stride `ld` elements, read in boxes of

@@ -723,7 +723,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op config: one token row per warp needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights and d_model a multiple of 8 up to 2048, got mainloop wgmma, out_in, d_model 2048}}
+  // expected-error @+1 {{'twell.gated_down' op config: one token row per warp needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model a multiple of 8 up to 2048 and 256 threads, got mainloop wgmma, out_in, d_model 2048, threads 256}}
   %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 8, threads = 256, mainloop = wgmma>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return
@@ -850,5 +850,42 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5
   // expected-error @+1 {{'twell.gated_ffn' op requires attribute 'layout'}}
   %y = twell.gated_ffn %x, %wg, %wu, %wd
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+// The warp-per-row consumer's shared memory (a tile-row per warp) and registers fit 256 threads only.
+#L = #twell.layout<tile_n = 1024, slots = 127, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op config: one token row per warp needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model a multiple of 8 up to 2048 and 256 threads, got mainloop mma_sync, in_out, d_model 2048, threads 1024}}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 32, threads = 1024, mainloop = mma_sync>,
+                                          down_layout = #twell.down_layout<in_out>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+// The consumer's overflow recompute repeats an mma_sync gate: d_model % 8 == 0.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x514xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x514xbf16>,
+             %wd: tensor<514x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op config: mainloop mma_sync (the gate's, repeated by the overflow recompute) needs d_model % 8 == 0, got d_model 514}}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>}
+      : (tensor<?x514xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x514xbf16>, tensor<514x5632xbf16>) -> tensor<?x514xbf16>
+  return
+}
+
+// -----
+
+// A consumer of a wgmma gate: only where such a gate exists.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x520xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x520xbf16>,
+             %wd: tensor<520x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op config: mainloop wgmma (the gate's) needs d_model % 64 == 0 and tile_n 64, 128 or 256, got d_model 520, tile_n 256}}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>}
+      : (tensor<?x520xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x520xbf16>, tensor<520x5632xbf16>) -> tensor<?x520xbf16>
   return
 }

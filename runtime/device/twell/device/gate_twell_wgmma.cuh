@@ -25,11 +25,6 @@
 
 namespace twell::device {
 
-template <class T, T V>
-struct integral_constant {  // NVRTC has no <type_traits>
-  static constexpr T value = V;
-};
-
 template <class Config>
 __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   using Value = typename Config::Value;

@@ -274,11 +274,11 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
 }
 
 // Warp-per-row consumer (Config::cta_m = threads / 32 rows per CTA; after a tensor-core gate, in_out
-// down weights, d_model % 8 == 0 and <= 2048): each warp owns one token row with x and the fp32 y in
-// registers (lane l holds columns 8l + 256i .. +7), and walks the row's active entries in tile then
-// column order. Per entry it issues the 16-byte loads of the Wu row and the Wd^T row together (one L2
-// round trip per neuron, not two), reduces x . Wu_j over the warp (butterfly: every lane gets the same
-// bits), and adds h_j * Wd^T_j to y. No shared memory and no CTA barrier on this path: the many
+// down weights, d_model % 8 == 0 and <= 2048): each warp owns one token row, x in shared memory and the
+// fp32 y in registers (lane l holds columns 8l + 256i .. +7), and walks the row's active entries in tile
+// then column order, two at a time: it issues the 16-byte loads of both entries' Wu and Wd^T rows
+// together (four L2 round trips overlapped), reduces x . Wu_j over the warp (butterfly: every lane gets
+// the same bits), and adds h_j * Wd^T_j to y. No shared memory and no CTA barrier on this path: the many
 // independent warps keep the L2 busy (at 0.5% density the consumer streams 8 KiB of weights per entry
 // and nothing else). Overflowing tile-rows come from the backup or are recomputed by the warp with the
 // gate's arithmetic (recompute_gate_tile), then scanned 32 columns per ballot. Sums run in entry order:
@@ -297,6 +297,8 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   static_assert(Config::cta_m == WARPS && Config::gate_mainloop >= 1 && Config::down_in_out && K % 8 == 0 && XS <= 8,
                 "warp-per-row consumer: cta_m = warps, tensor-core gate, in_out Wd, d_model % 8 == 0 and <= 2048");
   __shared__ uint16_t dense_tiles[WARPS][TILE_N];  // an overflowing tile-row per warp (backup or recompute)
+  // The warp's x row (shared memory, not registers: two entries' loads in flight need the registers).
+  __shared__ __align__(16) uint16_t x_rows[WARPS][XS * 256];
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -306,47 +308,77 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   const uint32_t* twell_row = p.twell + row * WORDS_PER_ROW;
   auto in_k = [&](int i) { return (8 * lane + 256 * i) < K; };
 
-  uint4 xv[XS];
+  uint16_t* xs = x_rows[warp];
   float y[XS * 8];
 #pragma unroll
   for (int i = 0; i < XS; ++i) {
-    xv[i] = in_k(i) ? *reinterpret_cast<const uint4*>(x + 8 * lane + 256 * i) : uint4{0u, 0u, 0u, 0u};
+    *reinterpret_cast<uint4*>(xs + 8 * lane + 256 * i) =
+        in_k(i) ? *reinterpret_cast<const uint4*>(x + 8 * lane + 256 * i) : uint4{0u, 0u, 0u, 0u};
 #pragma unroll
     for (int e = 0; e < 8; ++e) y[8 * i + e] = 0.0f;
   }
+  __syncwarp();
 
-  // One active entry: column j of d_ff with activated gate value g.
+  // Active entries (column j of d_ff, activated gate value g), P at a time: the 16-byte loads of all P
+  // Wu rows and Wd^T rows are issued before any math, so P neurons' L2 round trips overlap (at 0.5%
+  // density a row has ~28 entries and the warp would otherwise wait for each). y is then updated entry
+  // by entry in order: the same sums as one at a time.
+  auto entries = [&](auto count, const int (&j)[2], const float (&g)[2]) {
+    constexpr int P = decltype(count)::value;
+    uint4 u4[P][XS], d4[P][XS];
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const uint16_t* wu = p.w_up + static_cast<int64_t>(j[q]) * p.ldwu + 8 * lane;
+      const uint16_t* wd = p.w_down + static_cast<int64_t>(j[q]) * p.ldwd + 8 * lane;
+#pragma unroll
+      for (int i = 0; i < XS; ++i) {
+        u4[q][i] = in_k(i) ? *reinterpret_cast<const uint4*>(wu + 256 * i) : uint4{0u, 0u, 0u, 0u};
+        d4[q][i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      float u = 0.0f;
+#pragma unroll
+      for (int i = 0; i < XS; ++i) {
+        const uint4 xv = *reinterpret_cast<const uint4*>(xs + 8 * lane + 256 * i);
+        const uint32_t a[4] = {xv.x, xv.y, xv.z, xv.w};
+        const uint32_t b[4] = {u4[q][i].x, u4[q][i].y, u4[q][i].z, u4[q][i].w};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          u = fmaf(Value::to_float(static_cast<uint16_t>(a[t])), Value::to_float(static_cast<uint16_t>(b[t])), u);
+          u = fmaf(Value::to_float(static_cast<uint16_t>(a[t] >> 16)), Value::to_float(static_cast<uint16_t>(b[t] >> 16)), u);
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xFFFFFFFFu, u, o);
+      const float h = g[q] * u;
+#pragma unroll
+      for (int i = 0; i < XS; ++i) {
+        const uint32_t w[4] = {d4[q][i].x, d4[q][i].y, d4[q][i].z, d4[q][i].w};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          y[8 * i + 2 * t] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t])), y[8 * i + 2 * t]);
+          y[8 * i + 2 * t + 1] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t] >> 16)), y[8 * i + 2 * t + 1]);
+        }
+      }
+    }
+  };
+  // Entries arrive one by one (in order); pairs go out together, a last odd one alone.
+  int pending_j[2] = {0, 0};
+  float pending_g[2] = {0.0f, 0.0f};
+  bool pending = false;
   auto entry = [&](int j, float g) {
-    const uint16_t* wu = p.w_up + static_cast<int64_t>(j) * p.ldwu + 8 * lane;
-    const uint16_t* wd = p.w_down + static_cast<int64_t>(j) * p.ldwd + 8 * lane;
-    uint4 u4[XS], d4[XS];
-#pragma unroll
-    for (int i = 0; i < XS; ++i) {
-      u4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wu + 256 * i) : uint4{0u, 0u, 0u, 0u};
-      d4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
+    if (!pending) {
+      pending_j[0] = j;
+      pending_g[0] = g;
+      pending = true;
+      return;
     }
-    float u = 0.0f;
-#pragma unroll
-    for (int i = 0; i < XS; ++i) {
-      const uint32_t a[4] = {xv[i].x, xv[i].y, xv[i].z, xv[i].w}, b[4] = {u4[i].x, u4[i].y, u4[i].z, u4[i].w};
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        u = fmaf(Value::to_float(static_cast<uint16_t>(a[t])), Value::to_float(static_cast<uint16_t>(b[t])), u);
-        u = fmaf(Value::to_float(static_cast<uint16_t>(a[t] >> 16)), Value::to_float(static_cast<uint16_t>(b[t] >> 16)), u);
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xFFFFFFFFu, u, o);
-    const float h = g * u;
-#pragma unroll
-    for (int i = 0; i < XS; ++i) {
-      const uint32_t w[4] = {d4[i].x, d4[i].y, d4[i].z, d4[i].w};
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        y[8 * i + 2 * t] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t])), y[8 * i + 2 * t]);
-        y[8 * i + 2 * t + 1] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t] >> 16)), y[8 * i + 2 * t + 1]);
-      }
-    }
+    pending_j[1] = j;
+    pending_g[1] = g;
+    entries(integral_constant<int, 2>{}, pending_j, pending_g);
+    pending = false;
   };
 
   for (int window = 0; window < TILES; window += 32) {
@@ -395,6 +427,8 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
       __syncwarp();  // dense_tile is free for the next overflowing tile-row
     }
   }
+
+  if (pending) entries(integral_constant<int, 1>{}, pending_j, pending_g);
 
   uint16_t* out = p.y + row * p.ldy + 8 * lane;
 #pragma unroll

@@ -8,6 +8,13 @@
 
 namespace twell::device {
 
+// A compile-time value as a type (NVRTC has no <type_traits>): passes constants through generic lambdas.
+template <class T, T V>
+struct integral_constant {
+  static constexpr T value = V;
+};
+
+
 struct BF16 {
   static __device__ __forceinline__ float to_float(uint16_t bits) {
     return __uint_as_float(static_cast<uint32_t>(bits) << 16);
