@@ -137,7 +137,7 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
         const int stages = c.tile_n == 256 ? 3 : c.tile_n == 128 ? 5 : 6;
         EXPECT_EQ(gate.cta_m, 128);
         EXPECT_EQ(gate.threads, 384);
-        EXPECT_EQ(gate.smem_bytes, stages * ((128 + c.tile_n) * 128 + 16) + 128 * (c.tile_n + 8) * 2 + 1024);
+        EXPECT_EQ(gate.smem_bytes, stages * ((128 + c.tile_n) * 128 + 16) + 128 * (c.tile_n + 8) * 2 + 1024 + 32);
         EXPECT_LE(gate.smem_bytes, 227 * 1024);
         EXPECT_EQ(gate.operand_alignment, 8);
         EXPECT_EQ(down.operand_alignment, 2);
@@ -192,7 +192,7 @@ TEST(Generator, PaperShapeUsesFourTmaStagesOfWgmmaOnSm90a) {
   EXPECT_EQ(gen.kernels[0].grid_y, 22);
   EXPECT_EQ(gen.kernels[0].threads, 384);
   EXPECT_TRUE(gen.kernels[0].tma_persistent);
-  EXPECT_EQ(gen.kernels[0].smem_bytes, 3 * (49152 + 16) + 128 * 264 * 2 + 1024);
+  EXPECT_EQ(gen.kernels[0].smem_bytes, 3 * (49152 + 16) + 128 * 264 * 2 + 1024 + 32);
   EXPECT_EQ(gen.kernels[0].operand_alignment, 8);
   EXPECT_EQ(gen.kernels[1].operand_alignment, 2);
   EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3>"))

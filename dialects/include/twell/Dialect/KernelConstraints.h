@@ -132,8 +132,8 @@ static_assert(MmaSyncGateConstraints::ctaM(1024) == 32 && MmaSyncGateConstraints
 // issuing TMA loads and two consumer warpgroups of 64 rows each issuing wgmma m64nNk16 with N =
 // tile_n (so tile_n is 64, 128 or 256). K is consumed 64 values (one 128-byte swizzle row) at a time
 // through a `stages`-deep ring of (cta_m + tile_n) x 128-byte stages in dynamic shared memory, plus the
-// epilogue's staging area (cta_m rows of tile_n + 8 16-bit values), 16 bytes of mbarriers per stage and
-// 1 KiB to align the ring. TMA needs 16-byte aligned rows, and d_model must be a multiple of the K step:
+// epilogue's staging area (cta_m rows of tile_n + 8 16-bit values), 16 bytes of mbarriers per stage, 32
+// for the epilogue's and 1 KiB to align the ring. TMA needs 16-byte aligned rows, and d_model must be a multiple of the K step:
 // with a partial last K box (TMA zero-filling its tail) the f16 kernel returned wrong, run-to-run
 // different sums on the H200 (bench/README.md v9; not understood yet), so shapes with a K tail take the
 // mma_sync main loop.
@@ -160,9 +160,10 @@ struct WgmmaGateConstraints {
   static constexpr int64_t sharedBytes(int64_t tileN, int64_t stages) {
     stages = std::max<int64_t>(stages, 0);
     using detail::saturatingAdd;
+    // + 32 bytes: the epilogue's 4 mbarriers (staged, packed per consumer warpgroup).
     return saturatingAdd(saturatingAdd(detail::saturatingMul(stages, saturatingAdd(stageBytes(tileN), 16)),
                                        stagingBytes(tileN)),
-                         1024);
+                         1024 + 32);
   }
   // The deepest ring (kMaxStages down to kMinStages) that fits kMaxSharedBytes; 0 if none does.
   static constexpr int64_t maxStages(int64_t tileN) {

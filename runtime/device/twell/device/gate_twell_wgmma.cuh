@@ -4,7 +4,8 @@
 //   warpgroup 0   producer: one thread issues TMA loads of the x block (cta_m x 64) and the Wg tile
 //                 (tile_n x 64) of each K step into a `stages`-deep shared-memory ring; `full[s]`
 //                 completes when both boxes landed (expect_tx), `empty[s]` when both consumer
-//                 warpgroups are done reading stage s. setmaxnreg gives its registers to the consumers.
+//                 warpgroups are done reading stage s. Its warps 1-3 are the packers of the epilogue
+//                 (below). setmaxnreg gives its registers to the consumers.
 //   warpgroups 1-2  consumers: each owns 64 rows of the 128-row CTA tile and issues wgmma m64nNk16
 //                 (N = tile_n) from the ring, fp32 accumulators in registers (N / 2 per thread), then
 //                 the epilogue while the producer already fills the ring for the next tile.
@@ -13,8 +14,10 @@
 // CTAs running together share one block of x rows, and Wg (d_ff x d_model) stays in L2.
 //
 // Epilogue (paper §3; TWELL_FORMAT.md requirements 1-4): each consumer warpgroup stages its activated
-// 64 x tile_n slab in its own shared-memory area and packs it with pack_twell_tile (twell_epilogue.cuh:
-// ballot + prefix, ascending columns, overflowing tile-rows to the backup or marked for recompute). An
+// 64 x tile_n slab in its own shared-memory area (mbarrier `staged[wg]`) and starts its next tile; the
+// packer warps pack the slab with pack_twell_tile (twell_epilogue.cuh: ballot + prefix, ascending
+// columns, overflowing tile-rows to the backup or marked for recompute) and free the area
+// (`packed[wg]`), so the compaction overlaps the tensor cores' next main loop. An
 // epilogue straight from the accumulators needs more than the 168 registers a thread has here (ptxas
 // spilled, and spilling around in-flight wgmma accumulators produced wrong sums: bench/README.md v8).
 //
@@ -52,6 +55,8 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   uint16_t* staging = reinterpret_cast<uint16_t*>(ring + STAGES * STAGE_BYTES);  // [CTA_M][STAGE_STRIDE]
   uint64_t* full = reinterpret_cast<uint64_t*>(staging + CTA_M * STAGE_STRIDE);
   uint64_t* empty = full + STAGES;
+  uint64_t* staged = empty + STAGES;  // [2]: a consumer warpgroup's slab is in its staging area
+  uint64_t* packed = staged + 2;      // [2]: the packer warps are done with that staging area
 
   const int tid = threadIdx.x;
   const int64_t m_blocks = (p.m + CTA_M - 1) / CTA_M;
@@ -64,13 +69,33 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], 256);  // every consumer thread arrives
     }
+    for (int w = 0; w < 2; ++w) {
+      mbarrier_init(&staged[w], 128);  // every thread of consumer warpgroup w
+      mbarrier_init(&packed[w], 96);   // every packer thread (warps 1-3)
+    }
     fence_barrier_init();
   }
   __syncthreads();
 
   if (tid < 128) {
+    setmaxnreg_dec<56>();
+    if (tid >= 32) {
+      // ---- packers (warps 1-3): the TwELL epilogue of each staged slab, overlapped with the
+      // consumers' next main loop ----
+      uint32_t n = 0;
+      for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x, ++n) {
+        const int64_t m0 = t / TILES_N * CTA_M;
+        const int tile = static_cast<int>(t % TILES_N);
+        for (int w = 0; w < 2; ++w) {
+          mbarrier_wait(&staged[w], n & 1);
+          pack_twell_tile<Config, STAGE_STRIDE>(p, staging + w * 64 * STAGE_STRIDE, m0 + w * 64, tile, 64,
+                                                tid / 32 - 1, 3);
+          mbarrier_arrive(&packed[w]);
+        }
+      }
+      return;
+    }
     // ---- producer ----
-    setmaxnreg_dec<40>();
     if (tid != 0) return;
     int stage = 0;
     uint32_t phase = 0;
@@ -93,20 +118,17 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   }
 
   // ---- consumers ----
-  setmaxnreg_inc<232>();
+  setmaxnreg_inc<224>();  // 128 x 56 + 256 x 224 <= 64K registers
   const int wg = tid / 128 - 1;  // 64-row slab of the CTA tile
   const int warp = (tid % 128) / 32;
   const int lane = tid % 32;
   const int quad_t = lane % 4;
   int stage = 0;
   uint32_t phase = 0;
+  uint32_t n = 0;  // tiles done by this CTA
   float acc[ACC];
 
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t m0 = t / TILES_N * CTA_M;
-    const int tile = static_cast<int>(t % TILES_N);
-    const int n0 = tile * TILE_N;
-
     // One K step: wait for the stage, issue its 4 wgmma k16 steps, release the previous stage once
     // its wgmma finished reading it (this step's stay in flight). The first step of a tile is peeled
     // so that the compiler sees the accumulators overwritten there (mma_first): they are dead during
@@ -138,12 +160,12 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
     wgmma_fence_operands(acc);
     mbarrier_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
 
-    // ---- TwELL epilogue ----
+    // ---- TwELL epilogue, first half ----
     // The warpgroup rounds and activates its 64 x tile_n slab into its staging area (rows padded by 16
-    // bytes: the 8 rows a warp writes at once fall in distinct banks), then its 4 warps pack the rows
-    // (pack_twell_tile, the epilogue every main loop shares). Named barrier 1 + wg syncs just this
-    // warpgroup; the other one and the producer keep going.
-    uint16_t* staged = staging + wg * 64 * STAGE_STRIDE;
+    // bytes: the 8 rows a warp writes at once fall in distinct banks) once the packers are done with
+    // the previous slab, and goes on to its next tile; the packer warps pack the slab meanwhile.
+    mbarrier_wait(&packed[wg], (n & 1) ^ 1);  // n = 0: a fresh barrier's "previous" phase counts as done
+    uint16_t* slab = staging + wg * 64 * STAGE_STRIDE;
 #pragma unroll
     for (int j = 0; j < TILE_N / 8; ++j)
 #pragma unroll
@@ -153,11 +175,10 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
             static_cast<uint32_t>(activate<Value, Config::activation>(Value::from_float(acc[4 * j + 2 * half]))) |
             (static_cast<uint32_t>(activate<Value, Config::activation>(Value::from_float(acc[4 * j + 2 * half + 1])))
              << 16);
-        *reinterpret_cast<uint32_t*>(staged + r * STAGE_STRIDE + 8 * j + 2 * quad_t) = pair;
+        *reinterpret_cast<uint32_t*>(slab + r * STAGE_STRIDE + 8 * j + 2 * quad_t) = pair;
       }
-    named_barrier_sync(1 + wg, 128);
-    pack_twell_tile<Config, STAGE_STRIDE>(p, staged, m0 + wg * 64, tile, 64, warp, 4);
-    named_barrier_sync(1 + wg, 128);  // the staging area is free for the next tile
+    mbarrier_arrive(&staged[wg]);
+    ++n;
   }
 }
 
