@@ -87,9 +87,8 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
   // wgmma: one CTA per SM (setmaxnreg needs the register cap that minBlocks = 1 sets), and the TMA maps
   // inside the parameter block must be addressable in parameter space (__grid_constant__).
   bool wgmma = gate && kernel.config.getMainloop() == Mainloop::Wgmma;
-  // wgmma: clusters of 2 CTAs along M share (multicast) the Wg tile.
-  os << "extern \"C\" __global__ void " << (wgmma ? "__cluster_dims__(2, 1, 1) " : "") << "__launch_bounds__("
-     << kernel.config.getThreads() << (wgmma ? ", 1" : "") << ") " << name << "(const " << (wgmma ? "__grid_constant__ " : "")
+  os << "extern \"C\" __global__ void __launch_bounds__(" << kernel.config.getThreads()
+     << (wgmma ? ", 1" : "") << ") " << name << "(const " << (wgmma ? "__grid_constant__ " : "")
      << "twell::device::" << (gate ? "GateParams" : "GatedDownParams") << " p) {\n";
   os << "  twell::device::" << kernel.templateName() << "<" << name << "_config>(p);\n";
   os << "}\n";

@@ -361,11 +361,10 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages 
     unsigned grid_y = static_cast<unsigned>(src.grid_y);
     if (src.tma_persistent) {
       encode_tma_map(gate.x_map, s.dtype, gate.x, tokens, s.d_model, gate.ldx, src.cta_m, "FfnPlan::run: cuTensorMapEncodeTiled(x)");
-      encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n / 2,
+      encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n,
                      "FfnPlan::run: cuTensorMapEncodeTiled(w_gate)");
-      // Work items of a 2-CTA cluster: a pair of m-blocks times the d_ff tiles (gate_twell_wgmma.cuh).
-      const int64_t cluster_items = (int64_t{grid_x} + 1) / 2 * grid_y;
-      grid_x = static_cast<unsigned>(2 * std::min<int64_t>(cluster_items, std::max(1, p.context->sm_count / 2)));
+      const int64_t tiles = int64_t{grid_x} * grid_y;
+      grid_x = static_cast<unsigned>(std::min<int64_t>(tiles, p.context->sm_count));
       grid_y = 1;
     }
     detail::check(d.cuLaunchKernel(k->function, grid_x, grid_y, 1, static_cast<unsigned>(src.threads), 1, 1,

@@ -1,7 +1,7 @@
 // The CUDA C++ of each kernel, after the kernel pipeline (split, select-config, specialize). On sm_90a the
 // paper's shape gets the wgmma main loop: 384 threads (a TMA producer and two wgmma consumer warpgroups),
 // cta_m 128, cta_k 64, 3 TMA stages of (128 + 256) * 128 bytes + 16 bytes of mbarriers each, the
-// epilogue's staging area of 128 x (256 + 8) values, its 4 mbarriers and 1 KiB of alignment, operands 16-byte aligned, one CTA per SM in clusters of 2 that share the Wg tile, the TMA maps in a __grid_constant__ parameter; the
+// epilogue's staging area of 128 x (256 + 8) values, its 4 mbarriers and 1 KiB of alignment, operands 16-byte aligned, one CTA per SM, the TMA maps in a __grid_constant__ parameter; the
 // consumer repeats its arithmetic and reads 4-byte pairs. On sm_80 the portable mma_sync main loop.
 // RUN: twell-opt %s -twell-kernel-pipeline -twell-emit-cuda -o /dev/null | FileCheck %s
 // RUN: twell-opt %s -twell-kernel-pipeline=target=sm_80 -twell-emit-cuda -o /dev/null | FileCheck %s --check-prefix=SM80
@@ -23,7 +23,7 @@
 // CHECK-NEXT:   static constexpr int mainloop = 2;  // wgmma (TMA + wgmma, warp-specialized, persistent)
 // CHECK-NEXT:   static constexpr int stages = 3;  // shared-memory ring depth (mma_sync: cp.async, wgmma: TMA)
 // CHECK-NEXT: };
-// CHECK-NEXT: extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) twell_gate_k2048_n5632_t256_s31_relu_bf16_4d28478a(const __grid_constant__ twell::device::GateParams p) {
+// CHECK-NEXT: extern "C" __global__ void __launch_bounds__(384, 1) twell_gate_k2048_n5632_t256_s31_relu_bf16_4d28478a(const __grid_constant__ twell::device::GateParams p) {
 // CHECK-NEXT:   twell::device::gate_twell<twell_gate_k2048_n5632_t256_s31_relu_bf16_4d28478a_config>(p);
 // CHECK-NEXT: }
 // CHECK-NEXT: // ----- kernel twell_gated_down_k2048_n5632_t256_s31_relu_bf16_out_in_94305c16 gated_down threads=256 cta_m=1 grid_y=1 smem_bytes=0 operand_alignment=2

@@ -36,10 +36,8 @@ struct KernelSource {
   // GatedDown kernel after one (its overflow recompute reads 4-byte pairs), 1 otherwise.
   int operand_alignment = 1;
   // A GateTwell kernel with the wgmma main loop: it reads x and w_gate through the TMA maps of
-  // GateParams (x_map, w_map: box {64, cta_m} and {64, tile_n / 2}, 128-byte swizzle), which the
-  // launcher encodes; it runs in clusters of 2 CTAs (compile-time __cluster_dims__) that share the
-  // w_gate tile, and is persistent: launch min(SMs rounded down to even, 2 * ceil(ceil(tokens / cta_m)
-  // / 2) * grid_y) CTAs on grid.x, grid.y 1.
+  // GateParams (x_map, w_map: box {64, cta_m} and {64, tile_n}, 128-byte swizzle), which the launcher
+  // encodes, and is persistent: launch min(SMs, ceil(tokens / cta_m) * grid_y) CTAs on grid.x, grid.y 1.
   bool tma_persistent = false;
 };
 

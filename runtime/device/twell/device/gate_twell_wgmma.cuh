@@ -59,21 +59,15 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   uint64_t* packed = staged + 2;      // [2]: the packer warps are done with that staging area
 
   const int tid = threadIdx.x;
-  // Work is scheduled per cluster of 2 CTAs (__cluster_dims__(2, 1, 1)): item w covers the d_ff tile
-  // w % TILES_N of the m-block pair w / TILES_N; CTA rank r takes m-block 2 (w / TILES_N) + r. Both
-  // CTAs share the Wg tile: each loads half of it and multicasts it to both (TMA .multicast::cluster).
-  const uint32_t rank = cluster_ctarank();
   const int64_t m_blocks = (p.m + CTA_M - 1) / CTA_M;
-  const int64_t items = (m_blocks + 1) / 2 * TILES_N;
-  const int64_t first = blockIdx.x / 2, step = gridDim.x / 2;
-  auto tile_m0 = [&](int64_t w) { return (w / TILES_N * 2 + rank) * CTA_M; };
+  const int64_t tiles = m_blocks * TILES_N;
 
   if (tid == 0) {
     tma_prefetch_descriptor(&p.x_map);
     tma_prefetch_descriptor(&p.w_map);
     for (int s = 0; s < STAGES; ++s) {
       mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], 16);  // every consumer warp of both CTAs (the stage holds both's Wg half)
+      mbarrier_init(&empty[s], 256);  // every consumer thread arrives
     }
     for (int w = 0; w < 2; ++w) {
       mbarrier_init(&staged[w], 128);  // every thread of consumer warpgroup w
@@ -81,7 +75,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
     }
     fence_barrier_init();
   }
-  cluster_sync();  // the peer's barriers exist before any multicast or remote arrive reaches them
+  __syncthreads();
 
   if (tid < 128) {
     setmaxnreg_dec<56>();
@@ -89,9 +83,9 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
       // ---- packers (warps 1-3): the TwELL epilogue of each staged slab, overlapped with the
       // consumers' next main loop ----
       uint32_t n = 0;
-      for (int64_t w_item = first; w_item < items; w_item += step, ++n) {
-        const int64_t m0 = tile_m0(w_item);
-        const int tile = static_cast<int>(w_item % TILES_N);
+      for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x, ++n) {
+        const int64_t m0 = t / TILES_N * CTA_M;
+        const int tile = static_cast<int>(t % TILES_N);
         for (int w = 0; w < 2; ++w) {
           mbarrier_wait(&staged[w], n & 1);
           pack_twell_tile<Config, STAGE_STRIDE>(p, staging + w * 64 * STAGE_STRIDE, m0 + w * 64, tile, 64,
@@ -99,40 +93,32 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
           mbarrier_arrive(&packed[w]);
         }
       }
-    } else if (tid == 0) {
-      // ---- producer ----
-      int stage = 0;
-      uint32_t phase = 0;
-      for (int64_t w_item = first; w_item < items; w_item += step) {
-        const int m0 = static_cast<int>(tile_m0(w_item));
-        const int n0 = static_cast<int>(w_item % TILES_N) * TILE_N;
-        for (int kt = 0; kt < KT; ++kt) {
-          // Both CTAs' consumers released the stage (a fresh barrier's "previous" phase counts as done).
-          mbarrier_wait_cluster(&empty[stage], phase ^ 1);
-          unsigned char* a = ring + stage * STAGE_BYTES;
-          // All of the stage's bytes land here: our x box, our half of the Wg tile, the peer's half.
-          mbarrier_arrive_expect_tx(&full[stage], STAGE_BYTES);
-          tma_load_2d(a, &p.x_map, &full[stage], kt * CTA_K, m0);
-          tma_load_2d_multicast(a + A_BYTES + rank * (B_BYTES / 2), &p.w_map, &full[stage], kt * CTA_K,
-                                n0 + static_cast<int>(rank) * (TILE_N / 2), 0x3);
-          if (++stage == STAGES) {
-            stage = 0;
-            phase ^= 1;
-          }
+      return;
+    }
+    // ---- producer ----
+    if (tid != 0) return;
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+      const int m0 = static_cast<int>(t / TILES_N * CTA_M);
+      const int n0 = static_cast<int>(t % TILES_N) * TILE_N;
+      for (int kt = 0; kt < KT; ++kt) {
+        mbarrier_wait(&empty[stage], phase ^ 1);  // a fresh barrier's "previous" phase counts as done
+        unsigned char* a = ring + stage * STAGE_BYTES;
+        mbarrier_arrive_expect_tx(&full[stage], STAGE_BYTES);
+        tma_load_2d(a, &p.x_map, &full[stage], kt * CTA_K, m0);
+        tma_load_2d(a + A_BYTES, &p.w_map, &full[stage], kt * CTA_K, n0);
+        if (++stage == STAGES) {
+          stage = 0;
+          phase ^= 1;
         }
       }
     }
-  } else {
+    return;
+  }
 
   // ---- consumers ----
   setmaxnreg_inc<224>();  // 128 x 56 + 256 x 224 <= 64K registers
-  // A stage is free once this warp's wgmma on it finished, in both CTAs (the peer multicasts into it).
-  auto release = [&](int s) {
-    if (threadIdx.x % 32 == 0) {
-      mbarrier_arrive_cluster(&empty[s], 0);
-      mbarrier_arrive_cluster(&empty[s], 1);
-    }
-  };
   const int wg = tid / 128 - 1;  // 64-row slab of the CTA tile
   const int warp = (tid % 128) / 32;
   const int lane = tid % 32;
@@ -142,7 +128,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   uint32_t n = 0;  // tiles done by this CTA
   float acc[ACC];
 
-  for (int64_t w_item = first; w_item < items; w_item += step) {
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
     // One K step: wait for the stage, issue its 4 wgmma k16 steps, release the previous stage once
     // its wgmma finished reading it (this step's stay in flight). The first step of a tile is peeled
     // so that the compiler sees the accumulators overwritten there (mma_first): they are dead during
@@ -162,7 +148,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
       wgmma_commit();
       wgmma_fence_operands(acc);
       wgmma_wait<1>();
-      if (kt > 0) release(stage == 0 ? STAGES - 1 : stage - 1);
+      if (kt > 0) mbarrier_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
       if (++stage == STAGES) {
         stage = 0;
         phase ^= 1;
@@ -172,7 +158,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
     for (int kt = 1; kt < KT; ++kt) k_step(integral_constant<bool, false>{}, kt);
     wgmma_wait<0>();
     wgmma_fence_operands(acc);
-    release(stage == 0 ? STAGES - 1 : stage - 1);
+    mbarrier_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
 
     // ---- TwELL epilogue, first half ----
     // The warpgroup rounds and activates its 64 x tile_n slab into its staging area (rows padded by 16
@@ -194,9 +180,6 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
     mbarrier_arrive(&staged[wg]);
     ++n;
   }
-  }
-  // No CTA leaves while its peer may still arrive on its barriers or multicast into its ring.
-  cluster_sync();
 }
 
 }  // namespace twell::device

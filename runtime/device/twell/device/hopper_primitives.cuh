@@ -33,39 +33,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
       : "memory");
 }
 
-// ---- clusters ----
-__device__ __forceinline__ uint32_t cluster_ctarank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// Every thread of every CTA of the cluster (barrier.cluster, release/acquire: shared-memory writes
-// before it, mbarrier inits included, are visible to the peers after it). Not .aligned: the threads of
-// a warp may arrive from different branches (the warp-specialized roles).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
-}
-// One arrival on the barrier at the same shared-memory offset in cluster CTA `rank` (mapa), with
-// cluster-scope release: this thread's earlier reads of that CTA's shared memory are done.
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}\n" ::"r"(smem_address(bar)),
-      "r"(rank)
-      : "memory");
-}
-// mbarrier_wait with cluster-scope acquire (the arrivals came from the peer CTA too).
-__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, uint32_t phase) {
-  asm volatile(
-      "{\n.reg .pred done;\n"
-      "wait_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(smem_address(bar)),
-      "r"(phase)
-      : "memory");
-}
-
 // ---- TMA ----
 __device__ __forceinline__ void tma_prefetch_descriptor(const TmaDescriptor* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
@@ -77,17 +44,6 @@ __device__ __forceinline__ void tma_load_2d(void* smem, const TmaDescriptor* map
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
           smem_address(smem)),
       "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(outer)
-      : "memory");
-}
-
-// The same box written at the same shared-memory offset of every CTA in `cta_mask` (bit r: cluster
-// rank r), completing the barrier at the same offset in each (.multicast::cluster).
-__device__ __forceinline__ void tma_load_2d_multicast(void* smem, const TmaDescriptor* map, uint64_t* bar, int inner,
-                                                      int outer, uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%3, "
-      "%4}], [%2], %5;\n" ::"r"(smem_address(smem)),
-      "l"(map), "r"(smem_address(bar)), "r"(inner), "r"(outer), "h"(cta_mask)
       : "memory");
 }
 
