@@ -16,7 +16,7 @@
 // pipeline (4, 3 or 2 stages) whose shared memory fits 200 KiB. Consumer: one row per CTA, 256 threads,
 // the main loop of its gate kernel.
 // CHECK-LABEL: func.func @heuristic
-// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
+// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
 // CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
 // SM80-LABEL: func.func @heuristic
 // SM80: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
@@ -31,10 +31,10 @@ func.func @heuristic(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: 
   return %y : tensor<?x2048xbf16>
 }
 
-// tile_n = 128: wgmma with 6 stages of (128 + 128) * 128 bytes (sm_90a); mma_sync with cta_m = 128, 4
+// tile_n = 128: wgmma with 5 stages of (128 + 128) * 128 bytes (sm_90a); mma_sync with cta_m = 128, 4
 // stages of (128 + 128) * 80 bytes (sm_80).
 // CHECK-LABEL: func.func @tile_128
-// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 6>
+// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 5>
 func.func @tile_128(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L128> {
   %h = twell.gate_matmul %x, %wg
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L128>

@@ -132,7 +132,7 @@ static_assert(MmaSyncGateConstraints::ctaM(1024) == 32 && MmaSyncGateConstraints
 // issuing TMA loads and two consumer warpgroups of 64 rows each issuing wgmma m64nNk16 with N =
 // tile_n (so tile_n is 64, 128 or 256). K is consumed 64 values (one 128-byte swizzle row) at a time
 // through a `stages`-deep ring of (cta_m + tile_n) x 128-byte stages in dynamic shared memory, plus the
-// epilogue's staging area (64 rows of tile_n + 8 16-bit values), 16 bytes of mbarriers per stage, 32
+// epilogue's staging area (cta_m rows of tile_n + 8 16-bit values), 16 bytes of mbarriers per stage, 32
 // for the epilogue's and 1 KiB to align the ring. TMA needs 16-byte aligned rows, and d_model must be a multiple of the K step:
 // with a partial last K box (TMA zero-filling its tail) the f16 kernel returned wrong, run-to-run
 // different sums on the H200 (bench/README.md v9; not understood yet), so shapes with a K tail take the
@@ -154,9 +154,8 @@ struct WgmmaGateConstraints {
   static constexpr int64_t stageBytes(int64_t tileN) {
     return detail::saturatingMul(detail::saturatingAdd(kCtaM, std::max<int64_t>(tileN, 0)), kCtaK * 2);
   }
-  // One 64-row slab (the consumer warpgroups take turns).
   static constexpr int64_t stagingBytes(int64_t tileN) {
-    return detail::saturatingMul(64, detail::saturatingMul(detail::saturatingAdd(std::max<int64_t>(tileN, 0), 8), 2));
+    return detail::saturatingMul(kCtaM, detail::saturatingMul(detail::saturatingAdd(std::max<int64_t>(tileN, 0), 8), 2));
   }
   static constexpr int64_t sharedBytes(int64_t tileN, int64_t stages) {
     stages = std::max<int64_t>(stages, 0);
@@ -173,8 +172,8 @@ struct WgmmaGateConstraints {
     return 0;
   }
 };
-// The paper's shape (tile_n = 256): 4 stages of 48 KiB and 33 KiB of staging.
-static_assert(WgmmaGateConstraints::maxStages(256) == 4 && WgmmaGateConstraints::maxStages(128) == 6 &&
+// The paper's shape (tile_n = 256): 3 stages of 48 KiB and 66 KiB of staging.
+static_assert(WgmmaGateConstraints::maxStages(256) == 3 && WgmmaGateConstraints::maxStages(128) == 5 &&
               WgmmaGateConstraints::maxStages(64) == 6);
 
 // The ranges #twell.config accepts (ConfigAttr::verify), checked before any arithmetic on the fields.

@@ -13,8 +13,8 @@
 // CTA tiles are taken persistently (tile b, b + gridDim.x, ...), the tile index of d_ff fastest: the
 // CTAs running together share one block of x rows, and Wg (d_ff x d_model) stays in L2.
 //
-// Epilogue (paper §3; TWELL_FORMAT.md requirements 1-4): each consumer warpgroup in turn stages its
-// activated 64 x tile_n slab in the staging area (mbarrier `staged[wg]`) and starts its next tile; the
+// Epilogue (paper §3; TWELL_FORMAT.md requirements 1-4): each consumer warpgroup stages its activated
+// 64 x tile_n slab in its own shared-memory area (mbarrier `staged[wg]`) and starts its next tile; the
 // packer warps pack the slab with pack_twell_tile (twell_epilogue.cuh: ballot + prefix, ascending
 // columns, overflowing tile-rows to the backup or marked for recompute) and free the area
 // (`packed[wg]`), so the compaction overlaps the tensor cores' next main loop. An
@@ -52,13 +52,11 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   // The runtime allocates 1 KiB extra: align the ring to the 1024 bytes 128-byte swizzling needs.
   unsigned char* ring = dynamic_smem + ((1024 - (smem_address(dynamic_smem) & 1023)) & 1023);
-  // One 64-row slab, used in turn by consumer warpgroups 0 and 1 (the shared memory it does not take
-  // buys the ring its 4th stage at tile_n 256).
-  uint16_t* staging = reinterpret_cast<uint16_t*>(ring + STAGES * STAGE_BYTES);  // [64][STAGE_STRIDE]
-  uint64_t* full = reinterpret_cast<uint64_t*>(staging + 64 * STAGE_STRIDE);
+  uint16_t* staging = reinterpret_cast<uint16_t*>(ring + STAGES * STAGE_BYTES);  // [CTA_M][STAGE_STRIDE]
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + CTA_M * STAGE_STRIDE);
   uint64_t* empty = full + STAGES;
-  uint64_t* staged = empty + STAGES;  // [2]: consumer warpgroup w's slab is in the staging area
-  uint64_t* packed = staged + 2;      // [2]: the packer warps are done with warpgroup w's slab
+  uint64_t* staged = empty + STAGES;  // [2]: a consumer warpgroup's slab is in its staging area
+  uint64_t* packed = staged + 2;      // [2]: the packer warps are done with that staging area
 
   const int tid = threadIdx.x;
   const int64_t m_blocks = (p.m + CTA_M - 1) / CTA_M;
@@ -90,7 +88,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
         const int tile = static_cast<int>(t % TILES_N);
         for (int w = 0; w < 2; ++w) {
           mbarrier_wait(&staged[w], n & 1);
-          pack_twell_tile<Config, STAGE_STRIDE>(p, staging, m0 + w * 64, tile, 64,
+          pack_twell_tile<Config, STAGE_STRIDE>(p, staging + w * 64 * STAGE_STRIDE, m0 + w * 64, tile, 64,
                                                 tid / 32 - 1, 3);
           mbarrier_arrive(&packed[w]);
         }
@@ -163,14 +161,11 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
     mbarrier_arrive(&empty[stage == 0 ? STAGES - 1 : stage - 1]);
 
     // ---- TwELL epilogue, first half ----
-    // The warpgroup rounds and activates its 64 x tile_n slab into the staging area (rows padded by 16
+    // The warpgroup rounds and activates its 64 x tile_n slab into its staging area (rows padded by 16
     // bytes: the 8 rows a warp writes at once fall in distinct banks) once the packers are done with
-    // the slab before it — the other warpgroup's: warpgroup 1's of the previous tile for warpgroup 0
-    // (n = 0: a fresh barrier's "previous" phase counts as done), warpgroup 0's of this tile for
-    // warpgroup 1 — and goes on to its next tile; the packer warps pack the slab meanwhile. The turns
-    // alternate, so each wait is at most one phase ahead of its barrier.
-    mbarrier_wait(&packed[wg ^ 1], wg == 0 ? (n & 1) ^ 1 : n & 1);
-    uint16_t* slab = staging;
+    // the previous slab, and goes on to its next tile; the packer warps pack the slab meanwhile.
+    mbarrier_wait(&packed[wg], (n & 1) ^ 1);  // n = 0: a fresh barrier's "previous" phase counts as done
+    uint16_t* slab = staging + wg * 64 * STAGE_STRIDE;
 #pragma unroll
     for (int j = 0; j < TILE_N / 8; ++j)
 #pragma unroll
