@@ -64,6 +64,24 @@ Problem& problem(int64_t tokens, int density_permille) {
   return *p;
 }
 
+// Marks the benchmark skipped, with the reason, where no GPU is present.
+bool gpu_or_skip(benchmark::State& state) {
+  if (context().has_gpu()) return true;
+  state.SkipWithError(("no GPU: " + context().no_gpu_reason()).c_str());
+  return false;
+}
+
+// A TwELL-only plan for the problem, its backup sized by one untimed run (as a served model's plan
+// would be after its first batch), so timed runs never recompute overflowing tile-rows.
+FfnPlan sized_plan(const Problem& p, int64_t tokens, Stream stream) {
+  PlanOptions twell_path;
+  twell_path.dispatch = Dispatch::Sparse;
+  FfnPlan plan = context().plan(p.host.spec, tokens, twell_path);
+  plan.run(stream, p.tensors(), tokens);
+  plan.last_overflow(stream);
+  return plan;
+}
+
 // Useful FLOPs: the gate GEMM (dense) plus up and down for the active neurons.
 double useful_flops(int64_t tokens, double density) { return 2.0 * tokens * kDModel * kDff * (1.0 + 2.0 * density); }
 
@@ -71,27 +89,15 @@ double useful_flops(int64_t tokens, double density) { return 2.0 * tokens * kDMo
 // TwELL kernels, not the dispatcher's choice) or cuBLASLt, the whole FFN or the gate GEMM alone;
 // `tflop` is the work counted per call.
 void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflop, const char* counter) {
+  if (!gpu_or_skip(state)) return;
   Context& ctx = context();
-  if (!ctx.has_gpu()) {
-    state.SkipWithError(("no GPU: " + ctx.no_gpu_reason()).c_str());
-    return;
-  }
   const int64_t tokens = state.range(0);
   Problem& p = problem(tokens, static_cast<int>(state.range(1)));
   StreamHandle stream(ctx);
   std::unique_ptr<FfnPlan> plan;
   std::unique_ptr<DenseFfn> dense;
-  PlanOptions twell_path;
-  twell_path.dispatch = Dispatch::Sparse;
-  if (sparse) {
-    plan = std::make_unique<FfnPlan>(ctx.plan(p.host.spec, tokens, twell_path));
-    // One untimed run sizes the backup for this problem's overflowing tile-rows (as a served model's
-    // plan would be after its first batch): the timed runs never recompute.
-    plan->run(stream.get(), p.tensors(), tokens);
-    plan->last_overflow(stream.get());
-  } else {
-    dense = std::make_unique<DenseFfn>(ctx, p.host.spec, tokens);
-  }
+  if (sparse) plan = std::make_unique<FfnPlan>(sized_plan(p, tokens, stream.get()));
+  else dense = std::make_unique<DenseFfn>(ctx, p.host.spec, tokens);
   auto call = [&] {
     if (sparse && gate_only) plan->run_gate(stream.get(), p.tensors(), tokens);
     else if (sparse) plan->run(stream.get(), p.tensors(), tokens);
@@ -123,19 +129,12 @@ void GateArgs(benchmark::internal::Benchmark* b) {
 // The consumer alone over the TwELL matrix the D2T kernel made from the problem (run_gate once, then
 // run_consumer timed). Bytes: the Wu and Wd rows of every nonzero (2 * d_model * 2 bytes each).
 void BM_Consumer(benchmark::State& state) {
+  if (!gpu_or_skip(state)) return;
   Context& ctx = context();
-  if (!ctx.has_gpu()) {
-    state.SkipWithError(("no GPU: " + ctx.no_gpu_reason()).c_str());
-    return;
-  }
   const int64_t tokens = state.range(0);
   Problem& p = problem(tokens, static_cast<int>(state.range(1)));
   StreamHandle stream(ctx);
-  PlanOptions twell_path;
-  twell_path.dispatch = Dispatch::Sparse;
-  FfnPlan plan = ctx.plan(p.host.spec, tokens, twell_path);
-  plan.run(stream.get(), p.tensors(), tokens);
-  plan.last_overflow(stream.get());  // sizes the backup: the matrix timed below has no recompute
+  FfnPlan plan = sized_plan(p, tokens, stream.get());
   plan.run_gate(stream.get(), p.tensors(), tokens);
   const double nnz = tokens * kDff * state.range(1) / 1000.0;
   for (auto _ : state) {
@@ -156,11 +155,8 @@ void ConsumerArgs(benchmark::internal::Benchmark* b) {
 // the consumer alone over it with random x, Wu, Wd (the files hold no up/down weights). The gate GEMM
 // it would follow costs what BM_Gate measures, whatever the pattern.
 void BM_ConsumerRealPattern(benchmark::State& state) {
+  if (!gpu_or_skip(state)) return;
   Context& ctx = context();
-  if (!ctx.has_gpu()) {
-    state.SkipWithError(("no GPU: " + ctx.no_gpu_reason()).c_str());
-    return;
-  }
   const auto file = testing::shared_data_dir() / "paper_patterns.safetensors";
   if (!std::filesystem::exists(file)) {
     state.SkipWithError(("missing " + file.string()).c_str());
