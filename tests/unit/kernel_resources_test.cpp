@@ -1,0 +1,60 @@
+// The generated sm_90a kernels compile without register spills (ptxas -v through NVRTC, no GPU).
+//
+// Why a test: the wgmma gate kernel keeps 64-128 fp32 accumulators per thread in registers that the
+// tensor cores write asynchronously; a build in which ptxas spilled around them returned wrong sums
+// on the H200 (bench/README.md v8). The warp-per-row consumer runs at 254 registers on purpose; a
+// spill there is a silent slowdown. Every tile width and value type select-config can choose for
+// these kernels is checked.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "nvrtc_compiler.h"
+#include "twell/compiler/Generate.h"
+
+namespace {
+
+using namespace twell;
+
+// The spill counts ptxas reports for every function in `log` ("N bytes spill stores, M bytes spill
+// loads"); fails the test if the log has none (ptxas -v did not reach the log).
+void expect_no_spills(const std::string& log, const std::string& what) {
+  static const std::regex spills(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
+  int reports = 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), spills); it != std::sregex_iterator(); ++it) {
+    ++reports;
+    EXPECT_EQ((*it)[1].str(), "0") << what << ": " << it->str() << "\n" << log;
+    EXPECT_EQ((*it)[2].str(), "0") << what << ": " << it->str() << "\n" << log;
+  }
+  EXPECT_GT(reports, 0) << what << ": no ptxas resource report in the NVRTC log:\n" << log;
+}
+
+TEST(KernelResources, Sm90aKernelsCompileWithoutSpills) {
+  for (DType dtype : {DType::BF16, DType::FP16})
+    for (int tile_n : {64, 128, 256})
+      for (int64_t d_ff : {5632, 1408}) {  // 1408: a partial last tile
+        FfnSpec s;
+        s.d_model = 2048;
+        s.d_ff = d_ff;
+        s.tile_n = tile_n;
+        s.slots = tile_n / 8 - 1;
+        s.dtype = dtype;
+        s.down_layout = WeightLayout::InOut;  // the consumer the runtime uses: one row per warp
+        const compiler::GeneratedFfn gen = compiler::generateFfn(s, Target{90, true});
+        ASSERT_EQ(gen.kernels.size(), 2u);
+        ASSERT_TRUE(gen.kernels[0].tma_persistent) << "expected the wgmma gate kernel";
+        ASSERT_EQ(gen.kernels[1].cta_m, 8) << "expected the warp-per-row consumer";
+        for (const compiler::KernelSource& k : gen.kernels) {
+          const std::string what = fmt::format("{} (tile_n {}, d_ff {}, {})", k.name, tile_n, d_ff, to_string(dtype));
+          const detail::NvrtcOutput out = detail::compileCuda(k.source, k.name + ".cu", "sm_90a", /*want_cubin=*/true,
+                                                              {"--ptxas-options=-v"});
+          EXPECT_FALSE(out.cubin.empty()) << what;
+          expect_no_spills(out.log, what);
+        }
+      }
+}
+
+}  // namespace
