@@ -172,13 +172,19 @@ int run_command(const std::vector<std::string>& argv) {
     twell::PlanOptions options;
     options.dispatch = twell::Dispatch::Sparse;  // the main job runs and checks the TwELL kernels themselves
     twell::FfnPlan plan = ctx.plan(spec, d.tokens, options);
-    const bool hopper = !plan.kernels().empty() && plan.kernels()[0].threads == 384;
-    say(fmt::format("== kernels for {} ({} gate GEMM with the TwELL epilogue, CTA-per-row consumer), generated and "
-                    "compiled in {:.0f} ms",
+    // The feature set and consumer variant, read off the kernels the plan holds (the first one may be
+    // the down-weight transpose).
+    bool hopper = false, warp_rows = false;
+    for (const auto& k : plan.kernels()) {
+      if (k.kind == "gate_twell") hopper = k.threads == 384;
+      if (k.kind == "gated_down") warp_rows = k.cta_m > 1;
+    }
+    say(fmt::format("== kernels for {} ({} gate GEMM with the TwELL epilogue, {} consumer), generated and compiled in "
+                    "{:.0f} ms",
                     ctx.target().arch(),
                     hopper ? "sm_90a feature set: persistent warp-specialized TMA + wgmma"
                            : "portable feature set: mma.sync + cp.async",
-                    ms_since(t0)));
+                    warp_rows ? "row-per-warp" : "row-per-CTA", ms_since(t0)));
     nlohmann::json kernels = nlohmann::json::array();
     for (const auto& k : plan.kernels()) {
       say(fmt::format("   {:<11} {:<52} cache {:<6} compile {:7.1f} ms  PTX {:6} B  cubin {:6} B  CTA {} rows x {} threads, grid.y {}",
