@@ -1,0 +1,49 @@
+// FfnPlan on a machine without a GPU: plans are generated and compiled, and every call that would
+// launch or copy says why it cannot (Error(NoDevice)) or what is missing (Error(InvalidArgument)).
+#include <gtest/gtest.h>
+
+#include "driver.h"
+#include "twell/context.h"
+#include "twell/error.h"
+#include "twell/format.h"
+
+namespace {
+
+using namespace twell;
+
+TEST(PlanWithoutGpu, ConsumerAloneAndUploadSayWhy) {
+  if (detail::Driver::available()) GTEST_SKIP() << "a CUDA device is present: the no-GPU path cannot be tested";
+  ContextOptions o;
+  o.disk_cache = false;
+  Context ctx(o);
+  FfnSpec s;
+  s.d_model = 512;
+  s.d_ff = 1408;
+  FfnPlan plan = ctx.plan(s, 64);
+  EXPECT_FALSE(plan.runnable());
+  FfnTensors t{};
+  try {
+    plan.run_consumer(nullptr, t, 64);
+    FAIL() << "run_consumer without a TwELL matrix";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds no TwELL matrix"), std::string::npos) << e.what();
+  }
+  TwellMatrix m;
+  m.layout = plan.layout();
+  m.d_ff = s.d_ff;
+  try {
+    plan.upload_twell(nullptr, m);
+    FAIL() << "upload_twell without a GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NoDevice) << e.what();
+  }
+  try {
+    plan.run_gate(nullptr, t, 64);
+    FAIL() << "run_gate without a GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NoDevice) << e.what();
+  }
+}
+
+}  // namespace
