@@ -1,4 +1,6 @@
-// The generated sm_90a kernels compile without register spills (ptxas -v through NVRTC, no GPU).
+// The generated kernels compile without register spills (ptxas -v through NVRTC, no GPU).
+//
+// Also the portable (sm_80) kernels.
 //
 // Why a test: the wgmma gate kernel keeps 64-128 fp32 accumulators per thread in registers that the
 // tensor cores write asynchronously; a build in which ptxas spilled around them returned wrong sums
@@ -30,6 +32,27 @@ void expect_no_spills(const std::string& log, const std::string& what) {
     EXPECT_EQ((*it)[2].str(), "0") << what << ": " << it->str() << "\n" << log;
   }
   EXPECT_GT(reports, 0) << what << ": no ptxas resource report in the NVRTC log:\n" << log;
+}
+
+TEST(KernelResources, PortableKernelsCompileWithoutSpills) {
+  // The mma_sync gate (16 warps at 128 registers) and the consumer after it, built for sm_80.
+  for (DType dtype : {DType::BF16, DType::FP16})
+    for (int tile_n : {64, 256, 1024}) {
+      FfnSpec s;
+      s.d_model = 2048;
+      s.d_ff = 5632;
+      s.tile_n = tile_n;
+      s.slots = tile_n / 8 - 1;
+      s.dtype = dtype;
+      s.down_layout = WeightLayout::InOut;
+      const compiler::GeneratedFfn gen = compiler::generateFfn(s, Target{80, false});
+      for (const compiler::KernelSource& k : gen.kernels) {
+        const std::string what = fmt::format("{} (tile_n {}, {})", k.name, tile_n, to_string(dtype));
+        const detail::NvrtcOutput out = detail::compileCuda(k.source, k.name + ".cu", "sm_80", /*want_cubin=*/true,
+                                                            {"--ptxas-options=-v"});
+        expect_no_spills(out.log, what);
+      }
+    }
 }
 
 TEST(KernelResources, Sm90aKernelsCompileWithoutSpills) {
