@@ -33,6 +33,9 @@ struct FfnPlan::Impl {
   std::shared_ptr<LoadedKernel> transpose;
   std::unique_ptr<detail::DeviceBuffer> w_down_t;
   uint32_t backup_capacity = 0;
+  // The capacity the current TwELL matrix was made with: backup_capacity after a run, the uploaded
+  // matrix's own after upload_twell (what last_overflow and download_twell report).
+  uint32_t matrix_capacity = 0;
   uint32_t wanted_capacity = 0;  // set by last_overflow(); the next run() grows the backup to it
   int64_t last_tokens = -1;
   Dispatch dispatch = Dispatch::Sparse;
@@ -58,6 +61,20 @@ void check_spec(const FfnSpec& s, int64_t max_tokens) {
   if (s.d_ff <= 0 || s.d_ff > (int64_t{1} << 24)) bad(fmt::format("FfnSpec::d_ff: expected 1..16777216, got {}", s.d_ff));
   if (max_tokens < 1 || max_tokens > (int64_t{1} << 31) - 1)
     bad(fmt::format("max_tokens: expected 1..2147483647 (one CTA row per token in the grid), got {}", max_tokens));
+}
+
+// Limits that depend on the generated layout.
+void check_tiles(const TwellLayout& layout, int64_t d_ff, int64_t max_tokens) {
+  auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, m); };
+  const int64_t tiles = layout.tiles(d_ff);
+  // The non-persistent gate kernels put the d_ff tiles on grid.y (at most 65535).
+  if (tiles > 65535)
+    bad(fmt::format("FfnSpec::d_ff: expected at most 65535 tiles of tile_n = {} (d_ff <= {}), got d_ff {} ({} tiles)",
+                    layout.tile_n, int64_t{65535} * layout.tile_n, d_ff, tiles));
+  // The gate kernels count overflowing tile-rows in one uint32: it must not wrap.
+  if (max_tokens * tiles >= (int64_t{1} << 32))
+    bad(fmt::format("max_tokens: expected max_tokens * d_ff tiles < 2^32 (the overflow counter is 32-bit), got {} * {}",
+                    max_tokens, tiles));
 }
 
 }  // namespace
@@ -111,6 +128,7 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
   kernel_spec.down_layout = WeightLayout::InOut;  // what the consumer reads after normalization
   compiler::GeneratedFfn generated = compiler::generateFfn(kernel_spec, ctx->target);
   p.layout = generated.layout;
+  check_tiles(p.layout, spec.d_ff, max_tokens);
   p.target = generated.target;
   p.ir = (transpose_down ? std::string("// FfnPlan: w_down (out_in, nn.Linear) is transposed on the stream to in_out "
                                        "before the consumer.\n")
@@ -288,6 +306,7 @@ void FfnPlan::upload_twell(Stream stream, const TwellMatrix& m) {
   detail::check(d.cuMemcpyHtoD(p.counter->get(), &m.overflow_count, 4), "cuMemcpyHtoD(overflow count)");
   p.last_tokens = m.rows;
   p.last_path = "twell";
+  p.matrix_capacity = m.backup_capacity;
 }
 
 void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages stages) {
@@ -310,8 +329,10 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages 
     // a plan are ordered, so no kernel still reads it.
     p.allocate_backup(p.wanted_capacity);
   }
-  if (!consumer_only)
+  if (!consumer_only) {
     detail::check(d.cuMemsetD32Async(p.counter->get(), 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(overflow counter)");
+    p.matrix_capacity = p.backup_capacity;
+  }
   p.last_tokens = tokens;
   p.last_path = "twell";
   if (tokens == 0) return;
@@ -384,7 +405,7 @@ OverflowReport FfnPlan::last_overflow(Stream stream) {
   detail::check(d.cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "FfnPlan::last_overflow: cuStreamSynchronize");
   uint32_t count = 0;
   detail::check(d.cuMemcpyDtoH(&count, p.counter->get(), 4), "FfnPlan::last_overflow: cuMemcpyDtoH");
-  OverflowReport r{count, p.backup_capacity, count > p.backup_capacity};
+  OverflowReport r{count, p.matrix_capacity, count > p.matrix_capacity};
   // The next run() grows the backup (not now: download_twell() may still read this run's backup).
   if (r.recomputed) p.wanted_capacity = static_cast<uint32_t>(std::min<uint64_t>(uint64_t(count) + count / 4, uint64_t{1} << 24));
   return r;
@@ -404,7 +425,7 @@ TwellMatrix FfnPlan::download_twell(Stream stream) const {
   m.layout = p.layout;
   m.rows = p.last_tokens;
   m.d_ff = p.spec.d_ff;
-  m.backup_capacity = p.backup_capacity;
+  m.backup_capacity = p.matrix_capacity;
   m.words.resize(size_t(m.rows) * p.layout.words_per_row(m.d_ff));
   if (!m.words.empty()) detail::check(d.cuMemcpyDtoH(m.words.data(), p.twell->get(), m.words.size() * 4), "cuMemcpyDtoH(twell)");
   detail::check(d.cuMemcpyDtoH(&m.overflow_count, p.counter->get(), 4), "cuMemcpyDtoH(overflow count)");

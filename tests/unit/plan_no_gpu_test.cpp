@@ -1,4 +1,4 @@
-// FfnPlan on a machine without a GPU: plans are generated and compiled, and every call that would
+// FfnPlan limits, and FfnPlan on a machine without a GPU: plans are generated and compiled, and every call that would
 // launch or copy says why it cannot (Error(NoDevice)) or what is missing (Error(InvalidArgument)).
 #include <gtest/gtest.h>
 
@@ -43,6 +43,36 @@ TEST(PlanWithoutGpu, ConsumerAloneAndUploadSayWhy) {
     FAIL() << "run_gate without a GPU";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::NoDevice) << e.what();
+  }
+}
+
+}  // namespace
+
+namespace {
+
+// Limits checked when the plan is made, before any allocation (with or without a GPU).
+TEST(PlanLimits, GridAndOverflowCounterLimitsAreNamed) {
+  ContextOptions o;
+  o.disk_cache = false;
+  Context ctx(o);
+  FfnSpec s;
+  s.d_model = 512;
+  s.d_ff = 5632;
+  try {
+    ctx.plan(s, (int64_t{1} << 31) - 1);  // 22 tiles per row: 2^31 * 22 overflow counts would not fit 32 bits
+    FAIL() << "accepted max_tokens * tiles >= 2^32";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("max_tokens: expected max_tokens * d_ff tiles < 2^32"), std::string::npos) << e.what();
+  }
+  s.d_ff = 65536 * 32 + 1;
+  s.tile_n = 32;
+  try {
+    ctx.plan(s, 16);
+    FAIL() << "accepted more than 65535 tiles";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FfnSpec::d_ff: expected at most 65535 tiles"), std::string::npos) << e.what();
   }
 }
 
