@@ -18,14 +18,43 @@
 
 namespace twell::device {
 
+// Butterfly sum over the warp: every lane gets the same bits (each step adds the same two values,
+// in either order, on both lanes of a pair).
+__device__ __forceinline__ float warp_sum(float s) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
+  return s;
+}
+
+// s + a . b over one 16-byte chunk (8 packed 16-bit values), in ascending order.
+template <class Value>
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float s) {
+  const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e])), Value::to_float(static_cast<uint16_t>(wb[e])), s);
+    s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e] >> 16)), Value::to_float(static_cast<uint16_t>(wb[e] >> 16)), s);
+  }
+  return s;
+}
+
+// y[0..7] += h * w for one 16-byte chunk of 8 packed 16-bit values.
+template <class Value>
+__device__ __forceinline__ void axpy8(float* y, float h, const uint4& w) {
+  const uint32_t v[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    y[2 * t] = fmaf(h, Value::to_float(static_cast<uint16_t>(v[t])), y[2 * t]);
+    y[2 * t + 1] = fmaf(h, Value::to_float(static_cast<uint16_t>(v[t] >> 16)), y[2 * t + 1]);
+  }
+}
+
 // Dot product of two K-long 16-bit rows, fp32 accumulate, reduced over the warp (every lane gets it).
 template <class Value, int K>
 __device__ __forceinline__ float warp_dot(const uint16_t* a, const uint16_t* b, int lane) {
   float s = 0.0f;
   for (int k = lane; k < K; k += 32) s = fmaf(Value::to_float(a[k]), Value::to_float(b[k]), s);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-  return s;
+  return warp_sum(s);
 }
 
 // Pre-activations of one tile-row (columns n0 .. n0 + valid_n - 1 of one token row x), activated,
@@ -80,20 +109,9 @@ __device__ __forceinline__ void recompute_gate_tile(const GatedDownParams& p, co
 template <class Value, int K>
 __device__ __forceinline__ float warp_dot_16B(const uint16_t* a, const uint16_t* b, int lane) {
   float s = 0.0f;
-  for (int k = lane * 8; k < K; k += 32 * 8) {
-    const uint4 va = *reinterpret_cast<const uint4*>(a + k);
-    const uint4 vb = *reinterpret_cast<const uint4*>(b + k);
-    const uint32_t wa[4] = {va.x, va.y, va.z, va.w}, wb[4] = {vb.x, vb.y, vb.z, vb.w};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e])), Value::to_float(static_cast<uint16_t>(wb[e])), s);
-      s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e] >> 16)), Value::to_float(static_cast<uint16_t>(wb[e] >> 16)),
-               s);
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-  return s;
+  for (int k = lane * 8; k < K; k += 32 * 8)
+    s = dot8<Value>(*reinterpret_cast<const uint4*>(a + k), *reinterpret_cast<const uint4*>(b + k), s);
+  return warp_sum(s);
 }
 
 template <class Config>
@@ -165,14 +183,7 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
         for (int b = 0; b < kBatch; ++b) {
           const float h = active_h[e + b];
 #pragma unroll
-          for (int q = 0; q < Y_STEPS; ++q) {
-            const uint32_t w[4] = {v[b][q].x, v[b][q].y, v[b][q].z, v[b][q].w};
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-              y[q * 8 + 2 * t] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t])), y[q * 8 + 2 * t]);
-              y[q * 8 + 2 * t + 1] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t] >> 16)), y[q * 8 + 2 * t + 1]);
-            }
-          }
+          for (int q = 0; q < Y_STEPS; ++q) axpy8<Value>(&y[q * 8], h, v[b][q]);
         }
       }
     }
@@ -184,15 +195,7 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
 #pragma unroll
         for (int q = 0; q < Y_STEPS; ++q) {
           const int i = (tid + q * THREADS) * 8;
-          if (i < K) {
-            const uint4 v = *reinterpret_cast<const uint4*>(wd + i);
-            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-              y[q * 8 + 2 * t] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t])), y[q * 8 + 2 * t]);
-              y[q * 8 + 2 * t + 1] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t] >> 16)), y[q * 8 + 2 * t + 1]);
-            }
-          }
+          if (i < K) axpy8<Value>(&y[q * 8], h, *reinterpret_cast<const uint4*>(wd + i));
         }
         continue;
       }
@@ -340,28 +343,10 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
     for (int q = 0; q < P; ++q) {
       float u = 0.0f;
 #pragma unroll
-      for (int i = 0; i < XS; ++i) {
-        const uint4 xv = *reinterpret_cast<const uint4*>(xs + 8 * lane + 256 * i);
-        const uint32_t a[4] = {xv.x, xv.y, xv.z, xv.w};
-        const uint32_t b[4] = {u4[q][i].x, u4[q][i].y, u4[q][i].z, u4[q][i].w};
+      for (int i = 0; i < XS; ++i) u = dot8<Value>(*reinterpret_cast<const uint4*>(xs + 8 * lane + 256 * i), u4[q][i], u);
+      const float h = g[q] * warp_sum(u);
 #pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          u = fmaf(Value::to_float(static_cast<uint16_t>(a[t])), Value::to_float(static_cast<uint16_t>(b[t])), u);
-          u = fmaf(Value::to_float(static_cast<uint16_t>(a[t] >> 16)), Value::to_float(static_cast<uint16_t>(b[t] >> 16)), u);
-        }
-      }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xFFFFFFFFu, u, o);
-      const float h = g[q] * u;
-#pragma unroll
-      for (int i = 0; i < XS; ++i) {
-        const uint32_t w[4] = {d4[q][i].x, d4[q][i].y, d4[q][i].z, d4[q][i].w};
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-          y[8 * i + 2 * t] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t])), y[8 * i + 2 * t]);
-          y[8 * i + 2 * t + 1] = fmaf(h, Value::to_float(static_cast<uint16_t>(w[t] >> 16)), y[8 * i + 2 * t + 1]);
-        }
-      }
+      for (int i = 0; i < XS; ++i) axpy8<Value>(&y[8 * i], h, d4[q][i]);
     }
   };
   // Entries arrive one by one (in order); pairs go out together, a last odd one alone.

@@ -70,13 +70,6 @@ __device__ __forceinline__ uint64_t wgmma_descriptor_sw128(const void* tile) {
   return ((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
 }
 
-// ---- named barriers ----
-// bar.sync with an id other than 0 (the one __syncthreads uses): synchronizes `threads` threads only,
-// e.g. one warpgroup.
-__device__ __forceinline__ void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
 // ---- registers ----
 template <int R>
 __device__ __forceinline__ void setmaxnreg_inc() {
