@@ -40,7 +40,7 @@ ConfigAttr mmaSyncGateConfig(MLIRContext* context, LayoutAttr layout) {
 }
 
 bool wgmmaAllowed(int64_t dModel, LayoutAttr layout, TargetAttr target) {
-  return target.hasFeature(Feature::Wgmma) && target.hasFeature(Feature::Tma) &&
+  return target.hasWgmmaMainloopFeatures() &&
          WgmmaGateConstraints::allowed(dModel, layout.getTileN());
 }
 

@@ -251,7 +251,7 @@ LogicalResult verifyMmaSyncGateConfig(Operation* op, ConfigAttr config, int64_t 
 LogicalResult verifyWgmmaGateConfig(Operation* op, ConfigAttr config, TargetAttr target, int64_t dModel,
                                     int64_t tileN) {
   using Wg = WgmmaGateConstraints;
-  if (target && !(target.hasFeature(Feature::Wgmma) && target.hasFeature(Feature::Tma)))
+  if (target && !target.hasWgmmaMainloopFeatures())
     return op->emitOpError() << "config: mainloop wgmma needs a target with features wgmma and tma "
                                 "(sm_90a), got "
                              << target;
@@ -355,7 +355,7 @@ LogicalResult GatedDownOp::verify() {
                            << MmaSyncGateConstraints::kDModelMultiple << " == 0, got d_model " << check.dModel();
     if (config.getMainloop() == Mainloop::Wgmma) {
       TargetAttr target = getTargetAttr();
-      if (target && !(target.hasFeature(Feature::Wgmma) && target.hasFeature(Feature::Tma)))
+      if (target && !target.hasWgmmaMainloopFeatures())
         return emitOpError() << "config: mainloop wgmma (the gate's) needs a target with features wgmma "
                                 "and tma (sm_90a), got "
                              << target;

@@ -154,6 +154,10 @@ def Twell_TargetAttr : AttrDef<Twell_Dialect, "Target"> {
     bool hasFeature(::mlir::twell::Feature feature) const {
       return ::llvm::is_contained(getFeatures(), feature);
     }
+    /// What the wgmma gate kernel (mainloop = wgmma) needs: the wgmma and tma features.
+    bool hasWgmmaMainloopFeatures() const {
+      return hasFeature(::mlir::twell::Feature::Wgmma) && hasFeature(::mlir::twell::Feature::Tma);
+    }
     /// The target's default feature set: all Hopper features on sm_90a, the portable ones elsewhere.
     static ::llvm::SmallVector<::mlir::twell::Feature> defaultFeatures(::llvm::StringRef arch);
   }];
