@@ -82,6 +82,8 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
     // The overflow recompute repeats the gate kernel's arithmetic, bit for bit.
     os << "  static constexpr int gate_mainloop = " << mainloop(kernel.gateMainloop) << "\n";
     os << "  static constexpr int gate_cta_k = " << kernel.gateCtaK << ";\n";
+    os << "  static constexpr int stages = " << kernel.config.getStages()
+       << ";  // cp.async ring depth of the token-block consumer (cta_m = 16); 0 otherwise\n";
   }
   os << "};\n";
   // wgmma: one CTA per SM (setmaxnreg needs the register cap that minBlocks = 1 sets), and the TMA maps
@@ -122,7 +124,8 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
     source.threads = static_cast<int>(kernel->config.getThreads());
     source.cta_m = static_cast<int>(kernel->config.getCtaM());
     source.grid_y = static_cast<int>(kernel->gridY());
-    // The mma_sync gate kernel's pipeline is dynamic shared memory; the others use static only.
+    // The pipelines of the mma_sync and wgmma gates and of the token-block consumer are dynamic shared
+    // memory; the others use static only.
     source.smem_bytes = static_cast<int>(kernel->dynamicSharedBytes());
     source.operand_alignment = static_cast<int>(kernel->operandAlignment());
     source.tma_persistent = kernel->kind == ::twell::compiler::KernelKind::GateTwell &&

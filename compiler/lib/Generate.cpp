@@ -109,9 +109,10 @@ TwellLayout layoutOf(tw::LayoutAttr layout) {
 
 // Runs the kernel pipeline and the emitter on `module`. Failures are reported through the context's
 // diagnostic handler; returns nullopt then.
-std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& target) {
+std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& target,
+                                       ConsumerVariant variant = ConsumerVariant::RowGather) {
   mlir::PassManager pm(module.getContext());
-  tw::buildTwellKernelPipeline(pm, target.arch());
+  tw::buildTwellKernelPipeline(pm, target.arch(), variant == ConsumerVariant::TokenBlock ? "block" : "rows");
   if (mlir::failed(pm.run(module))) return std::nullopt;
 
   // One gate kernel feeding one consumer (the shape Generate.h documents).
@@ -179,6 +180,8 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
     fail("spec.dtype: expected bf16 or f16, got " + std::to_string(static_cast<int>(spec.dtype)));
   if (spec.activation != Activation::ReLU && spec.activation != Activation::SiLU)
     fail("spec.activation: expected relu or silu, got " + std::to_string(static_cast<int>(spec.activation)));
+  if (spec.consumer && *spec.consumer != ConsumerVariant::RowGather && *spec.consumer != ConsumerVariant::TokenBlock)
+    fail("spec.consumer: expected row_gather or token_block, got " + std::to_string(static_cast<int>(*spec.consumer)));
   if (spec.down_layout != WeightLayout::OutIn && spec.down_layout != WeightLayout::InOut)
     fail("spec.down_layout: expected out_in or in_out, got " +
          std::to_string(static_cast<int>(spec.down_layout)));
@@ -223,7 +226,8 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
   mlir::func::ReturnOp::create(b, loc, ffn.getY());
   if (mlir::failed(mlir::verify(*module))) fail(messages.take());
 
-  std::optional<GeneratedFfn> result = runPipeline(*module, target);
+  std::optional<GeneratedFfn> result =
+      runPipeline(*module, target, spec.consumer.value_or(ConsumerVariant::RowGather));
   if (!result)
     throw Error(ErrorCode::Compile, "generateFfn: the twell pipeline failed: " + messages.take());
   return std::move(*result);

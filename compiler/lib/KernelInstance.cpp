@@ -69,6 +69,10 @@ FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
 }
 
 int64_t KernelInstance::dynamicSharedBytes() const {
+  if (kind == ::twell::compiler::KernelKind::GatedDown)
+    return config.getCtaM() == GatedDownKernelConstraints::kBlockCtaM
+               ? GatedDownKernelConstraints::blockSharedBytes(dModel, dFF, layout.getTileN(), config.getStages())
+               : 0;
   if (kind != ::twell::compiler::KernelKind::GateTwell) return 0;
   if (config.getMainloop() == Mainloop::Wgmma)
     return WgmmaGateConstraints::sharedBytes(layout.getTileN(), config.getStages());
@@ -78,6 +82,8 @@ int64_t KernelInstance::dynamicSharedBytes() const {
 
 int64_t KernelInstance::operandAlignment() const {
   if (gateMainloop == Mainloop::Fma) return 1;
+  if (kind == ::twell::compiler::KernelKind::GatedDown && config.getCtaM() == GatedDownKernelConstraints::kBlockCtaM)
+    return GatedDownKernelConstraints::kBlockOperandAlignment;
   if (kind == ::twell::compiler::KernelKind::GatedDown && config.getCtaM() > 1)
     return GatedDownKernelConstraints::kWarpRowOperandAlignment;
   if (kind == ::twell::compiler::KernelKind::GateTwell && gateMainloop == Mainloop::Wgmma)

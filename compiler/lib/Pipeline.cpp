@@ -10,13 +10,14 @@
 
 namespace mlir::twell {
 
-void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch) {
+void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::StringRef consumer) {
   // Nest explicitly: a func-anchored pass added to a module-anchored manager would not run on funcs
   // (BUILD_NOTES.md).
   OpPassManager& funcPm = pm.nest<func::FuncOp>();
   funcPm.addPass(createTwellSplitGatedFfn());
   TwellSelectConfigOptions options;
   options.target = arch.str();
+  options.consumer = consumer.str();
   funcPm.addPass(createTwellSelectConfig(options));
   funcPm.addPass(createTwellSpecialize());
 }
@@ -27,6 +28,8 @@ struct KernelPipelineOptions : PassPipelineOptions<KernelPipelineOptions> {
   Option<std::string> target{*this, "target",
                              llvm::cl::desc("GPU architecture, sm_<major><minor>[a]"),
                              llvm::cl::init("sm_90a")};
+  Option<std::string> consumer{*this, "consumer", llvm::cl::desc("gated consumer variant: rows or block"),
+                               llvm::cl::init("rows")};
 };
 
 }  // namespace
@@ -40,7 +43,7 @@ void registerTwellDialectsAndPasses(DialectRegistry& registry) {
         "twell-kernel-pipeline",
         "Split every twell.gated_ffn into kernels, select their configuration and specialize them",
         [](OpPassManager& pm, const KernelPipelineOptions& options) {
-          buildTwellKernelPipeline(pm, options.target);
+          buildTwellKernelPipeline(pm, options.target, options.consumer);
         });
   });
 }

@@ -73,8 +73,19 @@ int64_t dModelOf(Operation* op) {
 
 // One row per warp wherever allowed (measured faster at the paper's shape: bench/README.md v9), else
 // one row per CTA.
-ConfigAttr gatedDownConfig(MLIRContext* context, Mainloop gateMainloop, GatedDownOp down) {
+// With consumer = "block": 16 token rows per CTA on tensor cores (gated_down_block.cuh) with the
+// deepest ring that fits the target's shared memory, where the shape allows it.
+ConfigAttr gatedDownConfig(MLIRContext* context, Mainloop gateMainloop, GatedDownOp down, llvm::StringRef consumer) {
   using Down = GatedDownKernelConstraints;
+  if (consumer == "block") {
+    const int64_t tileN = down.getLayout().getTileN();
+    const int64_t dFF = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
+    const int64_t stages = Down::blockStages(dModelOf(down), dFF, tileN,
+                                             Down::maxDynamicSharedBytes(down.getTargetAttr().getComputeCapability()));
+    if (stages > 0 && Down::blockShapeAllowed(gateMainloop != Mainloop::Fma, down.getDownLayout() == DownLayout::InOut,
+                                              dModelOf(down), tileN))
+      return ConfigAttr::get(context, Down::kBlockCtaM, /*cta_k=*/0, Down::kBlockThreads, gateMainloop, stages);
+  }
   const bool warpRows = Down::warpRowAllowed(gateMainloop != Mainloop::Fma,
                                              down.getDownLayout() == DownLayout::InOut, dModelOf(down), kThreads);
   return ConfigAttr::get(context, warpRows ? kThreads / 32 : Down::kCtaM, /*cta_k=*/0, kThreads,
@@ -88,6 +99,11 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
   void runOnOperation() override {
     MLIRContext* context = &getContext();
     std::string arch = target;
+    if (consumer != "rows" && consumer != "block") {
+      getOperation().emitError() << "twell-select-config: consumer: expected \"rows\" or \"block\", got \"" << consumer
+                                 << "\"";
+      return signalPassFailure();
+    }
     auto emitError = [&] { return getOperation().emitError() << "twell-select-config: target: "; };
     TargetAttr defaultTarget = TargetAttr::getChecked(
         llvm::function_ref<InFlightDiagnostic()>(emitError), context, llvm::StringRef(arch),
@@ -113,7 +129,7 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
       Mainloop gateMainloop = bestMainloop(dModelOf(down), down.getLayout(), down.getTargetAttr());
       if (auto gate = down.getH().getDefiningOp<GateMatmulOp>())
         if (ConfigAttr config = gate.getConfigAttr()) gateMainloop = config.getMainloop();
-      down.setConfigAttr(gatedDownConfig(context, gateMainloop, down));
+      down.setConfigAttr(gatedDownConfig(context, gateMainloop, down, consumer));
     });
   }
 };

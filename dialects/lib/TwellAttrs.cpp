@@ -208,6 +208,11 @@ LogicalResult TargetAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitEr
   return success();
 }
 
+int TargetAttr::getComputeCapability() const {
+  bool archSpecific = false;
+  return parseComputeCapability(getArch(), archSpecific);
+}
+
 llvm::SmallVector<Feature> TargetAttr::defaultFeatures(StringRef arch) {
   if (arch == "sm_90a") return {Feature::Wgmma, Feature::Tma, Feature::Multicast};
   return {Feature::MmaSync, Feature::CpAsync};

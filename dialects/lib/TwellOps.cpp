@@ -334,10 +334,34 @@ LogicalResult GatedDownOp::verify() {
                            << config;
     using Down = GatedDownKernelConstraints;
     const int64_t warps = config.getThreads() / 32;
-    if (config.getCtaM() != Down::kCtaM && config.getCtaM() != warps)
+    const bool block = config.getCtaM() == Down::kBlockCtaM && config.getThreads() == Down::kBlockThreads;
+    if (config.getCtaM() != Down::kCtaM && config.getCtaM() != warps && !block)
       return emitOpError() << "config: the gated_down kernel processes one token row per CTA (cta_m = "
-                           << Down::kCtaM << ") or per warp (cta_m = threads / 32 = " << warps
-                           << "), got cta_m = " << config.getCtaM();
+                           << Down::kCtaM << "), one per warp (cta_m = threads / 32 = " << warps
+                           << ") or a block of " << Down::kBlockCtaM << " rows on " << Down::kBlockThreads
+                           << " threads, got cta_m = " << config.getCtaM() << ", threads = " << config.getThreads();
+    if (block) {
+      const int64_t tileN = check.layout().getTileN();
+      if (!Down::blockShapeAllowed(config.getMainloop() != Mainloop::Fma, getDownLayout() == DownLayout::InOut,
+                                   check.dModel(), tileN))
+        return emitOpError() << "config: a token block (cta_m = " << Down::kBlockCtaM
+                             << ") needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model a "
+                                "multiple of "
+                             << Down::kBlockDModelMultiple << " up to " << Down::kBlockMaxDModel << " and tile_n <= "
+                             << Down::kBlockMaxTileN << ", got mainloop " << stringifyMainloop(config.getMainloop())
+                             << ", " << stringifyDownLayout(getDownLayout()) << ", d_model " << check.dModel()
+                             << ", tile_n " << tileN;
+      if (config.getStages() < Down::kBlockMinStages || config.getStages() > Down::kBlockMaxStages)
+        return emitOpError() << "config: a token block needs stages " << Down::kBlockMinStages << ".."
+                             << Down::kBlockMaxStages << " (its cp.async ring), got " << config.getStages();
+      TargetAttr target = getTargetAttr();
+      const int64_t limit = Down::maxDynamicSharedBytes(target ? target.getComputeCapability() : 90);
+      const int64_t bytes = Down::blockSharedBytes(check.dModel(), check.dFF(), tileN, config.getStages());
+      if (bytes > limit)
+        return emitOpError() << "config: a token block with stages = " << config.getStages() << " needs " << bytes
+                             << " bytes of shared memory at d_model " << check.dModel() << ", d_ff " << check.dFF()
+                             << ", tile_n " << tileN << "; the target allows " << limit;
+    }
     if (config.getCtaM() == warps && warps != Down::kCtaM &&
         !Down::warpRowAllowed(config.getMainloop() != Mainloop::Fma, getDownLayout() == DownLayout::InOut,
                               check.dModel(), config.getThreads()))
@@ -365,9 +389,9 @@ LogicalResult GatedDownOp::verify() {
                              << " == 0 and tile_n 64, 128 or 256, got d_model " << check.dModel()
                              << ", tile_n " << check.layout().getTileN();
     }
-    if (config.getStages() != 0)
-      return emitOpError() << "config: the gated_down kernel has no cp.async pipeline, stages must be "
-                              "omitted, got "
+    if (!block && config.getStages() != 0)
+      return emitOpError() << "config: only the token-block gated_down kernel (cta_m = " << Down::kBlockCtaM
+                           << ") has a cp.async pipeline, stages must be omitted, got "
                            << config;
   }
   return verifyKernelAttributes(*this, getTargetAttr(), getConfigAttr(), getKernelNameAttr());

@@ -40,7 +40,12 @@ struct FfnPlan::Impl {
   int64_t last_tokens = -1;
   Dispatch dispatch = Dispatch::Sparse;
   std::unique_ptr<DenseFfn> dense;          // with Dispatch::Auto or Dense
-  std::map<int, bool> dense_is_faster;      // Auto: per bucket bit_width(tokens - 1)
+  // The token-block consumer, when spec.consumer is unset and the shape allows it: run() times it
+  // against the row consumer (kernels) per token bucket.
+  std::shared_ptr<LoadedKernel> block_consumer;
+  enum class Path { Rows, Block, Dense };
+  std::map<int, Path> bucket_path;          // per bucket bit_width(tokens - 1), after calibration
+  bool use_block = false;                   // the consumer the next launch() runs
   std::string last_path;
 
   void allocate_backup(uint32_t capacity) {
@@ -151,6 +156,15 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
     p.kernels.push_back(ctx->load(k));
     p.reports.push_back(p.kernels.back()->report);
   }
+  if (!spec.consumer) {
+    kernel_spec.consumer = ConsumerVariant::TokenBlock;
+    compiler::GeneratedFfn block = compiler::generateFfn(kernel_spec, ctx->target);
+    for (const auto& k : block.kernels)
+      if (k.kind == compiler::KernelKind::GatedDown && k.cta_m == 16) {  // else the shape fell back to rows
+        p.block_consumer = ctx->load(k);
+        p.reports.push_back(p.block_consumer->report);
+      }
+  }
   if (ctx->gpu) {
     ctx->make_current();
     p.twell = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * p.layout.words_per_row(spec.d_ff) * 4);
@@ -243,30 +257,59 @@ const std::string& FfnPlan::ptx(size_t i) const { return kernel_at(impl_, i, "pt
 const std::string& FfnPlan::cuda_source(size_t i) const { return kernel_at(impl_, i, "cuda_source").source.source; }
 bool FfnPlan::runnable() const { return checked(impl_, "runnable").context->gpu; }
 
+namespace {
+// Whether the token-block consumer may read these operands: 16-byte aligned rows of x, Wu, Wd^T and y
+// (its cp.async chunks). An out_in Wd is read from the plan's transposed copy, which is aligned.
+bool block_operands_aligned(const FfnSpec& s, const FfnTensors& t) {
+  auto ok = [](const void* ptr, int64_t ld) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ld % 8 == 0; };
+  return ok(t.x, t.ld_x ? t.ld_x : s.d_model) && ok(t.w_up, t.ld_up ? t.ld_up : s.d_model) &&
+         ok(t.y, t.ld_y ? t.ld_y : s.d_model) &&
+         (s.down_layout == WeightLayout::OutIn || ok(t.w_down, t.ld_down ? t.ld_down : s.d_model));
+}
+}  // namespace
+
 void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
   Impl& p = checked(impl_, "run");
-  if (p.dispatch == Dispatch::Sparse || tokens <= 0 || !p.context->gpu) {
-    launch(stream, t, tokens, Stages::All);
-    return;
-  }
-  bool use_dense = p.dispatch == Dispatch::Dense;
-  if (p.dispatch == Dispatch::Auto) {
-    const int bucket = std::bit_width(static_cast<uint64_t>(tokens - 1));
-    auto it = p.dense_is_faster.find(bucket);
-    if (it == p.dense_is_faster.end()) {
-      // Calibrate on these inputs: median of 3 timed calls of each path after one warm-up.
-      const auto sparse_ms = time_on_stream(stream, [&] { launch(stream, t, tokens, Stages::All); }, 1, 3);
-      const auto dense_ms = time_on_stream(stream, [&] { p.dense->run(stream, t, tokens); }, 1, 3);
-      it = p.dense_is_faster.emplace(bucket, dense_ms[1] < sparse_ms[1]).first;
-    }
-    use_dense = it->second;
-  }
-  if (use_dense) {
+  using Path = Impl::Path;
+  p.use_block = false;
+  if (p.dispatch == Dispatch::Dense && tokens > 0 && p.context->gpu) {
     p.dense->run(stream, t, tokens);
     p.last_path = "dense";
-  } else {
-    launch(stream, t, tokens, Stages::All);
+    return;
   }
+  std::vector<Path> candidates{Path::Rows};
+  if (p.block_consumer && tokens > 0 && p.context->gpu && block_operands_aligned(p.spec, t)) candidates.push_back(Path::Block);
+  if (p.dispatch == Dispatch::Auto && tokens > 0 && p.context->gpu) candidates.push_back(Path::Dense);
+  Path path = Path::Rows;
+  if (candidates.size() > 1) {
+    const int bucket = std::bit_width(static_cast<uint64_t>(tokens - 1));
+    auto it = p.bucket_path.find(bucket);
+    if (it == p.bucket_path.end()) {
+      // Calibrate on these inputs: median of 3 timed calls of each path after one warm-up.
+      double best = 0;
+      Path fastest = Path::Rows;
+      for (Path c : candidates) {
+        p.use_block = c == Path::Block;
+        const auto ms = c == Path::Dense ? time_on_stream(stream, [&] { p.dense->run(stream, t, tokens); }, 1, 3)
+                                         : time_on_stream(stream, [&] { launch(stream, t, tokens, Stages::All); }, 1, 3);
+        if (c == Path::Rows || ms[1] < best) {
+          best = ms[1];
+          fastest = c;
+        }
+      }
+      it = p.bucket_path.emplace(bucket, fastest).first;
+    }
+    path = it->second;
+    // A bucket calibrated with aligned operands may now see unaligned ones: the row consumer takes any.
+    if (path == Path::Block && candidates[1] != Path::Block) path = Path::Rows;
+  }
+  if (path == Path::Dense) {
+    p.dense->run(stream, t, tokens);
+    p.last_path = "dense";
+    return;
+  }
+  p.use_block = path == Path::Block;
+  launch(stream, t, tokens, Stages::All);
 }
 
 std::string FfnPlan::last_path() const { return checked(impl_, "last_path").last_path; }
@@ -373,7 +416,10 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages 
   down.ldy = t.ld_y ? t.ld_y : s.d_model;
   down.backup_capacity = p.backup_capacity;
 
-  for (const auto& k : p.kernels) {
+  for (const auto& kernel : p.kernels) {
+    // The token-block consumer in place of the row consumer when run() chose it.
+    const LoadedKernel* k =
+        kernel->source.kind == compiler::KernelKind::GatedDown && p.use_block ? p.block_consumer.get() : kernel.get();
     const compiler::KernelSource& src = k->source;
     if (gate_only && src.kind != compiler::KernelKind::GateTwell) continue;
     if (consumer_only && src.kind == compiler::KernelKind::GateTwell) continue;

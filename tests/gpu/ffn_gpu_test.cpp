@@ -243,22 +243,61 @@ TEST(GpuFfn, DispatchAutoAndDenseComputeTheSameFunction) {
 // bit: the recompute repeats the gate kernel's arithmetic. d_model 520: the mma_sync gate (a K tail);
 // 512: on sm_90a the wgmma gate.
 TEST(GpuFfn, OverflowBackupAndRecompute) {
-  for (int64_t d_model : {520, 512}) {
+  for (auto [d_model, consumer] : {std::pair{520, ConsumerVariant::RowGather}, std::pair{512, ConsumerVariant::RowGather},
+                                   std::pair{512, ConsumerVariant::TokenBlock}}) {
     FfnSpec s = odd_spec();
     s.d_model = d_model;
+    s.consumer = consumer;  // fixed: the variants round h differently, and y is compared across plans
     const auto f = make_random_ffn(s, 300, 0.2, 9);  // ~51 nnz per 256-wide tile-row > 31 slots
     std::vector<uint16_t> first;
     for (uint32_t cap : {0u, 17u, 100000u}) {
       PlanOptions o = sparse();
       o.backup_capacity = cap;
       const Outcome r = run_and_compare(f, o, false);
-      const std::string what = fmt::format("d_model {}, backup capacity {}", d_model, cap);
+      const std::string what = fmt::format("d_model {}, {}, backup capacity {}", d_model, to_string(consumer), cap);
       expect_good(r, what);
       EXPECT_GT(r.overflow.overflowing_tile_rows, 0u) << what;
       EXPECT_EQ(r.overflow.recomputed, r.overflow.overflowing_tile_rows > cap) << what;
       if (first.empty()) first = r.y;
       else EXPECT_TRUE(r.y == first) << what << ": y differs from the run with backup capacity 0";
     }
+  }
+}
+
+// The token-block consumer (16 rows per CTA on tensor cores) on its own: both stage shapes (d_model
+// 512: 16 Wd^T rows per stage; 2048: 8), tail blocks (M % 16), tail tiles (d_ff 1408), sparse to dense
+// unions and overflowing tile-rows, narrower tiles, fp16.
+TEST(GpuFfn, TokenBlockConsumer) {
+  auto block_spec = [](int64_t d_model, int tile_n, int slots, DType dtype) {
+    FfnSpec s = odd_spec();
+    s.d_model = d_model;
+    s.tile_n = tile_n;
+    s.slots = slots;
+    s.dtype = dtype;
+    s.consumer = ConsumerVariant::TokenBlock;
+    return s;
+  };
+  struct Case {
+    FfnSpec spec;
+    int64_t m;
+    double density;
+  };
+  const std::vector<Case> cases{
+      {block_spec(512, 256, 31, DType::BF16), 1, 0.05},     {block_spec(512, 256, 31, DType::BF16), 37, 0.005},
+      {block_spec(512, 256, 31, DType::BF16), 1000, 0.02},  {block_spec(512, 256, 31, DType::BF16), 300, 0.3},
+      {block_spec(2048, 256, 31, DType::BF16), 100, 0.05},  {block_spec(2048, 256, 31, DType::BF16), 45, 0.25},
+      {block_spec(512, 64, 7, DType::BF16), 200, 0.05},     {block_spec(512, 128, 15, DType::FP16), 200, 0.05},
+      {block_spec(1024, 256, 31, DType::FP16), 64, 0.10},
+  };
+  for (const Case& c : cases) {
+    const std::string what = fmt::format("token block: d_model {}, tile_n {}, {}, M {}, density {}", c.spec.d_model,
+                                         *c.spec.tile_n, to_string(c.spec.dtype), c.m, c.density);
+    const auto f = make_random_ffn(c.spec, c.m, c.density, static_cast<uint32_t>(c.m * 31 + c.spec.d_model));
+    FfnPlan plan = context().plan(f.spec, f.tokens, sparse());
+    bool block = false;
+    for (const KernelReport& k : plan.kernels()) block |= k.kind == "gated_down" && k.cta_m == 16;
+    EXPECT_TRUE(block) << what << ": the plan holds no token-block consumer";
+    expect_good(run_and_compare(f), what);
   }
 }
 
@@ -410,21 +449,24 @@ TEST(GpuFfn, BadArgumentsAreNamedAndHarmless) {
 }
 
 namespace {
-void check_real_layer(const std::vector<SafeTensors>& files, int layer, bool random_up_down, int64_t max_rows, int slots) {
+void check_real_layer(const std::vector<SafeTensors>& files, int layer, bool random_up_down, int64_t max_rows, int slots,
+                      ConsumerVariant consumer = ConsumerVariant::RowGather) {
   const LayerData d = load_layer(files, layer, random_up_down);
   RandomFfn f;
   f.spec.d_model = d.d_model;
   f.spec.d_ff = d.d_ff;
   f.spec.slots = slots;
+  f.spec.consumer = consumer;
   f.tokens = std::min(d.tokens, max_rows);
   f.x.assign(d.x.begin(), d.x.begin() + f.tokens * d.d_model);
   f.w_gate = d.w_gate;
   f.w_up = d.w_up;
   f.w_down = d.w_down;
   const Outcome o = run_and_compare(f);
-  expect_good(o, fmt::format("real layer {} slots {}", layer, slots));
-  std::fprintf(stderr, "[ real ] layer %d, %lld tokens, slots %d: TwELL rel. error %.3e, dense %.3e, %u overflowing tile-rows\n",
-               layer, static_cast<long long>(f.tokens), slots, o.err_twell, o.err_dense, o.overflow.overflowing_tile_rows);
+  expect_good(o, fmt::format("real layer {} slots {} {}", layer, slots, to_string(consumer)));
+  std::fprintf(stderr, "[ real ] layer %d, %lld tokens, slots %d, %s: TwELL rel. error %.3e, dense %.3e, %u overflowing tile-rows\n",
+               layer, static_cast<long long>(f.tokens), slots, to_string(consumer), o.err_twell, o.err_dense,
+               o.overflow.overflowing_tile_rows);
 }
 }  // namespace
 
@@ -432,6 +474,7 @@ TEST(GpuFfnRealData, EmbeddedSample) {
   const std::vector<SafeTensors> files{SafeTensors::read(sample_path())};
   check_real_layer(files, 1, false, 1024, 31);
   check_real_layer(files, 1, false, 1024, 63);
+  check_real_layer(files, 1, false, 1024, 31, ConsumerVariant::TokenBlock);
 }
 
 TEST(GpuFfnRealData, TinyBothLayers) {
@@ -440,6 +483,8 @@ TEST(GpuFfnRealData, TinyBothLayers) {
   const std::vector<SafeTensors> files{SafeTensors::read(file)};
   check_real_layer(files, 0, false, 1024, 31);
   check_real_layer(files, 1, false, 1024, 31);
+  check_real_layer(files, 0, false, 1024, 31, ConsumerVariant::TokenBlock);
+  check_real_layer(files, 1, false, 1024, 31, ConsumerVariant::TokenBlock);
 }
 
 TEST(GpuFfnRealData, PaperLayer1) {
@@ -450,6 +495,7 @@ TEST(GpuFfnRealData, PaperLayer1) {
                                        SafeTensors::read(dir / "paper_l1_gate_b.safetensors"),
                                        SafeTensors::read(dir / "paper_l1_x.safetensors")};
   check_real_layer(files, 1, true, 1024, 31);
+  check_real_layer(files, 1, true, 1024, 31, ConsumerVariant::TokenBlock);
 }
 
 int main(int argc, char** argv) {

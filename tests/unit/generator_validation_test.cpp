@@ -143,12 +143,31 @@ TEST(GeneratorValidation, EnumFieldsOutOfRangeNameTheField) {
        [](FfnSpec& s) { s.down_layout = static_cast<WeightLayout>(5); }},
       {"generateFfn: spec.dtype: expected bf16 or f16, got 255",
        [](FfnSpec& s) { s.dtype = static_cast<DType>(255); }},
+      {"generateFfn: spec.consumer: expected row_gather or token_block, got 3",
+       [](FfnSpec& s) { s.consumer = static_cast<ConsumerVariant>(3); }},
   };
   for (const Case& c : cases) {
     FfnSpec s = smallSpec();
     c.corrupt(s);
     EXPECT_EQ(ffnError(s, Target{90, true}), c.expected);
   }
+}
+
+// A token-block request where the shape does not allow it (d_model not a multiple of 128, an out_in
+// Wd) falls back to the row consumer; where it does, the consumer is the token block.
+TEST(GeneratorValidation, TokenBlockWhereTheShapeAllowsIt) {
+  FfnSpec s;
+  s.d_model = 512;
+  s.d_ff = 1408;
+  s.down_layout = WeightLayout::InOut;
+  s.consumer = ConsumerVariant::TokenBlock;
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).cta_m, 16);
+  EXPECT_EQ(compiler::generateFfn(s, Target{80, false}).kernels.at(1).cta_m, 16);
+  s.d_model = 520;
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).cta_m, 8);
+  s.d_model = 512;
+  s.down_layout = WeightLayout::OutIn;
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).cta_m, 1);
 }
 
 TEST(GeneratorValidation, EveryValidEnumValueGenerates) {

@@ -80,4 +80,32 @@ TEST(KernelResources, Sm90aKernelsCompileWithoutSpills) {
       }
 }
 
+TEST(KernelResources, TokenBlockConsumersCompileWithoutSpills) {
+  // 128 fp32 outputs per thread at d_model 2048 leave little room: every stage shape (d_model 2048:
+  // 8 Wd^T rows per stage; 1024 and 512: 16), tile width and value type, on both feature sets.
+  for (Target target : {Target{90, true}, Target{80, false}})
+    for (DType dtype : {DType::BF16, DType::FP16})
+      for (int64_t d_model : {2048, 1024, 512})
+        for (int tile_n : {64, 256}) {
+          FfnSpec s;
+          s.d_model = d_model;
+          s.d_ff = 5632;
+          s.tile_n = tile_n;
+          s.slots = tile_n / 8 - 1;
+          s.dtype = dtype;
+          s.down_layout = WeightLayout::InOut;
+          s.consumer = ConsumerVariant::TokenBlock;
+          const compiler::GeneratedFfn gen = compiler::generateFfn(s, target);
+          ASSERT_EQ(gen.kernels.size(), 2u);
+          const compiler::KernelSource& k = gen.kernels[1];
+          ASSERT_EQ(k.cta_m, 16) << "expected the token-block consumer";
+          const std::string what =
+              fmt::format("{} ({}, d_model {}, tile_n {}, {})", k.name, target.arch(), d_model, tile_n, to_string(dtype));
+          const detail::NvrtcOutput out =
+              detail::compileCuda(k.source, k.name + ".cu", target.arch(), /*want_cubin=*/true, {"--ptxas-options=-v"});
+          EXPECT_FALSE(out.cubin.empty()) << what;
+          expect_no_spills(out.log, what);
+        }
+}
+
 }  // namespace

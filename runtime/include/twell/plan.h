@@ -18,12 +18,13 @@ using Stream = CUstream_st*;  // a CUstream / cudaStream_t; nullptr = the legacy
 // Which path FfnPlan::run takes. Both compute the same function (the dense path applies the same
 // activation, threshold and roundings), so the choice only changes time.
 enum class Dispatch {
-  // Per token-count bucket (powers of two), the first run() times the TwELL path and the dense
-  // cuBLASLt path on its inputs (a few calls each, one stream synchronization) and keeps the faster
-  // one for later runs of that bucket: never slower than dense beyond the timing noise, on inputs
-  // like the first. Later runs do not synchronize.
+  // Per token-count bucket (powers of two), the first run() times the TwELL path (with each consumer
+  // variant the plan holds, FfnSpec::consumer) and the dense cuBLASLt path on its inputs (a few calls
+  // each, one stream synchronization) and keeps the fastest for later runs of that bucket: never
+  // slower than dense beyond the timing noise, on inputs like the first. Later runs do not synchronize.
   Auto,
-  Sparse,  // always the TwELL kernels
+  // Always the TwELL kernels; with two consumer variants, the first run() of a bucket times both.
+  Sparse,
   Dense,   // always cuBLASLt (DenseFfn)
 };
 
@@ -94,7 +95,8 @@ class FfnPlan {
   // download_twell) without the consumer; y is not written and may be null. Same checks as run().
   void run_gate(Stream stream, const FfnTensors& t, int64_t tokens);
 
-  // Only the consumer (gated up + down projection) over the plan's current TwELL matrix: the one the
+  // Only the consumer (gated up + down projection; the variant the last run() chose, else RowGather)
+  // over the plan's current TwELL matrix: the one the
   // last run()/run_gate() wrote, or upload_twell() set. `tokens` must equal that matrix's row count
   // (Error(InvalidArgument) otherwise, or when there is none); x and w_gate are still read for the
   // overflow recompute. For benchmarks of the consumer alone and for TwELL inputs made elsewhere.

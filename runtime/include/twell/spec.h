@@ -38,6 +38,15 @@ struct TwellLayout {
   int64_t words_per_row(int64_t d_ff) const { return tiles(d_ff) * (slots + 1); }
 };
 
+// The gated consumer kernel (the up + down projection over TwELL), README.md "Kernels":
+//   RowGather:  one token row per warp (or per CTA): reads the Wu and Wd^T rows of each active entry.
+//               Best at very high sparsity, where rows share few active neurons.
+//   TokenBlock: 16 token rows per CTA on tensor cores: gathers the union of their active neurons'
+//               Wu and Wd^T rows once and multiplies with mma.sync. Best where rows share neurons
+//               (real layers, 2-10% density). Needs d_model % 128 == 0, <= 2048 and tile_n <= 256;
+//               elsewhere the generator falls back to RowGather.
+enum class ConsumerVariant : uint8_t { RowGather, TokenBlock };
+
 // One FFN layer: y = (act(x Wg^T) ⊙ (x Wu^T)) Wd^T for gated layers.
 // x: [tokens, d_model]; Wg, Wu: [d_ff, d_model] (OutIn); Wd: [d_model, d_ff] (OutIn) or
 // [d_ff, d_model] (InOut); y: [tokens, d_model]. All row-major, dtype `dtype`.
@@ -51,6 +60,9 @@ struct FfnSpec {
   WeightLayout down_layout = WeightLayout::OutIn;
   std::optional<int> tile_n;  // unset: the generator chooses (256)
   std::optional<int> slots;   // unset: the generator chooses (31)
+  // Unset: generateFfn emits RowGather; a plan times both variants per token bucket and keeps the
+  // faster (FfnPlan::run, PlanOptions::dispatch).
+  std::optional<ConsumerVariant> consumer;
 };
 
 // The GPU feature set kernels are generated for. sm_90a enables the Hopper-only features (wgmma, TMA,
@@ -65,5 +77,6 @@ struct Target {
 const char* to_string(DType);
 const char* to_string(Activation);
 const char* to_string(WeightLayout);
+const char* to_string(ConsumerVariant);
 
 }  // namespace twell

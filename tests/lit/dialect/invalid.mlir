@@ -711,7 +711,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel processes one token row per CTA (cta_m = 1) or per warp (cta_m = threads / 32 = 8), got cta_m = 4}}
+  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel processes one token row per CTA (cta_m = 1), one per warp (cta_m = threads / 32 = 8) or a block of 16 rows on 256 threads, got cta_m = 4, threads = 256}}
   %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 4, threads = 256>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return
@@ -734,7 +734,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel has no cp.async pipeline, stages must be omitted, got #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, stages = 4>}}
+  // expected-error @+1 {{'twell.gated_down' op config: only the token-block gated_down kernel (cta_m = 16) has a cp.async pipeline, stages must be omitted, got #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, stages = 4>}}
   %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return
@@ -887,5 +887,44 @@ func.func @f(%x: tensor<?x520xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<56
   // expected-error @+1 {{'twell.gated_down' op config: mainloop wgmma (the gate's) needs d_model % 64 == 0 and tile_n 64, 128 or 256, got d_model 520, tile_n 256}}
   %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>}
       : (tensor<?x520xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x520xbf16>, tensor<520x5632xbf16>) -> tensor<?x520xbf16>
+  return
+}
+
+// -----
+
+// The token block (cta_m = 16) keeps 16 x d_model / 8 outputs per warp in registers: in_out Wd^T rows
+// and d_model a multiple of 128 up to 2048.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2056xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2056xbf16>,
+             %wd: tensor<5632x2056xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op config: a token block (cta_m = 16) needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model a multiple of 128 up to 2048 and tile_n <= 256, got mainloop mma_sync, in_out, d_model 2056, tile_n 256}}
+  %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>,
+                                           config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 4>}
+      : (tensor<?x2056xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2056xbf16>, tensor<5632x2056xbf16>) -> tensor<?x2056xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op config: a token block needs stages 3..6 (its cp.async ring), got 2}}
+  %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>,
+                                           config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 2>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+// 6 stages of 34816 bytes do not fit the 163 KiB an sm_80 CTA may use.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op config: a token block with stages = 6 needs 224416 bytes of shared memory at d_model 2048, d_ff 5632, tile_n 256; the target allows 166912}}
+  %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>, target = #twell.target<"sm_80", [mma_sync, cp_async]>,
+                                           config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 6>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
   return
 }

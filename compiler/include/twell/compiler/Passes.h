@@ -15,7 +15,7 @@ namespace mlir::twell {
 // Adds, nested on every func.func of the module `pm` runs on: twell-split-gated-ffn,
 // twell-select-config{target=arch} and twell-specialize. After it every kernel op is explicit and
 // named, ready for emitCudaKernels (EmitCuda.h). `pm` must be anchored on builtin.module.
-void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch);
+void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::StringRef consumer = "rows");
 
 #define GEN_PASS_REGISTRATION
 #include "twell/compiler/Passes.h.inc"

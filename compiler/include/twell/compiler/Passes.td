@@ -38,11 +38,16 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
     `mainloop = fma`: cta_m = 16384 / tile_n, cta_k = 16 (8 at tile_n = 1024, where 16 would overflow
     48 KiB of static shared memory), 256 threads. The gated consumer gets one token row per CTA,
     256 threads and the mainloop of the gate kernel producing its h (a gate kernel without a config
-    whose consumer has one follows that config's mainloop where allowed).
+    whose consumer has one follows that config's mainloop where allowed). With `consumer=block` the
+    consumer takes 16 token rows per CTA on tensor cores (cta_m = 16, 256 threads, the deepest cp.async
+    ring of 6..3 stages that fits the target's shared memory) where the shape allows it.
   }];
   let options = [
     Option<"target", "target", "std::string", /*default=*/"\"sm_90a\"",
            "GPU architecture, sm_<major><minor>[a]">,
+    Option<"consumer", "consumer", "std::string", /*default=*/"\"rows\"",
+           "gated consumer variant: rows (one token row per warp or CTA) or block (16 rows on tensor cores, "
+           "where the shape allows it)">,
   ];
   let dependentDialects = ["::mlir::twell::TwellDialect"];
 }

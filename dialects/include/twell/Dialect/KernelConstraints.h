@@ -212,13 +212,18 @@ struct SupportedArchs {
   }
 };
 
-// Gated consumer, two variants told apart by cta_m: one token row per CTA (cta_m = 1, any shape), or
+// Gated consumer, three variants told apart by cta_m: one token row per CTA (cta_m = 1, any shape), or
 // one token row per warp (cta_m = threads / 32; gated_down_warp in gated_down.cuh): x and the fp32 y of
 // the row live in the warp's registers, 8 values per lane per 256 columns, so it needs 16-byte rows
 // (after a tensor-core gate, d_model % 8 == 0, in_out down weights) and d_model <= 2048 (registers).
 // Its overflow recompute of a gate value repeats the gate kernel's arithmetic (to stay bit-exact), so
 // its #twell.config carries the gate kernel's `mainloop`; after an mma_sync or wgmma gate it reads x
 // and w_gate in 4-byte pairs (operand alignment 2 elements).
+// The third, the token block (cta_m = 16; gated_down_block.cuh), multiplies the union of the active
+// columns of 16 token rows with mma.sync: x, Wu and Wd^T rows move in 16-byte cp.async chunks through a
+// `stages`-deep ring in dynamic shared memory (operand alignment 8), each of 8 warps keeps 16 x
+// d_model / 8 fp32 outputs in registers (d_model <= 2048, a multiple of 128: 16-column ldmatrix steps
+// per warp), and a union chunk is at most 256 columns of whole tiles (tile_n <= 256).
 struct GatedDownKernelConstraints {
   static constexpr int64_t kCtaM = 1;
   static constexpr int64_t kOperandAlignmentAfterMmaSync = 2;  // and after wgmma
@@ -232,6 +237,53 @@ struct GatedDownKernelConstraints {
     return tensorCoreGate && inOut && dModel > 0 && dModel % kWarpRowDModelMultiple == 0 &&
            dModel <= kWarpRowMaxDModel && threads == kWarpRowThreads;
   }
+
+  // Token block (gated_down_block.cuh, BlockConsumerShape: the device side of blockSharedBytes).
+  static constexpr int64_t kBlockCtaM = 16;
+  static constexpr int64_t kBlockThreads = 256;
+  static constexpr int64_t kBlockDModelMultiple = 128;
+  static constexpr int64_t kBlockMaxDModel = 2048;
+  static constexpr int64_t kBlockMaxTileN = 256;
+  static constexpr int64_t kBlockOperandAlignment = 8;
+  static constexpr int64_t kBlockMinStages = 3;
+  static constexpr int64_t kBlockMaxStages = 6;
+  static constexpr int64_t kBlockChunk = 256;  // union columns per chunk
+  // Dynamic shared memory of one CTA: the ring (stages x max(up stage, down stage)), G/H [16, 256],
+  // one dense tile-row per warp, the union bits, the nnz headers, the chunk's column list and tile
+  // bases, and two ints. 0 when the shape is outside the variant.
+  static constexpr int64_t blockSharedBytes(int64_t dModel, int64_t dFF, int64_t tileN, int64_t stages) {
+    if (dModel <= 0 || dModel > kBlockMaxDModel || tileN <= 0 || tileN > kBlockMaxTileN || dFF <= 0 ||
+        dFF > (int64_t{1} << 24) || stages < 0 || stages > kBlockMaxStages)
+      return 0;
+    const int64_t tiles = (dFF + tileN - 1) / tileN, maskWords = (tileN + 31) / 32;
+    const int64_t upBytes = (kBlockChunk + kBlockCtaM) * 64 * 2;
+    const int64_t downBytes = (dModel > 1024 ? 8 : 16) * dModel * 2;
+    return stages * std::max(upBytes, downBytes) + kBlockCtaM * kBlockChunk * 2 + 8 * tileN * 2 +
+           tiles * maskWords * 4 + kBlockCtaM * tiles * 4 + kBlockChunk * 4 + tiles * 4 + 8;
+  }
+  // The deepest ring (6 down to 3 stages) that fits `maxSharedBytes`; 0 if none does.
+  static constexpr int64_t blockStages(int64_t dModel, int64_t dFF, int64_t tileN, int64_t maxSharedBytes) {
+    for (int64_t stages = kBlockMaxStages; stages >= kBlockMinStages; --stages) {
+      const int64_t bytes = blockSharedBytes(dModel, dFF, tileN, stages);
+      if (bytes > 0 && bytes <= maxSharedBytes) return stages;
+    }
+    return 0;
+  }
+  static constexpr bool blockShapeAllowed(bool tensorCoreGate, bool inOut, int64_t dModel, int64_t tileN) {
+    return tensorCoreGate && inOut && dModel > 0 && dModel % kBlockDModelMultiple == 0 && dModel <= kBlockMaxDModel &&
+           tileN > 0 && tileN <= kBlockMaxTileN;
+  }
+  // Dynamic shared memory a CTA may opt into, by compute capability (CUDA C++ Programming Guide,
+  // "Technical Specifications per Compute Capability": 227 KiB on 9.x/10.x, 163 KiB on 8.0/8.7, 99 KiB
+  // on 8.6/8.9/12.x).
+  static constexpr int64_t maxDynamicSharedBytes(int sm) {
+    if (sm == 80 || sm == 87) return 163 * 1024;
+    if (sm == 86 || sm == 89 || sm >= 120) return 99 * 1024;
+    return 227 * 1024;
+  }
 };
+// The paper's shape on sm_90a: 6 stages, 224416 bytes.
+static_assert(GatedDownKernelConstraints::blockSharedBytes(2048, 5632, 256, 6) == 224416 &&
+              GatedDownKernelConstraints::blockStages(2048, 5632, 256, 227 * 1024) == 6);
 
 }  // namespace mlir::twell

@@ -158,6 +158,8 @@ def Twell_TargetAttr : AttrDef<Twell_Dialect, "Target"> {
     bool hasWgmmaMainloopFeatures() const {
       return hasFeature(::mlir::twell::Feature::Wgmma) && hasFeature(::mlir::twell::Feature::Tma);
     }
+    /// The compute capability, major * 10 + minor (90 for "sm_90a").
+    int getComputeCapability() const;
     /// The target's default feature set: all Hopper features on sm_90a, the portable ones elsewhere.
     static ::llvm::SmallVector<::mlir::twell::Feature> defaultFeatures(::llvm::StringRef arch);
   }];

@@ -14,105 +14,10 @@
 // The down weight is best read as rows of Wd^T ([d_ff, d_model], in_out): coalesced. The runtime
 // transposes an nn.Linear (out_in) Wd into that layout on the stream before the launch (plan.cpp).
 #pragma once
-#include "twell/device/tile_primitives.cuh"
+#include "twell/device/consumer_common.cuh"
+#include "twell/device/gated_down_block.cuh"
 
 namespace twell::device {
-
-// Butterfly sum over the warp: every lane gets the same bits (each step adds the same two values,
-// in either order, on both lanes of a pair).
-__device__ __forceinline__ float warp_sum(float s) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, o);
-  return s;
-}
-
-// s + a . b over one 16-byte chunk (8 packed 16-bit values), in ascending order.
-template <class Value>
-__device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float s) {
-  const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e])), Value::to_float(static_cast<uint16_t>(wb[e])), s);
-    s = fmaf(Value::to_float(static_cast<uint16_t>(wa[e] >> 16)), Value::to_float(static_cast<uint16_t>(wb[e] >> 16)), s);
-  }
-  return s;
-}
-
-// y[0..7] += h * w for one 16-byte chunk of 8 packed 16-bit values.
-template <class Value>
-__device__ __forceinline__ void axpy8(float* y, float h, const uint4& w) {
-  const uint32_t v[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    y[2 * t] = fmaf(h, Value::to_float(static_cast<uint16_t>(v[t])), y[2 * t]);
-    y[2 * t + 1] = fmaf(h, Value::to_float(static_cast<uint16_t>(v[t] >> 16)), y[2 * t + 1]);
-  }
-}
-
-// Dot product of two K-long 16-bit rows, fp32 accumulate, reduced over the warp (every lane gets it).
-template <class Value, int K>
-__device__ __forceinline__ float warp_dot(const uint16_t* a, const uint16_t* b, int lane) {
-  float s = 0.0f;
-  for (int k = lane; k < K; k += 32) s = fmaf(Value::to_float(a[k]), Value::to_float(b[k]), s);
-  return warp_sum(s);
-}
-
-// Pre-activations of one tile-row (columns n0 .. n0 + valid_n - 1 of one token row x), activated,
-// into dense_tile, computed with the arithmetic of the gate kernel's main loop (Config::gate_mainloop)
-// so that they equal, bit for bit, what the gate kernel computed: a tile-row then gives the same y
-// whichever overflow path it took.
-// The mma chain runs on warps [warp0, warp0 + warps) of the CTA (the whole CTA, or one warp of the
-// warp-per-row consumer); the fma chain on the whole CTA.
-template <class Config>
-__device__ __forceinline__ void recompute_gate_tile(const GatedDownParams& p, const uint16_t* x, int n0, int valid_n,
-                                                    uint16_t* dense_tile, int warp0 = 0, int warps = Config::threads / 32) {
-  using Value = typename Config::Value;
-  constexpr int K = Config::d_model;
-  constexpr int THREADS = Config::threads;
-  if constexpr (Config::gate_mainloop >= 1) {  // mma_sync or wgmma: the same k16 tensor-core chain
-    // The gate's mma.sync chain: k16 chunks in ascending order, as many as its cta_k loop runs (zero
-    // padded past K). Token row x is row 0 of the A fragment; each warp takes n8 column tiles.
-    constexpr int K_CHUNKS = (K + Config::gate_cta_k - 1) / Config::gate_cta_k * (Config::gate_cta_k / 16);
-    static_assert(K % 8 == 0, "mma_sync gate: d_model % 8 == 0");
-    const int warp = threadIdx.x / 32 - warp0;
-    const int lane = threadIdx.x % 32;
-    auto pair = [](const uint16_t* row, int k) {
-      return k < K ? *reinterpret_cast<const uint32_t*>(row + k) : 0u;  // k even; K % 8 == 0: both in or out
-    };
-    for (int nt = warp; nt * 8 < valid_n; nt += warps) {
-      const int c = nt * 8 + lane / 4;  // this lane's B column
-      const uint16_t* w = p.w_gate + static_cast<int64_t>(n0 + c) * p.ldwg;
-      float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      for (int kc = 0; kc < K_CHUNKS; ++kc) {
-        const int k = kc * 16 + (lane % 4) * 2;
-        const uint32_t a[4] = {lane < 4 ? pair(x, k) : 0u, 0u, lane < 4 ? pair(x, k + 8) : 0u, 0u};
-        const bool col_valid = c < valid_n;
-        mma_16816<Value>(d, a, col_valid ? pair(w, k) : 0u, col_valid ? pair(w, k + 8) : 0u);
-      }
-      if (lane < 4) {
-        dense_tile[nt * 8 + lane * 2] = activate<Value, Config::activation>(Value::from_float(d[0]));
-        dense_tile[nt * 8 + lane * 2 + 1] = activate<Value, Config::activation>(Value::from_float(d[1]));
-      }
-    }
-  } else {
-    // The gate's fma chain: one thread per column, ascending k.
-    for (int c = threadIdx.x; c < valid_n; c += THREADS) {
-      const uint16_t* w = p.w_gate + static_cast<int64_t>(n0 + c) * p.ldwg;
-      float g = 0.0f;
-      for (int k = 0; k < K; ++k) g = fmaf(Value::to_float(x[k]), Value::to_float(w[k]), g);
-      dense_tile[c] = activate<Value, Config::activation>(Value::from_float(g));
-    }
-  }
-}
-
-// The same with 16-byte loads (8 values per lane per step): for K % 8 == 0 and 16-byte aligned rows.
-template <class Value, int K>
-__device__ __forceinline__ float warp_dot_16B(const uint16_t* a, const uint16_t* b, int lane) {
-  float s = 0.0f;
-  for (int k = lane * 8; k < K; k += 32 * 8)
-    s = dot8<Value>(*reinterpret_cast<const uint4*>(a + k), *reinterpret_cast<const uint4*>(b + k), s);
-  return warp_sum(s);
-}
 
 template <class Config>
 __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
@@ -428,9 +333,13 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   }
 }
 
+// The variant is the config's cta_m (KernelConstraints.h, GatedDownKernelConstraints): 16 token rows
+// per CTA on tensor cores, one row per warp (cta_m = threads / 32 = 8), or one row per CTA.
 template <class Config>
 __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
-  if constexpr (Config::cta_m > 1)
+  if constexpr (Config::cta_m == 16)
+    gated_down_block<Config>(p);
+  else if constexpr (Config::cta_m > 1)
     gated_down_warp<Config>(p);
   else
     gated_down_cta<Config>(p);
