@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "test_data.h"
 #include "twell/context.h"
@@ -73,10 +74,13 @@ bool gpu_or_skip(benchmark::State& state) {
 
 // A TwELL-only plan for the problem, its backup sized by one untimed run (as a served model's plan
 // would be after its first batch), so timed runs never recompute overflowing tile-rows.
-FfnPlan sized_plan(const Problem& p, int64_t tokens, Stream stream) {
+// `consumer`: the consumer variant (FfnSpec::consumer); unset, the plan's first run times both.
+FfnPlan sized_plan(const Problem& p, int64_t tokens, Stream stream, std::optional<ConsumerVariant> consumer = std::nullopt) {
   PlanOptions twell_path;
   twell_path.dispatch = Dispatch::Sparse;
-  FfnPlan plan = context().plan(p.host.spec, tokens, twell_path);
+  FfnSpec spec = p.host.spec;
+  spec.consumer = consumer;
+  FfnPlan plan = context().plan(spec, tokens, twell_path);
   plan.run(stream, p.tensors(), tokens);
   plan.last_overflow(stream);
   return plan;
@@ -88,7 +92,8 @@ double useful_flops(int64_t tokens, double density) { return 2.0 * tokens * kDMo
 // Times one path on the (M, density) problem of the state's arguments: the TwELL plan (pinned to the
 // TwELL kernels, not the dispatcher's choice) or cuBLASLt, the whole FFN or the gate GEMM alone;
 // `tflop` is the work counted per call.
-void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflop, const char* counter) {
+void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflop, const char* counter,
+               std::optional<ConsumerVariant> consumer = std::nullopt) {
   if (!gpu_or_skip(state)) return;
   Context& ctx = context();
   const int64_t tokens = state.range(0);
@@ -96,7 +101,7 @@ void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflo
   StreamHandle stream(ctx);
   std::unique_ptr<FfnPlan> plan;
   std::unique_ptr<DenseFfn> dense;
-  if (sparse) plan = std::make_unique<FfnPlan>(sized_plan(p, tokens, stream.get()));
+  if (sparse) plan = std::make_unique<FfnPlan>(sized_plan(p, tokens, stream.get(), consumer));
   else dense = std::make_unique<DenseFfn>(ctx, p.host.spec, tokens);
   auto call = [&] {
     if (sparse && gate_only) plan->run_gate(stream.get(), p.tensors(), tokens);
@@ -111,8 +116,10 @@ void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflo
   state.counters[counter] = benchmark::Counter(tflop, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-void BM_GatedFfn(benchmark::State& state, bool sparse) {
-  time_path(state, sparse, false, useful_flops(state.range(0), state.range(1) / 1000.0) / 1e12, "TFLOP/s(useful)");
+// sparse: the TwELL plan with the consumer `variant` (-1: unset, the plan's calibrated choice).
+void BM_GatedFfn(benchmark::State& state, bool sparse, int variant) {
+  time_path(state, sparse, false, useful_flops(state.range(0), state.range(1) / 1000.0) / 1e12, "TFLOP/s(useful)",
+            variant < 0 ? std::nullopt : std::optional(static_cast<ConsumerVariant>(variant)));
 }
 
 // D2T alone (gate GEMM + activation + TwELL packing) against cuBLASLt's plain gate GEMM (bf16 out):
@@ -128,13 +135,14 @@ void GateArgs(benchmark::internal::Benchmark* b) {
 
 // The consumer alone over the TwELL matrix the D2T kernel made from the problem (run_gate once, then
 // run_consumer timed). Bytes: the Wu and Wd rows of every nonzero (2 * d_model * 2 bytes each).
+// Third argument: the consumer variant (0 RowGather, 1 TokenBlock).
 void BM_Consumer(benchmark::State& state) {
   if (!gpu_or_skip(state)) return;
   Context& ctx = context();
   const int64_t tokens = state.range(0);
   Problem& p = problem(tokens, static_cast<int>(state.range(1)));
   StreamHandle stream(ctx);
-  FfnPlan plan = sized_plan(p, tokens, stream.get());
+  FfnPlan plan = sized_plan(p, tokens, stream.get(), static_cast<ConsumerVariant>(state.range(2)));
   plan.run_gate(stream.get(), p.tensors(), tokens);
   const double nnz = tokens * kDff * state.range(1) / 1000.0;
   for (auto _ : state) {
@@ -145,9 +153,10 @@ void BM_Consumer(benchmark::State& state) {
 }
 
 void ConsumerArgs(benchmark::internal::Benchmark* b) {
-  for (int64_t m : {16384, 131072})
-    for (int permille : {5, 10, 20, 50, 100}) b->Args({m, permille});
-  b->ArgNames({"M", "density_permille"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+  for (int variant : {0, 1})
+    for (int64_t m : {16384, 131072})
+      for (int permille : {5, 10, 20, 50, 100}) b->Args({m, permille, variant});
+  b->ArgNames({"M", "density_permille", "consumer"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 
 // The real patterns: relu(x Wg^T) of layer `layer` of the paper model (1477 held-out tokens, CSR),
@@ -195,7 +204,9 @@ void BM_ConsumerRealPattern(benchmark::State& state) {
   StreamHandle stream(ctx);
   PlanOptions twell_path;
   twell_path.dispatch = Dispatch::Sparse;
-  FfnPlan plan = ctx.plan(p.host.spec, tokens, twell_path);
+  FfnSpec spec = p.host.spec;
+  spec.consumer = static_cast<ConsumerVariant>(state.range(2));
+  FfnPlan plan = ctx.plan(spec, tokens, twell_path);
   const TwellMatrix h = pack_twell(plan.layout(), dense, tokens, kDff, UINT32_MAX);
   plan.upload_twell(stream.get(), h);
   for (auto _ : state) {
@@ -208,8 +219,9 @@ void BM_ConsumerRealPattern(benchmark::State& state) {
 }
 
 void RealPatternArgs(benchmark::internal::Benchmark* b) {
-  for (int layer = 0; layer < 4; ++layer) b->Args({layer, 16384});
-  b->ArgNames({"layer", "M"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+  for (int variant : {0, 1})
+    for (int layer = 0; layer < 4; ++layer) b->Args({layer, 16384, variant});
+  b->ArgNames({"layer", "M", "consumer"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 
 void BM_JitColdCompile(benchmark::State& state) {
@@ -248,8 +260,10 @@ void FfnArgs(benchmark::internal::Benchmark* b) {
 
 }  // namespace
 
-BENCHMARK_CAPTURE(BM_GatedFfn, twell, true)->Apply(FfnArgs);
-BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false)->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_GatedFfn, twell_rows, true, 0)->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_GatedFfn, twell_block, true, 1)->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_GatedFfn, twell_calibrated, true, -1)->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false, 0)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_Gate, twell_d2t, true)->Apply(GateArgs);
 BENCHMARK_CAPTURE(BM_Gate, dense_cublaslt_gemm, false)->Apply(GateArgs);
 BENCHMARK(BM_Consumer)->Apply(ConsumerArgs);
