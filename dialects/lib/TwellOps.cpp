@@ -345,9 +345,8 @@ LogicalResult GatedDownOp::verify() {
       if (!Down::blockShapeAllowed(config.getMainloop() != Mainloop::Fma, getDownLayout() == DownLayout::InOut,
                                    check.dModel(), tileN))
         return emitOpError() << "config: a token block (cta_m = " << Down::kBlockCtaM
-                             << ") needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model a "
-                                "multiple of "
-                             << Down::kBlockDModelMultiple << " up to " << Down::kBlockMaxDModel << " and tile_n <= "
+                             << ") needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model "
+                                "128, 256, 512, 1024 or 2048 and tile_n <= "
                              << Down::kBlockMaxTileN << ", got mainloop " << stringifyMainloop(config.getMainloop())
                              << ", " << stringifyDownLayout(getDownLayout()) << ", d_model " << check.dModel()
                              << ", tile_n " << tileN;
@@ -357,7 +356,7 @@ LogicalResult GatedDownOp::verify() {
       TargetAttr target = getTargetAttr();
       const int64_t limit = Down::maxDynamicSharedBytes(target ? target.getComputeCapability() : 90);
       const int64_t bytes = Down::blockSharedBytes(check.dModel(), check.dFF(), tileN, config.getStages());
-      if (bytes > limit)
+      if (bytes == 0 || bytes > limit)
         return emitOpError() << "config: a token block with stages = " << config.getStages() << " needs " << bytes
                              << " bytes of shared memory at d_model " << check.dModel() << ", d_ff " << check.dFF()
                              << ", tile_n " << tileN << "; the target allows " << limit;

@@ -278,7 +278,9 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
     return;
   }
   std::vector<Path> candidates{Path::Rows};
-  if (p.block_consumer && tokens > 0 && p.context->gpu && block_operands_aligned(p.spec, t)) candidates.push_back(Path::Block);
+  // Only Auto chooses among consumers (the variants round h differently: Sparse stays reproducible).
+  if (p.dispatch == Dispatch::Auto && p.block_consumer && tokens > 0 && p.context->gpu && block_operands_aligned(p.spec, t))
+    candidates.push_back(Path::Block);
   if (p.dispatch == Dispatch::Auto && tokens > 0 && p.context->gpu) candidates.push_back(Path::Dense);
   Path path = Path::Rows;
   if (candidates.size() > 1) {

@@ -165,6 +165,8 @@ TEST(GeneratorValidation, TokenBlockWhereTheShapeAllowsIt) {
   EXPECT_EQ(compiler::generateFfn(s, Target{80, false}).kernels.at(1).cta_m, 16);
   s.d_model = 520;
   EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).cta_m, 8);
+  s.d_model = 768;  // a multiple of 128, but Wd^T rows of 96 chunks do not tile 256 threads
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).cta_m, 8);
   s.d_model = 512;
   s.down_layout = WeightLayout::OutIn;
   EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).cta_m, 1);

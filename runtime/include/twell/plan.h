@@ -23,7 +23,7 @@ enum class Dispatch {
   // each, one stream synchronization) and keeps the fastest for later runs of that bucket: never
   // slower than dense beyond the timing noise, on inputs like the first. Later runs do not synchronize.
   Auto,
-  // Always the TwELL kernels; with two consumer variants, the first run() of a bucket times both.
+  // Always the TwELL kernels, with the consumer FfnSpec::consumer names (RowGather when unset).
   Sparse,
   Dense,   // always cuBLASLt (DenseFfn)
 };

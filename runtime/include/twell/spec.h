@@ -43,7 +43,7 @@ struct TwellLayout {
 //               Best at very high sparsity, where rows share few active neurons.
 //   TokenBlock: 16 token rows per CTA on tensor cores: gathers the union of their active neurons'
 //               Wu and Wd^T rows once and multiplies with mma.sync. Best where rows share neurons
-//               (real layers, 2-10% density). Needs d_model % 128 == 0, <= 2048 and tile_n <= 256;
+//               (real layers, 2-10% density). Needs d_model 128, 256, 512, 1024 or 2048 and tile_n <= 256;
 //               elsewhere the generator falls back to RowGather.
 enum class ConsumerVariant : uint8_t { RowGather, TokenBlock };
 
@@ -60,8 +60,9 @@ struct FfnSpec {
   WeightLayout down_layout = WeightLayout::OutIn;
   std::optional<int> tile_n;  // unset: the generator chooses (256)
   std::optional<int> slots;   // unset: the generator chooses (31)
-  // Unset: generateFfn emits RowGather; a plan times both variants per token bucket and keeps the
-  // faster (FfnPlan::run, PlanOptions::dispatch).
+  // Unset: generateFfn emits RowGather; a plan with Dispatch::Auto times both variants per token
+  // bucket and keeps the faster (FfnPlan::run), one with Dispatch::Sparse runs RowGather (so that
+  // two such plans give the same bits: the variants round h differently).
   std::optional<ConsumerVariant> consumer;
 };
 

@@ -892,12 +892,12 @@ func.func @f(%x: tensor<?x520xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<56
 
 // -----
 
-// The token block (cta_m = 16) keeps 16 x d_model / 8 outputs per warp in registers: in_out Wd^T rows
-// and d_model a multiple of 128 up to 2048.
+// The token block (cta_m = 16) keeps 16 x d_model / 8 outputs per warp in registers and loads whole
+// in_out Wd^T rows per pass: d_model a power of two from 128 to 2048.
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2056xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2056xbf16>,
              %wd: tensor<5632x2056xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op config: a token block (cta_m = 16) needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model a multiple of 128 up to 2048 and tile_n <= 256, got mainloop mma_sync, in_out, d_model 2056, tile_n 256}}
+  // expected-error @+1 {{'twell.gated_down' op config: a token block (cta_m = 16) needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model 128, 256, 512, 1024 or 2048 and tile_n <= 256, got mainloop mma_sync, in_out, d_model 2056, tile_n 256}}
   %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>,
                                            config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2056xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2056xbf16>, tensor<5632x2056xbf16>) -> tensor<?x2056xbf16>

@@ -222,8 +222,8 @@ struct SupportedArchs {
 // The third, the token block (cta_m = 16; gated_down_block.cuh), multiplies the union of the active
 // columns of 16 token rows with mma.sync: x, Wu and Wd^T rows move in 16-byte cp.async chunks through a
 // `stages`-deep ring in dynamic shared memory (operand alignment 8), each of 8 warps keeps 16 x
-// d_model / 8 fp32 outputs in registers (d_model <= 2048, a multiple of 128: 16-column ldmatrix steps
-// per warp), and a union chunk is at most 256 columns of whole tiles (tile_n <= 256).
+// d_model / 8 fp32 outputs in registers (d_model a power of two from 128 to 2048), and a union chunk is
+// at most 256 columns of whole tiles (tile_n <= 256).
 struct GatedDownKernelConstraints {
   static constexpr int64_t kCtaM = 1;
   static constexpr int64_t kOperandAlignmentAfterMmaSync = 2;  // and after wgmma
@@ -269,9 +269,11 @@ struct GatedDownKernelConstraints {
     }
     return 0;
   }
+  // d_model a power of two from 128 to 2048: a Wd^T row is K / 8 16-byte chunks and the 256 threads
+  // load whole rows per pass (K / 8 divides 256 or 256 divides it).
   static constexpr bool blockShapeAllowed(bool tensorCoreGate, bool inOut, int64_t dModel, int64_t tileN) {
-    return tensorCoreGate && inOut && dModel > 0 && dModel % kBlockDModelMultiple == 0 && dModel <= kBlockMaxDModel &&
-           tileN > 0 && tileN <= kBlockMaxTileN;
+    return tensorCoreGate && inOut && dModel >= kBlockDModelMultiple && dModel <= kBlockMaxDModel &&
+           (dModel & (dModel - 1)) == 0 && tileN > 0 && tileN <= kBlockMaxTileN;
   }
   // Dynamic shared memory a CTA may opt into, by compute capability (CUDA C++ Programming Guide,
   // "Technical Specifications per Compute Capability": 227 KiB on 9.x/10.x, 163 KiB on 8.0/8.7, 99 KiB

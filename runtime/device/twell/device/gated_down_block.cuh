@@ -27,7 +27,8 @@
 // backup capacity. Every sum runs in a fixed order (union order, mma k order): bitwise deterministic.
 //
 // Rounding: h is rounded to the value type before the down projection (as the dense path rounds its
-// h tensor); the row-gather consumers keep h in fp32. Both stay within the 1e-2 contract.
+// h tensor, so an f16 h beyond 65504 becomes inf as it does there); the row-gather consumers keep h in
+// fp32. Both stay within the 1e-2 contract.
 #pragma once
 #include "twell/device/consumer_common.cuh"
 
@@ -66,7 +67,8 @@ struct BlockConsumerShape {
   static constexpr int BASE_OFFSET = COLS_OFFSET + CHUNK * 4;
   static constexpr int CHUNK_OFFSET = BASE_OFFSET + TILES * 4;  // the chunk's end tile and padded width
   static constexpr int BYTES = CHUNK_OFFSET + 8;
-  static_assert(K % 128 == 0 && K <= 2048, "token-block consumer: d_model % 128 == 0 and <= 2048");
+  static_assert(K == 128 || K == 256 || K == 512 || K == 1024 || K == 2048,
+                "token-block consumer: d_model 128, 256, 512, 1024 or 2048 (whole Wd^T rows per load pass)");
   static_assert(TILE_N <= CHUNK, "token-block consumer: tile_n <= 256");
   static_assert(STAGES >= 3, "token-block consumer: at least 3 stages");
 };
@@ -351,6 +353,7 @@ __device__ __forceinline__ void gated_down_block(const GatedDownParams& p) {
     };
     body(down_steps, load_down, compute_down);
     t0 = chunk[0];
+    __syncthreads();  // every warp has read chunk[0] before thread 0 writes the next chunk's
   }
 
   // y rows: accumulator (row lane/4 [+8], columns 2(lane%4) + {0,1}) of each n8 tile.
