@@ -35,6 +35,7 @@ Context& context() {
 struct Problem {
   testing::RandomFfn host;
   std::unique_ptr<DeviceMemory> x, wg, wu, wd, y;
+  double nnz_per_row = -1;  // measured on the first TwELL run (sized_plan): the density actually made
   FfnTensors tensors() const { return {x->data(), wg->data(), wu->data(), wd->data(), y->data()}; }
 };
 
@@ -49,7 +50,7 @@ Problem& problem(int64_t tokens, int density_permille) {
     // Slots: the paper's 31 (compression 8) up to 5%; at 10% (25.6 entries per 256-wide tile-row on
     // average) most tile-rows would overflow 31, so 63.
     s.slots = density_permille >= 100 ? 63 : 31;
-    p->host = testing::make_random_ffn(s, tokens, density_permille / 1000.0, 42, /*probe_rows=*/128);
+    p->host = testing::make_random_ffn(s, tokens, density_permille / 1000.0, 42);
     Context& c = context();
     auto up = [&](const std::vector<uint16_t>& v) {
       auto m = std::make_unique<DeviceMemory>(c, v.size() * 2);
@@ -75,7 +76,9 @@ bool gpu_or_skip(benchmark::State& state) {
 // A TwELL-only plan for the problem, its backup sized by one untimed run (as a served model's plan
 // would be after its first batch), so timed runs never recompute overflowing tile-rows.
 // `consumer`: the consumer variant (FfnSpec::consumer); unset, the plan's first run times both.
-FfnPlan sized_plan(const Problem& p, int64_t tokens, Stream stream, std::optional<ConsumerVariant> consumer = std::nullopt) {
+// The first time, it also counts the nonzeros that run made (each tile-row's header holds its true
+// count, overflowing or not).
+FfnPlan sized_plan(Problem& p, int64_t tokens, Stream stream, std::optional<ConsumerVariant> consumer = std::nullopt) {
   PlanOptions twell_path;
   twell_path.dispatch = Dispatch::Sparse;
   FfnSpec spec = p.host.spec;
@@ -83,6 +86,13 @@ FfnPlan sized_plan(const Problem& p, int64_t tokens, Stream stream, std::optiona
   FfnPlan plan = context().plan(spec, tokens, twell_path);
   plan.run(stream, p.tensors(), tokens);
   plan.last_overflow(stream);
+  if (p.nnz_per_row < 0) {
+    const TwellMatrix h = plan.download_twell(stream);
+    const int64_t tiles = h.layout.tiles(h.d_ff), stride = h.layout.slots + 1;
+    int64_t nnz = 0;
+    for (int64_t t = 0; t < h.rows * tiles; ++t) nnz += h.words[t * stride];
+    p.nnz_per_row = static_cast<double>(nnz) / tokens;
+  }
   return plan;
 }
 
@@ -114,6 +124,7 @@ void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflo
     state.SetIterationTime(ms[ms.size() / 2] / 1e3);
   }
   state.counters[counter] = benchmark::Counter(tflop, benchmark::Counter::kIsIterationInvariantRate);
+  if (sparse) state.counters["nnz/row"] = p.nnz_per_row;
 }
 
 // sparse: the TwELL plan with the consumer `variant` (-1: unset, the plan's calibrated choice).
@@ -144,12 +155,13 @@ void BM_Consumer(benchmark::State& state) {
   StreamHandle stream(ctx);
   FfnPlan plan = sized_plan(p, tokens, stream.get(), static_cast<ConsumerVariant>(state.range(2)));
   plan.run_gate(stream.get(), p.tensors(), tokens);
-  const double nnz = tokens * kDff * state.range(1) / 1000.0;
+  const double nnz = tokens * p.nnz_per_row;
   for (auto _ : state) {
     const auto ms = time_on_stream(stream.get(), [&] { plan.run_consumer(stream.get(), p.tensors(), tokens); }, 2, 5);
     state.SetIterationTime(ms[ms.size() / 2] / 1e3);
   }
   state.counters["GB/s(Wu,Wd rows)"] = benchmark::Counter(nnz * 4.0 * kDModel, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["nnz/row"] = p.nnz_per_row;
 }
 
 void ConsumerArgs(benchmark::internal::Benchmark* b) {

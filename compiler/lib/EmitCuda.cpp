@@ -7,6 +7,7 @@
 #include <string>
 
 #include "KernelInstance.h"
+#include "twell/Dialect/KernelConstraints.h"
 #include "llvm/Support/raw_ostream.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "twell/compiler/Passes.h"
@@ -130,6 +131,8 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
     source.operand_alignment = static_cast<int>(kernel->operandAlignment());
     source.tma_persistent = kernel->kind == ::twell::compiler::KernelKind::GateTwell &&
                             kernel->config.getMainloop() == Mainloop::Wgmma;
+    source.persistent = source.tma_persistent || (kernel->kind == ::twell::compiler::KernelKind::GatedDown &&
+                                                  source.cta_m > 1 && source.cta_m != mlir::twell::GatedDownKernelConstraints::kBlockCtaM);
     kernels.push_back(std::move(source));
     return WalkResult::advance();
   });

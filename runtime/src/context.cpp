@@ -90,6 +90,12 @@ std::shared_ptr<LoadedKernel> Context::Impl::load(const compiler::KernelSource& 
       detail::check(d.cuFuncSetAttribute(k->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, source.smem_bytes),
                     fmt::format("cuFuncSetAttribute({}, {} bytes of dynamic shared memory)", source.name, source.smem_bytes).c_str());
     }
+    detail::check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&k->ctas_per_sm, k->function, source.threads,
+                                                                static_cast<size_t>(source.smem_bytes)),
+                  fmt::format("cuOccupancyMaxActiveBlocksPerMultiprocessor({})", source.name).c_str());
+    if (k->ctas_per_sm < 1)
+      throw Error(ErrorCode::Cuda, fmt::format("{}: no CTA of {} threads and {} bytes of shared memory fits on an SM",
+                                                        source.name, source.threads, source.smem_bytes));
     k->report.load_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   return k;

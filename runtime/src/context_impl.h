@@ -20,6 +20,7 @@ struct LoadedKernel {
   std::shared_ptr<const detail::CacheEntry> binary;
   CUmodule module = nullptr;
   CUfunction function = nullptr;
+  int ctas_per_sm = 1;  // CTAs of this kernel resident on one SM at once (the persistent grid's size)
   KernelReport report;
   ~LoadedKernel();
 };

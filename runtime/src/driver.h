@@ -37,6 +37,7 @@ namespace twell::detail {
   X(cuModuleUnload)                                                                                  \
   X(cuModuleGetFunction)                                                                             \
   X(cuFuncSetAttribute)                                                                              \
+  X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                                                     \
   X(cuLaunchKernel)                                                                                  \
   X(cuMemAlloc)                                                                                      \
   X(cuMemFree)                                                                                       \

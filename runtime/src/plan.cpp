@@ -432,8 +432,10 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages 
       encode_tma_map(gate.x_map, s.dtype, gate.x, tokens, s.d_model, gate.ldx, src.cta_m, "FfnPlan::run: cuTensorMapEncodeTiled(x)");
       encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n,
                      "FfnPlan::run: cuTensorMapEncodeTiled(w_gate)");
+    }
+    if (src.persistent) {
       const int64_t tiles = int64_t{grid_x} * grid_y;
-      grid_x = static_cast<unsigned>(std::min<int64_t>(tiles, p.context->sm_count));
+      grid_x = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{p.context->sm_count} * k->ctas_per_sm));
       grid_y = 1;
     }
     detail::check(d.cuLaunchKernel(k->function, grid_x, grid_y, 1, static_cast<unsigned>(src.threads), 1, 1,

@@ -39,11 +39,14 @@ struct RandomFfn {
 };
 
 // x, Wg, Wu, Wd uniform random; column 0 of x is 1 and column 0 of Wg shifts each neuron's
-// pre-activation so that about `density` of relu(x Wg^T) is nonzero in every column (the shift is
-// the column's (1 - density) quantile over `probe_rows` rows of the same distribution), as
-// PERFORMANCE.md's anchor does.
-inline RandomFfn make_random_ffn(const FfnSpec& spec, int64_t tokens, double density, uint32_t seed,
-                                 int64_t probe_rows = 512) {
+// pre-activation so that `density` of relu(x Wg^T) is nonzero in every column in expectation, as
+// PERFORMANCE.md's anchor does. Neuron j's pre-activation over such rows is shift_j + sum_{k>=1} x_k
+// w_jk with x_k ~ U(-1, 1) independent: normal by the central limit theorem, with variance
+// sigma_j^2 = sum_k w_jk^2 / 3; so shift_j = -sigma_j z with P(N(0, 1) > z) = density.
+// (An empirical quantile over a few hundred probe rows, used until v14 of bench/README.md, was biased
+// upward: a new row exceeds the k-th largest of n with probability k / (n + 1), so "0.5%" over 128
+// probe rows was about 1.2%.)
+inline RandomFfn make_random_ffn(const FfnSpec& spec, int64_t tokens, double density, uint32_t seed) {
   RandomFfn f;
   f.spec = spec;
   f.tokens = tokens;
@@ -54,18 +57,21 @@ inline RandomFfn make_random_ffn(const FfnSpec& spec, int64_t tokens, double den
   f.w_up = random_bits(spec.dtype, N * K, -wscale, wscale, seed + 2);
   f.w_down = random_bits(spec.dtype, N * K, -1.0f / std::sqrt(static_cast<float>(N)), 1.0f / std::sqrt(static_cast<float>(N)), seed + 3);
   for (int64_t r = 0; r < tokens; ++r) f.x[r * K] = from_float(spec.dtype, 1.0f);
-  // Quantiles from auxiliary rows: any token count (even 1) gets the intended density in expectation.
-  const std::vector<uint16_t> probe = random_bits(spec.dtype, probe_rows * K, -1.0f, 1.0f, seed + 4);
-  std::vector<float> col(probe_rows);
+  // z: the standard normal's (1 - density) quantile, by bisection on P(N(0, 1) > z) = erfc(z / sqrt 2) / 2.
+  const double d = std::clamp(density, 1e-9, 1.0 - 1e-9);
+  double lo = -40.0, hi = 40.0;
+  for (int i = 0; i < 200; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (0.5 * std::erfc(mid / std::sqrt(2.0)) > d ? lo : hi) = mid;
+  }
+  const double z = 0.5 * (lo + hi);
   for (int64_t j = 0; j < N; ++j) {
-    for (int64_t r = 0; r < probe_rows; ++r) {
-      float s = 0;
-      for (int64_t k = 1; k < K; ++k) s += to_float(spec.dtype, probe[r * K + k]) * to_float(spec.dtype, f.w_gate[j * K + k]);
-      col[r] = s;
+    double var = 0;
+    for (int64_t k = 1; k < K; ++k) {
+      const double w = to_float(spec.dtype, f.w_gate[j * K + k]);
+      var += w * w / 3.0;
     }
-    std::sort(col.begin(), col.end());
-    const int64_t at = std::clamp<int64_t>(static_cast<int64_t>((1.0 - density) * probe_rows), 1, probe_rows - 1);
-    f.w_gate[j * K] = from_float(spec.dtype, -0.5f * (col[at] + col[at - 1]));
+    f.w_gate[j * K] = from_float(spec.dtype, static_cast<float>(-std::sqrt(var) * z));
   }
   return f;
 }

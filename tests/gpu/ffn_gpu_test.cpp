@@ -239,6 +239,42 @@ TEST(GpuFfn, DispatchAutoAndDenseComputeTheSameFunction) {
   }
 }
 
+// The row-gather consumer is persistent (one CTA per SM at its 254 registers; warp w takes rows w,
+// w + W, ...): more rows than resident warps, so every warp walks several rows, with 41 tiles of 64
+// (two 32-tile windows per row) and tile-rows both within and over their 15 slots. Each row is checked
+// on its own (a row computed from the wrong x or skipped would hide in the whole output's error).
+TEST(GpuFfn, RowConsumerWalksManyRowsPerWarp) {
+  FfnSpec s = odd_spec();
+  s.d_model = 512;
+  s.d_ff = 2600;
+  s.tile_n = 64;
+  s.slots = 15;
+  s.consumer = ConsumerVariant::RowGather;
+  const int64_t m = 3 * 132 * 8 + 77;  // > 3 rows per warp on an H200
+  const auto f = make_random_ffn(s, m, 0.2, 77);
+  FfnPlan plan = context().plan(f.spec, f.tokens, sparse());
+  bool rows = false;
+  for (const KernelReport& k : plan.kernels()) rows |= k.kind == "gated_down" && k.cta_m == 8;
+  ASSERT_TRUE(rows) << "the plan holds no warp-per-row consumer";
+  const Outcome o = run_and_compare(f, sparse(), false);
+  expect_good(o, "many rows per warp");
+  EXPECT_GT(o.overflow.overflowing_tile_rows, 0u);
+  const auto ref = reference_gated_ffn(f.spec, f.x, f.tokens, f.weights());
+  const auto y = to_float(s.dtype, o.y);
+  int64_t bad_rows = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    double diff = 0, norm = 0;
+    for (int64_t k = 0; k < s.d_model; ++k) {
+      const double d = y[r * s.d_model + k] - ref[r * s.d_model + k];
+      diff += d * d;
+      norm += double{ref[r * s.d_model + k]} * ref[r * s.d_model + k];
+    }
+    if (std::sqrt(diff) > 1e-2 * std::sqrt(norm) + 1e-6 && ++bad_rows <= 5)
+      ADD_FAILURE() << "row " << r << ": relative error " << std::sqrt(diff / norm);
+  }
+  EXPECT_EQ(bad_rows, 0) << "of " << m << " rows";
+}
+
 // Overflowing tile-rows read from the backup or recomputed by the consumer give the same y, bit for
 // bit: the recompute repeats the gate kernel's arithmetic. d_model 520: the mma_sync gate (a K tail);
 // 512: on sm_90a the wgmma gate.

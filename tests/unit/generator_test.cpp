@@ -133,6 +133,10 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
                          (c.tile_n == 64 || c.tile_n == 128 || c.tile_n == 256);
       EXPECT_EQ(down.smem_bytes, 0);
       EXPECT_EQ(gate.tma_persistent, wgmma);
+      EXPECT_EQ(gate.persistent, wgmma);
+      // The warp-per-row consumer (after a tensor-core gate, in_out Wd: shape() says which) loops over
+      // rows: persistent; the CTA-per-row one is not.
+      EXPECT_EQ(down.persistent, down.cta_m == 8);
       if (wgmma) {
         const int stages = c.tile_n == 256 ? 3 : c.tile_n == 128 ? 5 : 6;
         EXPECT_EQ(gate.cta_m, 128);

@@ -39,6 +39,10 @@ struct KernelSource {
   // GateParams (x_map, w_map: box {64, cta_m} and {64, tile_n}, 128-byte swizzle), which the launcher
   // encodes, and is persistent: launch min(SMs, ceil(tokens / cta_m) * grid_y) CTAs on grid.x, grid.y 1.
   bool tma_persistent = false;
+  // A persistent kernel (the wgmma gate, the warp-per-row consumer): its CTAs loop over the work, so
+  // the launcher starts min(ceil(tokens / cta_m) * grid_y, SMs x the CTAs resident per SM) CTAs on
+  // grid.x, grid.y 1.
+  bool persistent = false;
 };
 
 // Everything the pipeline decided, for one FFN.

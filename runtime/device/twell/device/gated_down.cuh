@@ -181,16 +181,24 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
   }
 }
 
-// Warp-per-row consumer (Config::cta_m = threads / 32 rows per CTA; after a tensor-core gate, in_out
-// down weights, d_model % 8 == 0 and <= 2048): each warp owns one token row, x in shared memory and the
-// fp32 y in registers (lane l holds columns 8l + 256i .. +7), and walks the row's active entries in tile
-// then column order, two at a time: it issues the 16-byte loads of both entries' Wu and Wd^T rows
-// together (four L2 round trips overlapped), reduces x . Wu_j over the warp (butterfly: every lane gets
-// the same bits), and adds h_j * Wd^T_j to y. No shared memory and no CTA barrier on this path: the many
-// independent warps keep the L2 busy (at 0.5% density the consumer streams 8 KiB of weights per entry
-// and nothing else). Overflowing tile-rows come from the backup or are recomputed by the warp with the
-// gate's arithmetic (recompute_gate_tile), then scanned 32 columns per ballot. Sums run in entry order:
-// bitwise deterministic.
+// Warp-per-row consumer (Config::cta_m = threads / 32; after a tensor-core gate, in_out down weights,
+// d_model % 8 == 0 and <= 2048). Persistent: the launcher starts at most as many CTAs as fit on the
+// GPU at once (KernelSource::persistent) and the warp's it-th row is w + it * W (w: the warp's index in
+// the grid, W = gridDim.x * warps), so no SM idles behind a CTA's slowest row, and a row's serial start
+// is short:
+//   - while a warp computes one row it prefetches the next row's x and first nnz headers into L2
+//     (`prefetch.global.L2`: no registers held; x and the TwELL matrix otherwise come from DRAM);
+//   - a row's entry words are fetched 32 at a time by all lanes at once (lane l finds the tile of entry
+//     base + l from the prefix sums of the header counts): one round trip per 32 entries, not one per
+//     active tile (at 0.5% density a row has ~28 entries in ~16 tiles; v10 waited for each).
+// Per row: x in shared memory, fp32 y in registers (lane l holds columns 8l + 256i .. +7); entries go
+// in tile then column order, two at a time: the 16-byte loads of both entries' Wu and Wd^T rows are
+// issued together (four L2 round trips overlapped), x . Wu_j is reduced over the warp (butterfly: every
+// lane gets the same bits), and h_j * Wd^T_j is added to y. Overflowing tile-rows come from the backup
+// or are recomputed by the warp with the gate's arithmetic (recompute_gate_tile), then scanned 32
+// columns per ballot. Sums run in entry order: bitwise deterministic, and the same bits as v10's one
+// row per warp. Registers are at the limit (255, no spills: kernel_resources_test): the row index is
+// recomputed from `it`, and the 32-tile window from the current tile, rather than held.
 template <class Config>
 __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   using Value = typename Config::Value;
@@ -202,6 +210,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   constexpr int TILES = (N + TILE_N - 1) / TILE_N;
   constexpr int WORDS_PER_ROW = TILES * (SLOTS + 1);
   constexpr int XS = (K + 255) / 256;  // 16-byte chunks per lane
+  constexpr uint32_t FULL = 0xFFFFFFFFu;
   static_assert(Config::cta_m == WARPS && Config::gate_mainloop >= 1 && Config::down_in_out && K % 8 == 0 && XS <= 8,
                 "warp-per-row consumer: cta_m = warps, tensor-core gate, in_out Wd, d_model % 8 == 0 and <= 2048");
   __shared__ uint16_t dense_tiles[WARPS][TILE_N];  // an overflowing tile-row per warp (backup or recompute)
@@ -210,27 +219,28 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * WARPS + warp;
-  if (row >= p.m) return;  // whole warps leave; nothing below synchronizes the CTA
-  const uint16_t* x = p.x + row * p.ldx;
-  const uint32_t* twell_row = p.twell + row * WORDS_PER_ROW;
+  // The warp's it-th row, from special registers read where needed (volatile: not hoisted and kept in
+  // registers, which are at the limit).
+  auto row_of = [&](int it) {
+    uint32_t cta, ctas, tid;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ctas));
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    return (static_cast<int64_t>(cta) + static_cast<int64_t>(it) * ctas) * WARPS + tid / 32;
+  };
+  if (row_of(0) >= p.m) return;  // whole warps leave; nothing below synchronizes the CTA
+  uint16_t* const xs = x_rows[warp];
   auto in_k = [&](int i) { return (8 * lane + 256 * i) < K; };
+  // Lane l: the nnz header of tile window + l of row r (0 past the last tile).
+  auto load_headers = [&](int64_t r, int window) -> uint32_t {
+    const int tile = window + lane;
+    return tile < TILES ? __ldg(p.twell + r * WORDS_PER_ROW + static_cast<int64_t>(tile) * (SLOTS + 1)) : 0u;
+  };
 
-  uint16_t* xs = x_rows[warp];
   float y[XS * 8];
-#pragma unroll
-  for (int i = 0; i < XS; ++i) {
-    *reinterpret_cast<uint4*>(xs + 8 * lane + 256 * i) =
-        in_k(i) ? *reinterpret_cast<const uint4*>(x + 8 * lane + 256 * i) : uint4{0u, 0u, 0u, 0u};
-#pragma unroll
-    for (int e = 0; e < 8; ++e) y[8 * i + e] = 0.0f;
-  }
-  __syncwarp();
-
   // Active entries (column j of d_ff, activated gate value g), P at a time: the 16-byte loads of all P
-  // Wu rows and Wd^T rows are issued before any math, so P neurons' L2 round trips overlap (at 0.5%
-  // density a row has ~28 entries and the warp would otherwise wait for each). y is then updated entry
-  // by entry in order: the same sums as one at a time.
+  // Wu rows and Wd^T rows are issued before any math, so P neurons' L2 round trips overlap. y is then
+  // updated entry by entry in order: the same sums as one at a time.
   auto entries = [&](auto count, const int (&j)[2], const float (&g)[2]) {
     constexpr int P = decltype(count)::value;
     uint4 u4[P][XS], d4[P][XS];
@@ -254,7 +264,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
       for (int i = 0; i < XS; ++i) axpy8<Value>(&y[8 * i], h, d4[q][i]);
     }
   };
-  // Entries arrive one by one (in order); pairs go out together, a last odd one alone.
+  // Entries arrive one by one (in order); pairs go out together, a row's last odd one alone.
   int pending_j[2] = {0, 0};
   float pending_g[2] = {0.0f, 0.0f};
   bool pending = false;
@@ -271,65 +281,114 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
     pending = false;
   };
 
-  for (int window = 0; window < TILES; window += 32) {
-    // Lane l holds the nnz header of tile window + l: one load for 32 tiles.
-    const int my_tile = window + lane;
-    const uint32_t my_nnz = my_tile < TILES ? twell_row[static_cast<int64_t>(my_tile) * (SLOTS + 1)] : 0u;
-    uint32_t busy = __ballot_sync(0xFFFFFFFFu, my_nnz != 0);
-    while (busy != 0) {
-      const int b = __ffs(busy) - 1;
-      busy &= busy - 1;
-      const int tile = window + b;
-      const uint32_t nnz = __shfl_sync(0xFFFFFFFFu, my_nnz, b);
-      const uint32_t* header = twell_row + static_cast<int64_t>(tile) * (SLOTS + 1);
-      const int n0 = tile * TILE_N;
-      if (nnz <= SLOTS) {
-        for (int e0 = 0; e0 < static_cast<int>(nnz); e0 += 32) {
-          const uint32_t word = e0 + lane < static_cast<int>(nnz) ? header[1 + e0 + lane] : 0u;
-          const int count = static_cast<int>(nnz) - e0 < 32 ? static_cast<int>(nnz) - e0 : 32;
-          for (int e = 0; e < count; ++e) {
-            const uint32_t w = __shfl_sync(0xFFFFFFFFu, word, e);
+  for (int it = 0;; ++it) {
+    {
+      const int64_t row = row_of(it);
+      const uint16_t* x = p.x + row * p.ldx + 8 * lane;
+#pragma unroll
+      for (int i = 0; i < XS; ++i)
+        *reinterpret_cast<uint4*>(xs + 8 * lane + 256 * i) = in_k(i) ? *reinterpret_cast<const uint4*>(x + 256 * i) : uint4{0u, 0u, 0u, 0u};
+      // The next row's x and first 32 nnz header lines, into L2 while this row runs.
+      const int64_t next = row_of(it + 1);
+      if (next < p.m) {
+        const char* xn = reinterpret_cast<const char*>(p.x + next * p.ldx);
+        for (int b = 128 * lane; b < K * 2; b += 128 * 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(xn + b));
+        if (lane < TILES)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(p.twell + next * WORDS_PER_ROW + lane * (SLOTS + 1)));
+      }
+    }
+    __syncwarp();  // x is in shared memory for every lane
+#pragma unroll
+    for (int i = 0; i < XS * 8; ++i) y[i] = 0.0f;
+
+    // Tiles are walked in windows of 32 (lane t holds tile window + t's header). The walk's position
+    // is one register, pos = window * 64 + (b + 1) with b the last tile walked in the window (-1 at its
+    // start): window and b each held apart spill one register on the multi-window shapes.
+#pragma unroll 1
+    for (int pos = 0; pos / 64 * 32 < TILES; pos = (pos / 64 + 1) * 64) {
+      const int window = pos / 64 * 32;
+      // Lane t: the nnz header of tile window + t, and the end of its entries when the window's packed
+      // entries (tiles within their slots) are numbered in tile order: [end - count, end).
+      const uint32_t my_nnz = load_headers(row_of(it), window);
+      uint32_t end = my_nnz <= SLOTS ? my_nnz : 0u;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t v = __shfl_up_sync(FULL, end, o);
+        if (lane >= o) end += v;
+      }
+      // Lane l loads the word of entry e0 + l (e0 % 32 == 0): its tile t is the number of tiles whose
+      // entries all lie before it (binary search over the prefix sums, by shuffles).
+      auto fetch = [&](uint32_t e0) -> uint32_t {
+        const uint32_t e = e0 + lane;
+        int t = 0;
+#pragma unroll
+        for (int step = 16; step > 0; step >>= 1)
+          if (__shfl_sync(FULL, end, t + step - 1) <= e) t += step;
+        const uint32_t nnz_t = __shfl_sync(FULL, my_nnz, t);  // t = 32 (past the last entry): unused
+        const uint32_t first = __shfl_sync(FULL, end, t) - (nnz_t <= SLOTS ? nnz_t : 0u);
+        return e < __shfl_sync(FULL, end, 31)
+                   ? __ldg(p.twell + row_of(it) * WORDS_PER_ROW + static_cast<int64_t>(pos / 64 * 32 + t) * (SLOTS + 1) + 1 + (e - first))
+                   : 0u;
+      };
+      uint32_t words = fetch(0);  // the words of entries [e & ~31, (e & ~31) + 32)
+      // The active tiles in order: each step takes the first one after the last (a ballot per step
+      // instead of a mask held across the loop: one register fewer).
+      for (;;) {
+        const uint32_t busy = __ballot_sync(FULL, my_nnz != 0 && lane >= pos % 64);
+        if (busy == 0) break;
+        const int b = __ffs(busy) - 1;
+        pos = pos / 64 * 64 + b + 1;
+        const int tile = pos / 64 * 32 + b;
+        const uint32_t nnz = __shfl_sync(FULL, my_nnz, b);
+        const int n0 = tile * TILE_N;
+        if (nnz <= SLOTS) {
+          const uint32_t last = __shfl_sync(FULL, end, b);
+          for (uint32_t e = last - nnz; e < last; ++e) {
+            if (e % 32 == 0 && e > 0) words = fetch(e);  // one round trip per 32 entries
+            const uint32_t w = __shfl_sync(FULL, words, static_cast<int>(e % 32));
             entry(n0 + static_cast<int>(w & 0xFFFFu), Value::to_float(static_cast<uint16_t>(w >> 16)));
           }
+          continue;
         }
-        continue;
-      }
-      // Overflowing tile-row: its dense activated values, then every active column in order.
-      const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
-      const uint32_t slot = header[1];
-      uint16_t* dense_tile = dense_tiles[warp];
-      if (slot != kBackupMissing && slot < p.backup_capacity) {
-        for (int c = lane; c < TILE_N; c += 32) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
-      } else {
-        recompute_gate_tile<Config>(p, x, n0, valid_n, dense_tile, warp, 1);
-      }
-      __syncwarp();
-      for (int c0 = 0; c0 < valid_n; c0 += 32) {
-        const int c = c0 + lane;
-        const uint16_t v = c < valid_n ? dense_tile[c] : static_cast<uint16_t>(0);
-        uint32_t active = __ballot_sync(0xFFFFFFFFu, c < valid_n && is_active<Value, Config::activation>(v, Config::threshold));
-        while (active != 0) {
-          const int bit = __ffs(active) - 1;
-          active &= active - 1;
-          entry(n0 + c0 + bit, Value::to_float(__shfl_sync(0xFFFFFFFFu, v, bit)));
+        // Overflowing tile-row: its dense activated values, then every active column in order.
+        const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
+        const uint32_t slot = p.twell[row_of(it) * WORDS_PER_ROW + static_cast<int64_t>(tile) * (SLOTS + 1) + 1];
+        uint16_t* dense_tile = dense_tiles[warp];
+        if (slot != kBackupMissing && slot < p.backup_capacity) {
+          for (int c = lane; c < TILE_N; c += 32) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
+        } else {
+          recompute_gate_tile<Config>(p, p.x + row_of(it) * p.ldx, n0, valid_n, dense_tile, warp, 1);
         }
+        __syncwarp();
+        for (int c0 = 0; c0 < valid_n; c0 += 32) {
+          const int c = c0 + lane;
+          const uint16_t v = c < valid_n ? dense_tile[c] : static_cast<uint16_t>(0);
+          uint32_t active = __ballot_sync(FULL, c < valid_n && is_active<Value, Config::activation>(v, Config::threshold));
+          while (active != 0) {
+            const int bit = __ffs(active) - 1;
+            active &= active - 1;
+            entry(n0 + c0 + bit, Value::to_float(__shfl_sync(FULL, v, bit)));
+          }
+        }
+        __syncwarp();  // dense_tile is free for the next overflowing tile-row
       }
-      __syncwarp();  // dense_tile is free for the next overflowing tile-row
     }
-  }
+    if (pending) entries(integral_constant<int, 1>{}, pending_j, pending_g);
+    pending = false;
 
-  if (pending) entries(integral_constant<int, 1>{}, pending_j, pending_g);
-
-  uint16_t* out = p.y + row * p.ldy + 8 * lane;
+    uint16_t* out = p.y + row_of(it) * p.ldy + 8 * lane;
 #pragma unroll
-  for (int i = 0; i < XS; ++i) {
-    if (!in_k(i)) continue;
-    uint32_t w[4];
+    for (int i = 0; i < XS; ++i) {
+      if (!in_k(i)) continue;
+      uint32_t w[4];
 #pragma unroll
-    for (int t = 0; t < 4; ++t)
-      w[t] = static_cast<uint32_t>(Value::from_float(y[8 * i + 2 * t])) |
-             (static_cast<uint32_t>(Value::from_float(y[8 * i + 2 * t + 1])) << 16);
-    *reinterpret_cast<uint4*>(out + 256 * i) = uint4{w[0], w[1], w[2], w[3]};
+      for (int t = 0; t < 4; ++t)
+        w[t] = static_cast<uint32_t>(Value::from_float(y[8 * i + 2 * t])) |
+               (static_cast<uint32_t>(Value::from_float(y[8 * i + 2 * t + 1])) << 16);
+      *reinterpret_cast<uint4*>(out + 256 * i) = uint4{w[0], w[1], w[2], w[3]};
+    }
+    if (row_of(it + 1) >= p.m) break;
+    __syncwarp();  // every lane is done with this row's x before the next row overwrites it
   }
 }
 
