@@ -125,8 +125,8 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
     source.threads = static_cast<int>(kernel->config.getThreads());
     source.cta_m = static_cast<int>(kernel->config.getCtaM());
     source.grid_y = static_cast<int>(kernel->gridY());
-    // The pipelines of the mma_sync and wgmma gates and of the token-block consumer are dynamic shared
-    // memory; the others use static only.
+    // The pipelines of the mma_sync and wgmma gates, the token-block consumer's ring and the
+    // warp-per-row consumer's x rows are dynamic shared memory; the others use static only.
     source.smem_bytes = static_cast<int>(kernel->dynamicSharedBytes());
     source.operand_alignment = static_cast<int>(kernel->operandAlignment());
     source.tma_persistent = kernel->kind == ::twell::compiler::KernelKind::GateTwell &&

@@ -72,7 +72,8 @@ int64_t KernelInstance::dynamicSharedBytes() const {
   if (kind == ::twell::compiler::KernelKind::GatedDown)
     return config.getCtaM() == GatedDownKernelConstraints::kBlockCtaM
                ? GatedDownKernelConstraints::blockSharedBytes(dModel, dFF, layout.getTileN(), config.getStages())
-               : 0;
+           : config.getCtaM() > 1 ? GatedDownKernelConstraints::warpRowSharedBytes(dModel)
+                                  : 0;
   if (kind != ::twell::compiler::KernelKind::GateTwell) return 0;
   if (config.getMainloop() == Mainloop::Wgmma)
     return WgmmaGateConstraints::sharedBytes(layout.getTileN(), config.getStages());

@@ -86,7 +86,8 @@ std::shared_ptr<LoadedKernel> Context::Impl::load(const compiler::KernelSource& 
     detail::check(d.cuModuleLoadData(&k->module, image), fmt::format("cuModuleLoadData({})", source.name).c_str());
     detail::check(d.cuModuleGetFunction(&k->function, k->module, source.name.c_str()),
                   fmt::format("cuModuleGetFunction({})", source.name).c_str());
-    if (source.smem_bytes > 48 * 1024) {  // above 48 KiB a CTA must opt in to dynamic shared memory
+    // A CTA whose static + dynamic shared memory passes 48 KiB must opt in to the dynamic part.
+    if (source.smem_bytes > 0) {
       detail::check(d.cuFuncSetAttribute(k->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, source.smem_bytes),
                     fmt::format("cuFuncSetAttribute({}, {} bytes of dynamic shared memory)", source.name, source.smem_bytes).c_str());
     }

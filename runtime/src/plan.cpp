@@ -27,7 +27,7 @@ struct FfnPlan::Impl {
   std::vector<KernelReport> reports;
   std::unique_ptr<detail::DeviceBuffer> twell;     // [max_tokens, words_per_row] uint32
   std::unique_ptr<detail::DeviceBuffer> backup;    // [backup_capacity, tile_n] 16-bit
-  std::unique_ptr<detail::DeviceBuffer> counter;   // uint32 overflow count
+  std::unique_ptr<detail::DeviceBuffer> counter;   // uint32 overflow count, uint32 row counter (GatedDownParams)
   // Layout normalization: an nn.Linear (out_in) Wd is transposed on the stream into w_down_t
   // [d_ff, d_model] before the consumer, which then reads whole rows (coalesced) per active neuron.
   std::shared_ptr<LoadedKernel> transpose;
@@ -168,7 +168,7 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
   if (ctx->gpu) {
     ctx->make_current();
     p.twell = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * p.layout.words_per_row(spec.d_ff) * 4);
-    p.counter = std::make_unique<detail::DeviceBuffer>(4);
+    p.counter = std::make_unique<detail::DeviceBuffer>(8);  // the overflow count, the consumer's row counter
     if (transpose_down) p.w_down_t = std::make_unique<detail::DeviceBuffer>(size_t(spec.d_ff) * spec.d_model * 2);
     const int64_t tile_rows = max_tokens * p.layout.tiles(spec.d_ff);
     p.dispatch = options.dispatch;
@@ -401,6 +401,7 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages 
   down.twell = gate.twell;
   down.backup = gate.backup;
   down.y = static_cast<uint16_t*>(t.y);
+  down.row_counter = reinterpret_cast<uint32_t*>(p.counter->get() + 4);
   down.m = tokens;
   down.ldx = gate.ldx;
   down.ldwg = gate.ldw;
@@ -433,6 +434,8 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages 
       encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n,
                      "FfnPlan::run: cuTensorMapEncodeTiled(w_gate)");
     }
+    if (src.kind == compiler::KernelKind::GatedDown && src.persistent)  // the warps claim rows from 0
+      detail::check(d.cuMemsetD32Async(p.counter->get() + 4, 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(row counter)");
     if (src.persistent) {
       const int64_t tiles = int64_t{grid_x} * grid_y;
       grid_x = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{p.context->sm_count} * k->ctas_per_sm));

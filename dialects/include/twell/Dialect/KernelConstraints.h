@@ -237,6 +237,11 @@ struct GatedDownKernelConstraints {
     return tensorCoreGate && inOut && dModel > 0 && dModel % kWarpRowDModelMultiple == 0 &&
            dModel <= kWarpRowMaxDModel && threads == kWarpRowThreads;
   }
+  // Dynamic shared memory of a warp-per-row CTA (gated_down_warp): each warp's x row, d_model rounded
+  // up to 256 values of 2 bytes (32 KiB at d_model 2048).
+  static constexpr int64_t warpRowSharedBytes(int64_t dModel) {
+    return kWarpRowThreads / 32 * ((dModel + 255) / 256 * 256) * 2;
+  }
 
   // Token block (gated_down_block.cuh, BlockConsumerShape: the device side of blockSharedBytes).
   static constexpr int64_t kBlockCtaM = 16;

@@ -183,22 +183,23 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
 
 // Warp-per-row consumer (Config::cta_m = threads / 32; after a tensor-core gate, in_out down weights,
 // d_model % 8 == 0 and <= 2048). Persistent: the launcher starts at most as many CTAs as fit on the
-// GPU at once (KernelSource::persistent) and the warp's it-th row is w + it * W (w: the warp's index in
-// the grid, W = gridDim.x * warps), so no SM idles behind a CTA's slowest row, and a row's serial start
-// is short:
-//   - while a warp computes one row it prefetches the next row's x and first nnz headers into L2
-//     (`prefetch.global.L2`: no registers held; x and the TwELL matrix otherwise come from DRAM);
+// GPU at once (KernelSource::persistent), and each warp claims rows one at a time from a counter
+// (p.row_counter), so the GPU stays busy to the last row however unevenly the rows' nnz fall, and a
+// row's serial start is short:
+//   - while a warp computes one row it has already claimed the next and prefetched that row's x and
+//     first nnz headers into L2 (`prefetch.global.L2`: no registers held; x and the TwELL matrix
+//     otherwise come from DRAM);
 //   - a row's entry words are fetched 32 at a time by all lanes at once (lane l finds the tile of entry
 //     base + l from the prefix sums of the header counts): one round trip per 32 entries, not one per
-//     active tile (at 0.5% density a row has ~28 entries in ~16 tiles; v10 waited for each).
+//     active tile (at 0.5% density a row has ~28 entries in ~16 tiles).
 // Per row: x in shared memory, fp32 y in registers (lane l holds columns 8l + 256i .. +7); entries go
 // in tile then column order, two at a time: the 16-byte loads of both entries' Wu and Wd^T rows are
 // issued together (four L2 round trips overlapped), x . Wu_j is reduced over the warp (butterfly: every
 // lane gets the same bits), and h_j * Wd^T_j is added to y. Overflowing tile-rows come from the backup
 // or are recomputed by the warp with the gate's arithmetic (recompute_gate_tile), then scanned 32
-// columns per ballot. Sums run in entry order: bitwise deterministic, and the same bits as v10's one
-// row per warp. Registers are at the limit (255, no spills: kernel_resources_test): the row index is
-// recomputed from `it`, and the 32-tile window from the current tile, rather than held.
+// columns per ballot. Sums run in entry order: bitwise deterministic whichever warp takes a row.
+// Registers are at the limit (254, no spills: kernel_resources_test): the next row waits in shared
+// memory, and the 32-tile window is recomputed from the walk's position, rather than held.
 template <class Config>
 __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   using Value = typename Config::Value;
@@ -214,22 +215,25 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   static_assert(Config::cta_m == WARPS && Config::gate_mainloop >= 1 && Config::down_in_out && K % 8 == 0 && XS <= 8,
                 "warp-per-row consumer: cta_m = warps, tensor-core gate, in_out Wd, d_model % 8 == 0 and <= 2048");
   __shared__ uint16_t dense_tiles[WARPS][TILE_N];  // an overflowing tile-row per warp (backup or recompute)
-  // The warp's x row (shared memory, not registers: two entries' loads in flight need the registers).
-  __shared__ __align__(16) uint16_t x_rows[WARPS][XS * 256];
+  __shared__ uint32_t next_row[WARPS];             // the row each warp claimed to take after its current one
+  // Dynamic: the warps' x rows, XS * 256 values each (shared memory, not registers: two entries' loads in
+  // flight need the registers; GatedDownKernelConstraints::warpRowSharedBytes is the host's side).
+  extern __shared__ __align__(128) unsigned char smem[];
+  {
+    uint32_t have;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
+    if (have < WARPS * XS * 256 * 2) __trap();  // launched without the x rows: fail loudly
+  }
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  // The warp's it-th row, from special registers read where needed (volatile: not hoisted and kept in
-  // registers, which are at the limit).
-  auto row_of = [&](int it) {
-    uint32_t cta, ctas, tid;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(ctas));
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-    return (static_cast<int64_t>(cta) + static_cast<int64_t>(it) * ctas) * WARPS + tid / 32;
-  };
-  if (row_of(0) >= p.m) return;  // whole warps leave; nothing below synchronizes the CTA
-  uint16_t* const xs = x_rows[warp];
+  // Rows are claimed one at a time from p.row_counter (zeroed by the launcher), so warps that drew
+  // light rows take more of them: real rows' nnz vary several-fold.
+  uint32_t row = 0;
+  if (lane == 0) row = atomicAdd(p.row_counter, 1u);
+  row = __shfl_sync(FULL, row, 0);
+  if (row >= p.m) return;  // whole warps leave; nothing below synchronizes the CTA
+  uint16_t* const xs = reinterpret_cast<uint16_t*>(smem) + warp * XS * 256;
   auto in_k = [&](int i) { return (8 * lane + 256 * i) < K; };
   // Lane l: the nnz header of tile window + l of row r (0 past the last tile).
   auto load_headers = [&](int64_t r, int window) -> uint32_t {
@@ -281,21 +285,16 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
     pending = false;
   };
 
-  for (int it = 0;; ++it) {
+  for (;;) {
+    // The next row, claimed now; its x and first 32 nnz header lines are prefetched into L2 once the
+    // claim has returned (after this row's first entry words: the claim's round trip off the path).
+    uint32_t claimed = 0;
+    if (lane == 0) claimed = atomicAdd(p.row_counter, 1u);
     {
-      const int64_t row = row_of(it);
-      const uint16_t* x = p.x + row * p.ldx + 8 * lane;
+      const uint16_t* x = p.x + static_cast<int64_t>(row) * p.ldx + 8 * lane;
 #pragma unroll
       for (int i = 0; i < XS; ++i)
         *reinterpret_cast<uint4*>(xs + 8 * lane + 256 * i) = in_k(i) ? *reinterpret_cast<const uint4*>(x + 256 * i) : uint4{0u, 0u, 0u, 0u};
-      // The next row's x and first 32 nnz header lines, into L2 while this row runs.
-      const int64_t next = row_of(it + 1);
-      if (next < p.m) {
-        const char* xn = reinterpret_cast<const char*>(p.x + next * p.ldx);
-        for (int b = 128 * lane; b < K * 2; b += 128 * 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(xn + b));
-        if (lane < TILES)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(p.twell + next * WORDS_PER_ROW + lane * (SLOTS + 1)));
-      }
     }
     __syncwarp();  // x is in shared memory for every lane
 #pragma unroll
@@ -309,7 +308,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
       const int window = pos / 64 * 32;
       // Lane t: the nnz header of tile window + t, and the end of its entries when the window's packed
       // entries (tiles within their slots) are numbered in tile order: [end - count, end).
-      const uint32_t my_nnz = load_headers(row_of(it), window);
+      const uint32_t my_nnz = load_headers(static_cast<int64_t>(row), window);
       uint32_t end = my_nnz <= SLOTS ? my_nnz : 0u;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -327,10 +326,20 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
         const uint32_t nnz_t = __shfl_sync(FULL, my_nnz, t);  // t = 32 (past the last entry): unused
         const uint32_t first = __shfl_sync(FULL, end, t) - (nnz_t <= SLOTS ? nnz_t : 0u);
         return e < __shfl_sync(FULL, end, 31)
-                   ? __ldg(p.twell + row_of(it) * WORDS_PER_ROW + static_cast<int64_t>(pos / 64 * 32 + t) * (SLOTS + 1) + 1 + (e - first))
+                   ? __ldg(p.twell + static_cast<int64_t>(row) * WORDS_PER_ROW + static_cast<int64_t>(pos / 64 * 32 + t) * (SLOTS + 1) + 1 + (e - first))
                    : 0u;
       };
       uint32_t words = fetch(0);  // the words of entries [e & ~31, (e & ~31) + 32)
+      if (window == 0) {
+        const uint32_t next = __shfl_sync(FULL, claimed, 0);
+        if (lane == 0) next_row[warp] = next;
+        if (next < p.m) {
+          const char* xn = reinterpret_cast<const char*>(p.x + static_cast<int64_t>(next) * p.ldx);
+          for (int b = 128 * lane; b < K * 2; b += 128 * 32) asm volatile("prefetch.global.L2 [%0];" ::"l"(xn + b));
+          if (lane < TILES)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(p.twell + static_cast<int64_t>(next) * WORDS_PER_ROW + lane * (SLOTS + 1)));
+        }
+      }
       // The active tiles in order: each step takes the first one after the last (a ballot per step
       // instead of a mask held across the loop: one register fewer).
       for (;;) {
@@ -352,12 +361,12 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
         }
         // Overflowing tile-row: its dense activated values, then every active column in order.
         const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
-        const uint32_t slot = p.twell[row_of(it) * WORDS_PER_ROW + static_cast<int64_t>(tile) * (SLOTS + 1) + 1];
+        const uint32_t slot = p.twell[static_cast<int64_t>(row) * WORDS_PER_ROW + static_cast<int64_t>(tile) * (SLOTS + 1) + 1];
         uint16_t* dense_tile = dense_tiles[warp];
         if (slot != kBackupMissing && slot < p.backup_capacity) {
           for (int c = lane; c < TILE_N; c += 32) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
         } else {
-          recompute_gate_tile<Config>(p, p.x + row_of(it) * p.ldx, n0, valid_n, dense_tile, warp, 1);
+          recompute_gate_tile<Config>(p, p.x + static_cast<int64_t>(row) * p.ldx, n0, valid_n, dense_tile, warp, 1);
         }
         __syncwarp();
         for (int c0 = 0; c0 < valid_n; c0 += 32) {
@@ -376,7 +385,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
     if (pending) entries(integral_constant<int, 1>{}, pending_j, pending_g);
     pending = false;
 
-    uint16_t* out = p.y + row_of(it) * p.ldy + 8 * lane;
+    uint16_t* out = p.y + static_cast<int64_t>(row) * p.ldy + 8 * lane;
 #pragma unroll
     for (int i = 0; i < XS; ++i) {
       if (!in_k(i)) continue;
@@ -387,8 +396,9 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
                (static_cast<uint32_t>(Value::from_float(y[8 * i + 2 * t + 1])) << 16);
       *reinterpret_cast<uint4*>(out + 256 * i) = uint4{w[0], w[1], w[2], w[3]};
     }
-    if (row_of(it + 1) >= p.m) break;
-    __syncwarp();  // every lane is done with this row's x before the next row overwrites it
+    __syncwarp();  // every lane is done with this row's x before the next row overwrites it; next_row
+    row = next_row[warp];  // is visible
+    if (row >= p.m) break;
   }
 }
 

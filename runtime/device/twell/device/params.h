@@ -56,6 +56,7 @@ struct GatedDownParams {
   const uint32_t* twell;      // as written by the gate kernel
   const uint16_t* backup;
   uint16_t* y;                // [M, K] row-major, row stride ldy
+  uint32_t* row_counter;      // the warp-per-row consumer's next unclaimed row: zeroed before each launch
   int64_t m;
   int64_t ldx;
   int64_t ldwg;
