@@ -10,6 +10,7 @@
 
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <optional>
 
@@ -36,17 +37,21 @@ struct Problem {
   testing::RandomFfn host;
   std::unique_ptr<DeviceMemory> x, wg, wu, wd, y;
   double nnz_per_row = -1;  // measured on the first TwELL run (sized_plan): the density actually made
-  FfnTensors tensors() const { return {x->data(), wg->data(), wu->data(), wd->data(), y->data()}; }
+  FfnTensors tensors() const {
+    return {x->data(), wg->data(), host.spec.gated ? wu->data() : nullptr, wd->data(), y->data()};
+  }
 };
 
-Problem& problem(int64_t tokens, int density_permille) {
-  static std::map<std::pair<int64_t, int>, std::unique_ptr<Problem>> cache;
-  auto& p = cache[{tokens, density_permille}];
+// `gated` = false: a non-gated layer, y = act(x Wg^T) Wd^T (no Wu).
+Problem& problem(int64_t tokens, int density_permille, bool gated = true) {
+  static std::map<std::tuple<int64_t, int, bool>, std::unique_ptr<Problem>> cache;
+  auto& p = cache[{tokens, density_permille, gated}];
   if (!p) {
     p = std::make_unique<Problem>();
     FfnSpec s;
     s.d_model = kDModel;
     s.d_ff = kDff;
+    s.gated = gated;
     // Slots: the paper's 31 (compression 8) up to 5%; at 10% (25.6 entries per 256-wide tile-row on
     // average) most tile-rows would overflow 31, so 63.
     s.slots = density_permille >= 100 ? 63 : 31;
@@ -59,7 +64,7 @@ Problem& problem(int64_t tokens, int density_permille) {
     };
     p->x = up(p->host.x);
     p->wg = up(p->host.w_gate);
-    p->wu = up(p->host.w_up);
+    if (gated) p->wu = up(p->host.w_up);
     p->wd = up(p->host.w_down);
     p->y = std::make_unique<DeviceMemory>(c, tokens * kDModel * 2);
   }
@@ -103,11 +108,11 @@ double useful_flops(int64_t tokens, double density) { return 2.0 * tokens * kDMo
 // TwELL kernels, not the dispatcher's choice) or cuBLASLt, the whole FFN or the gate GEMM alone;
 // `tflop` is the work counted per call.
 void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflop, const char* counter,
-               std::optional<ConsumerVariant> consumer = std::nullopt) {
+               std::optional<ConsumerVariant> consumer = std::nullopt, bool gated = true) {
   if (!gpu_or_skip(state)) return;
   Context& ctx = context();
   const int64_t tokens = state.range(0);
-  Problem& p = problem(tokens, static_cast<int>(state.range(1)));
+  Problem& p = problem(tokens, static_cast<int>(state.range(1)), gated);
   StreamHandle stream(ctx);
   std::unique_ptr<FfnPlan> plan;
   std::unique_ptr<DenseFfn> dense;
@@ -131,6 +136,14 @@ void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflo
 void BM_GatedFfn(benchmark::State& state, bool sparse, int variant) {
   time_path(state, sparse, false, useful_flops(state.range(0), state.range(1) / 1000.0) / 1e12, "TFLOP/s(useful)",
             variant < 0 ? std::nullopt : std::optional(static_cast<ConsumerVariant>(variant)));
+}
+
+// The non-gated FFN (y = act(x Wg^T) Wd^T: twell.ffn) against cuBLASLt's two GEMMs. Useful FLOPs:
+// the first GEMM plus the down projection of the active neurons.
+void BM_NonGatedFfn(benchmark::State& state, bool sparse) {
+  const double density = state.range(1) / 1000.0;
+  time_path(state, sparse, false, 2.0 * state.range(0) * kDModel * kDff * (1.0 + density) / 1e12, "TFLOP/s(useful)",
+            std::nullopt, /*gated=*/false);
 }
 
 // D2T alone (gate GEMM + activation + TwELL packing) against cuBLASLt's plain gate GEMM (bf16 out):
@@ -276,6 +289,8 @@ BENCHMARK_CAPTURE(BM_GatedFfn, twell_rows, true, 0)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, twell_block, true, 1)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, twell_calibrated, true, -1)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false, 0)->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_NonGatedFfn, twell, true)->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_NonGatedFfn, dense_cublaslt, false)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_Gate, twell_d2t, true)->Apply(GateArgs);
 BENCHMARK_CAPTURE(BM_Gate, dense_cublaslt_gemm, false)->Apply(GateArgs);
 BENCHMARK(BM_Consumer)->Apply(ConsumerArgs);

@@ -8,6 +8,7 @@
 
 #include "KernelInstance.h"
 #include "twell/Dialect/KernelConstraints.h"
+#include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "twell/compiler/Passes.h"
@@ -46,8 +47,9 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
     os << "twell.gate_matmul x[M, " << kernel.dModel << "] w_gate[" << kernel.dFF << ", "
        << kernel.dModel << "] -> h[M, " << kernel.dFF << "]";
   else
-    os << "twell.gated_down x[M, " << kernel.dModel << "] h[M, " << kernel.dFF << "] w_up["
-       << kernel.dFF << ", " << kernel.dModel << "] w_down["
+    os << (kernel.gated ? "twell.gated_down" : "twell.down") << " x[M, " << kernel.dModel << "] h[M, " << kernel.dFF
+       << "] " << (kernel.gated ? llvm::formatv("w_up[{0}, {1}] ", kernel.dFF, kernel.dModel).str() : std::string())
+       << "w_down["
        << (kernel.downLayout == DownLayout::OutIn ? kernel.dModel : kernel.dFF) << ", "
        << (kernel.downLayout == DownLayout::OutIn ? kernel.dFF : kernel.dModel) << "] ("
        << stringifyDownLayout(kernel.downLayout) << ") -> y[M, " << kernel.dModel << "]";
@@ -80,6 +82,8 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
   } else {
     os << "  static constexpr bool down_in_out = "
        << (kernel.downLayout == DownLayout::InOut ? "true" : "false") << ";\n";
+    os << "  static constexpr bool gated = "
+       << (kernel.gated ? "true;  // h_j = g_j (x . Wu_j)\n" : "false;  // h_j = g_j (twell.down)\n");
     // The overflow recompute repeats the gate kernel's arithmetic, bit for bit.
     os << "  static constexpr int gate_mainloop = " << mainloop(kernel.gateMainloop) << "\n";
     os << "  static constexpr int gate_cta_k = " << kernel.gateCtaK << ";\n";
@@ -103,7 +107,7 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
 FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operation* root) {
   std::vector<::twell::compiler::KernelSource> kernels;
   WalkResult walk = root->walk([&](Operation* op) {
-    if (!llvm::isa<GateMatmulOp, GatedDownOp, GatedFfnOp>(op)) return WalkResult::advance();
+    if (!llvm::isa<GateMatmulOp, GatedDownOp, DownOp, GatedFfnOp, FfnOp>(op)) return WalkResult::advance();
     FailureOr<KernelInstance> kernel = KernelInstance::read(op);
     if (failed(kernel)) return WalkResult::interrupt();
     auto name = op->getAttrOfType<StringAttr>("kernel_name");

@@ -23,12 +23,27 @@ LogicalResult fuse(GatedDownOp down, RewriterBase& rewriter) {
   return success();
 }
 
+LogicalResult fuse(DownOp down, RewriterBase& rewriter) {
+  auto gate = down.getH().getDefiningOp<GateMatmulOp>();
+  if (!gate || !gate.getH().hasOneUse() || gate.getX() != down.getX()) return failure();
+  rewriter.setInsertionPoint(down);
+  rewriter.replaceOpWithNewOp<FfnOp>(down, down.getY().getType(), down.getX(), gate.getWGate(), down.getWDown(),
+                                     gate.getLayout(), down.getDownLayoutAttr());
+  rewriter.eraseOp(gate);
+  return success();
+}
+
 struct TwellFuseGatedFfn : impl::TwellFuseGatedFfnBase<TwellFuseGatedFfn> {
   void runOnOperation() override {
-    llvm::SmallVector<GatedDownOp> candidates;
-    getOperation().walk([&](GatedDownOp down) { candidates.push_back(down); });
+    llvm::SmallVector<Operation*> candidates;
+    getOperation().walk([&](Operation* op) {
+      if (llvm::isa<GatedDownOp, DownOp>(op)) candidates.push_back(op);
+    });
     IRRewriter rewriter(&getContext());
-    for (GatedDownOp down : candidates) (void)fuse(down, rewriter);
+    for (Operation* op : candidates) {
+      if (auto gated = llvm::dyn_cast<GatedDownOp>(op)) (void)fuse(gated, rewriter);
+      else (void)fuse(llvm::cast<DownOp>(op), rewriter);
+    }
   }
 };
 

@@ -117,20 +117,22 @@ std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& tar
 
   // One gate kernel feeding one consumer (the shape Generate.h documents).
   llvm::SmallVector<tw::GateMatmulOp> gates;
-  llvm::SmallVector<tw::GatedDownOp> consumers;
+  llvm::SmallVector<mlir::Operation*> consumers;  // twell.gated_down or twell.down; h is operand 1
   module.walk([&](tw::GateMatmulOp op) { gates.push_back(op); });
-  module.walk([&](tw::GatedDownOp op) { consumers.push_back(op); });
+  module.walk([&](mlir::Operation* op) {
+    if (llvm::isa<tw::GatedDownOp, tw::DownOp>(op)) consumers.push_back(op);
+  });
   if (gates.size() != 1 || consumers.size() != 1 ||
-      consumers.front().getH() != gates.front().getH()) {
+      consumers.front()->getOperand(1) != gates.front().getH()) {
     mlir::emitError(module.getLoc())
-        << "expected one FFN: a twell.gated_ffn, or one twell.gate_matmul feeding one "
-           "twell.gated_down; got "
-        << gates.size() << " twell.gate_matmul and " << consumers.size() << " twell.gated_down";
+        << "expected one FFN: a twell.gated_ffn or twell.ffn, or one twell.gate_matmul feeding one "
+           "twell.gated_down or twell.down; got "
+        << gates.size() << " twell.gate_matmul and " << consumers.size() << " consumers";
     return std::nullopt;
   }
   tw::GateMatmulOp gate = gates.front();
-  tw::GatedDownOp consumer = consumers.front();
-  for (mlir::Operation* kernel : {gate.getOperation(), consumer.getOperation()}) {
+  mlir::Operation* consumer = consumers.front();
+  for (mlir::Operation* kernel : {gate.getOperation(), consumer}) {
     auto kernelTarget = kernel->getAttrOfType<tw::TargetAttr>("target");
     if (kernelTarget.getArch() != target.arch()) {
       kernel->emitOpError() << "targets \"" << kernelTarget.getArch() << "\" but \""
@@ -166,10 +168,6 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
   auto fail = [](const std::string& message) {
     throw Error(ErrorCode::InvalidArgument, "generateFfn: " + message);
   };
-  if (!spec.gated)
-    throw Error(ErrorCode::Unsupported,
-                "generateFfn: spec.gated = false: non-gated FFN layers come with the sparse "
-                "consumers of issue 3");
   if (spec.d_model < 1)
     fail("spec.d_model: expected a positive integer, got " + std::to_string(spec.d_model));
   if (spec.d_ff < 1)
@@ -216,14 +214,21 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
 
   mlir::OwningOpRef<mlir::ModuleOp> module = mlir::ModuleOp::create(loc);
   b.setInsertionPointToEnd(module->getBody());
-  auto function = mlir::func::FuncOp::create(
-      b, loc, "ffn", b.getFunctionType({xType, weightType, weightType, downType}, {xType}));
+  // func @ffn(x, w_gate, w_up, w_down) -> y with twell.gated_ffn, or (x, w_gate, w_down) with twell.ffn.
+  llvm::SmallVector<mlir::Type> arguments{xType, weightType};
+  if (spec.gated) arguments.push_back(weightType);
+  arguments.push_back(downType);
+  auto function = mlir::func::FuncOp::create(b, loc, "ffn", b.getFunctionType(arguments, {xType}));
   mlir::Block* entry = function.addEntryBlock();
   b.setInsertionPointToStart(entry);
-  auto ffn =
-      tw::GatedFfnOp::create(b, loc, xType, entry->getArgument(0), entry->getArgument(1),
-                             entry->getArgument(2), entry->getArgument(3), layout, downLayout);
-  mlir::func::ReturnOp::create(b, loc, ffn.getY());
+  mlir::Value y =
+      spec.gated ? tw::GatedFfnOp::create(b, loc, xType, entry->getArgument(0), entry->getArgument(1),
+                                          entry->getArgument(2), entry->getArgument(3), layout, downLayout)
+                       .getY()
+                 : tw::FfnOp::create(b, loc, xType, entry->getArgument(0), entry->getArgument(1),
+                                     entry->getArgument(2), layout, downLayout)
+                       .getY();
+  mlir::func::ReturnOp::create(b, loc, y);
   if (mlir::failed(mlir::verify(*module))) fail(messages.take());
 
   std::optional<GeneratedFfn> result =

@@ -14,6 +14,7 @@ FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
   KernelInstance kernel{};
   kernel.op = op;
   kernel.downLayout = DownLayout::OutIn;
+  kernel.gated = true;
   if (auto gate = llvm::dyn_cast<GateMatmulOp>(op)) {
     kernel.kind = ::twell::compiler::KernelKind::GateTwell;
     kernel.layout = gate.getLayout();
@@ -25,10 +26,17 @@ FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
     kernel.target = down.getTargetAttr();
     kernel.config = down.getConfigAttr();
     kernel.downLayout = down.getDownLayout();
-  } else if (llvm::isa<GatedFfnOp>(op)) {
-    return op->emitOpError()
-           << "is not a kernel: split it into twell.gate_matmul and twell.gated_down first "
-              "(twell-split-gated-ffn)";
+  } else if (auto down = llvm::dyn_cast<DownOp>(op)) {
+    kernel.kind = ::twell::compiler::KernelKind::GatedDown;
+    kernel.layout = down.getLayout();
+    kernel.target = down.getTargetAttr();
+    kernel.config = down.getConfigAttr();
+    kernel.downLayout = down.getDownLayout();
+    kernel.gated = false;
+  } else if (llvm::isa<GatedFfnOp, FfnOp>(op)) {
+    return op->emitOpError() << "is not a kernel: split it into twell.gate_matmul and "
+                             << (llvm::isa<GatedFfnOp>(op) ? "twell.gated_down" : "twell.down")
+                             << " first (twell-split-gated-ffn)";
   } else {
     return op->emitOpError() << "is not a twell kernel op";
   }
@@ -55,7 +63,7 @@ FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
   kernel.gateCtaK = kernel.gateMainloop == Mainloop::Wgmma     ? WgmmaGateConstraints::kCtaK
                     : kernel.gateMainloop == Mainloop::MmaSync ? MmaSyncGateConstraints::kCtaK
                                                                : GateKernelConstraints::defaultCtaK(kernel.layout.getTileN());
-  auto gate = llvm::cast<GatedDownOp>(op).getH().getDefiningOp<GateMatmulOp>();
+  auto gate = op->getOperand(1).getDefiningOp<GateMatmulOp>();  // h: operand 1 of both consumers
   if (ConfigAttr gateConfig = gate ? gate.getConfigAttr() : ConfigAttr()) {
     if (gateConfig.getMainloop() != kernel.gateMainloop)
       return op->emitOpError()
@@ -112,17 +120,17 @@ std::string KernelInstance::key() const {
   return llvm::formatv(
       "kernel={0};value={1};d_model={2};d_ff={3};tile_n={4};slots={5};index_bits={6};"
       "activation={7};threshold={8:x-8};cta_m={9};cta_k={10};threads={11};down_layout={12};"
-      "arch={13};features={14};mainloop={15};stages={16};gate_mainloop={17};gate_cta_k={18}",
+      "arch={13};features={14};mainloop={15};stages={16};gate_mainloop={17};gate_cta_k={18}{19}",
       templateName(), isBF16() ? "bf16" : "f16", dModel, dFF, layout.getTileN(), layout.getSlots(),
       layout.getIndexBits(), stringifyActivation(layout.getActivation()), thresholdBits,
       config.getCtaM(), config.getCtaK(), config.getThreads(), stringifyDownLayout(downLayout),
       target.getArch(), featureList, stringifyMainloop(config.getMainloop()), config.getStages(),
-      stringifyMainloop(gateMainloop), gateCtaK);
+      stringifyMainloop(gateMainloop), gateCtaK, gated ? "" : ";gated=false");  // gated keys as before v15
 }
 
 std::string KernelInstance::name() const {
   std::string prefix =
-      kind == ::twell::compiler::KernelKind::GateTwell ? "twell_gate" : "twell_gated_down";
+      kind == ::twell::compiler::KernelKind::GateTwell ? "twell_gate" : gated ? "twell_gated_down" : "twell_down";
   std::string suffix = kind == ::twell::compiler::KernelKind::GatedDown
                            ? (llvm::Twine("_") + stringifyDownLayout(downLayout)).str()
                            : std::string();

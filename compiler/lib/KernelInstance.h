@@ -22,6 +22,7 @@ struct KernelInstance {
   TargetAttr target;
   ConfigAttr config;
   DownLayout downLayout;  // the consumer's w_down layout (OutIn for the gate kernel)
+  bool gated;             // the consumer: twell.gated_down (true) or twell.down (false)
   // The gate kernel's main loop and K step: the gate kernel's own (config) for GateTwell; for the
   // consumer, those of the twell.gate_matmul producing h (whose mainloop must equal the consumer's
   // config's), or, when h has no such producer, the consumer config's mainloop with the K step

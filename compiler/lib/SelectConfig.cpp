@@ -1,5 +1,7 @@
 // twell-select-config: attaches #twell.target and #twell.config to each kernel op that lacks them.
 // A heuristic for now; the tuning database (runtime/) will supply measured configurations.
+#include <type_traits>
+
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"
 #include "twell/Dialect/KernelConstraints.h"
@@ -74,10 +76,12 @@ int64_t dModelOf(Operation* op) {
 // One row per warp wherever allowed (measured faster at the paper's shape: bench/README.md v9), else
 // one row per CTA.
 // With consumer = "block": 16 token rows per CTA on tensor cores (gated_down_block.cuh) with the
-// deepest ring that fits the target's shared memory, where the shape allows it.
-ConfigAttr gatedDownConfig(MLIRContext* context, Mainloop gateMainloop, GatedDownOp down, llvm::StringRef consumer) {
+// deepest ring that fits the target's shared memory, where the shape allows it (gated layers only).
+// ConsumerOp: GatedDownOp or DownOp.
+template <class ConsumerOp>
+ConfigAttr consumerConfig(MLIRContext* context, Mainloop gateMainloop, ConsumerOp down, llvm::StringRef consumer) {
   using Down = GatedDownKernelConstraints;
-  if (consumer == "block") {
+  if (consumer == "block" && std::is_same_v<ConsumerOp, GatedDownOp>) {
     const int64_t tileN = down.getLayout().getTileN();
     const int64_t dFF = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
     const int64_t stages = Down::blockStages(dModelOf(down), dFF, tileN,
@@ -117,20 +121,22 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
       if (gate.getConfigAttr()) return;
       Mainloop preferred = bestMainloop(dModelOf(gate), gate.getLayout(), gate.getTargetAttr());
       for (Operation* user : gate.getH().getUsers())
-        if (auto down = llvm::dyn_cast<GatedDownOp>(user))
-          if (ConfigAttr config = down.getConfigAttr()) preferred = config.getMainloop();
+        if (llvm::isa<GatedDownOp, DownOp>(user))
+          if (auto config = user->getAttrOfType<ConfigAttr>("config")) preferred = config.getMainloop();
       gate.setConfigAttr(
           gateConfig(context, dModelOf(gate), gate.getLayout(), gate.getTargetAttr(), preferred));
     });
-    getOperation().walk([&](GatedDownOp down) {
+    auto configure = [&](auto down) {
       if (!down.getTargetAttr()) down.setTargetAttr(defaultTarget);
       if (down.getConfigAttr()) return;
       // Without a visible gate kernel (h is an argument), the main loop one would get here.
       Mainloop gateMainloop = bestMainloop(dModelOf(down), down.getLayout(), down.getTargetAttr());
-      if (auto gate = down.getH().getDefiningOp<GateMatmulOp>())
+      if (auto gate = down.getH().template getDefiningOp<GateMatmulOp>())
         if (ConfigAttr config = gate.getConfigAttr()) gateMainloop = config.getMainloop();
-      down.setConfigAttr(gatedDownConfig(context, gateMainloop, down, consumer));
-    });
+      down.setConfigAttr(consumerConfig(context, gateMainloop, down, consumer));
+    };
+    getOperation().walk([&](GatedDownOp down) { configure(down); });
+    getOperation().walk([&](DownOp down) { configure(down); });
   }
 };
 

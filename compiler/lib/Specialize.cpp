@@ -15,17 +15,14 @@ struct TwellSpecialize : impl::TwellSpecializeBase<TwellSpecialize> {
   void runOnOperation() override {
     bool failedAny = false;
     getOperation().walk([&](Operation* op) {
-      if (!llvm::isa<GateMatmulOp, GatedDownOp, GatedFfnOp>(op)) return;
+      if (!llvm::isa<GateMatmulOp, GatedDownOp, DownOp, GatedFfnOp, FfnOp>(op)) return;
       FailureOr<KernelInstance> kernel = KernelInstance::read(op);
       if (failed(kernel)) {
         failedAny = true;
         return;
       }
       auto name = StringAttr::get(&getContext(), kernel->name());
-      if (auto gate = llvm::dyn_cast<GateMatmulOp>(op))
-        gate.setKernelNameAttr(name);
-      else
-        llvm::cast<GatedDownOp>(op).setKernelNameAttr(name);
+      op->setAttr("kernel_name", name);  // the kernel ops' kernel_name attribute
     });
     if (failedAny) signalPassFailure();
   }

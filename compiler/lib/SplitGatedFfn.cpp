@@ -25,12 +25,30 @@ void split(GatedFfnOp ffn, RewriterBase& rewriter) {
                                            TargetAttr(), ConfigAttr(), StringAttr());
 }
 
+// The non-gated layer: the same gate kernel feeding twell.down.
+void split(FfnOp ffn, RewriterBase& rewriter) {
+  auto xType = llvm::cast<RankedTensorType>(ffn.getX().getType());
+  int64_t dFF = llvm::cast<RankedTensorType>(ffn.getWGate().getType()).getDimSize(0);
+  auto hType =
+      RankedTensorType::get({xType.getDimSize(0), dFF}, xType.getElementType(), ffn.getLayout());
+  rewriter.setInsertionPoint(ffn);
+  auto gate = GateMatmulOp::create(rewriter, ffn.getLoc(), hType, ffn.getX(), ffn.getWGate(),
+                                   TargetAttr(), ConfigAttr(), StringAttr());
+  rewriter.replaceOpWithNewOp<DownOp>(ffn, ffn.getY().getType(), ffn.getX(), gate.getH(), ffn.getWDown(),
+                                      ffn.getDownLayoutAttr(), TargetAttr(), ConfigAttr(), StringAttr());
+}
+
 struct TwellSplitGatedFfn : impl::TwellSplitGatedFfnBase<TwellSplitGatedFfn> {
   void runOnOperation() override {
-    llvm::SmallVector<GatedFfnOp> ffns;
-    getOperation().walk([&](GatedFfnOp ffn) { ffns.push_back(ffn); });
+    llvm::SmallVector<Operation*> ffns;
+    getOperation().walk([&](Operation* op) {
+      if (llvm::isa<GatedFfnOp, FfnOp>(op)) ffns.push_back(op);
+    });
     IRRewriter rewriter(&getContext());
-    for (GatedFfnOp ffn : ffns) split(ffn, rewriter);
+    for (Operation* op : ffns) {
+      if (auto gated = llvm::dyn_cast<GatedFfnOp>(op)) split(gated, rewriter);
+      else split(llvm::cast<FfnOp>(op), rewriter);
+    }
   }
 };
 

@@ -275,6 +275,83 @@ LogicalResult verifyWgmmaGateConfig(Operation* op, ConfigAttr config, TargetAttr
   return success();
 }
 
+// The config rules of the consumers (twell.gated_down, twell.down), after their operands' shapes
+// were checked by `check`. `gated`: the token block is a gated kernel only.
+LogicalResult verifyConsumer(Operation* op, ShapeChecker& check, DownLayout downLayout, TargetAttr target,
+                             ConfigAttr config, StringAttr kernelName, bool gated) {
+  auto emitOpError = [op] { return op->emitOpError(); };
+  const char* kernel = gated ? "gated_down" : "down";
+  if (config) {
+    if (config.getCtaK() != 0)
+      return emitOpError() << "config: the " << kernel << " kernel has no K loop, cta_k must be omitted, "
+                              "got "
+                           << config;
+    using Down = GatedDownKernelConstraints;
+    const int64_t warps = config.getThreads() / 32;
+    const bool block = config.getCtaM() == Down::kBlockCtaM && config.getThreads() == Down::kBlockThreads;
+    if (config.getCtaM() != Down::kCtaM && config.getCtaM() != warps && !block)
+      return emitOpError() << "config: the " << kernel << " kernel processes one token row per CTA (cta_m = "
+                           << Down::kCtaM << "), one per warp (cta_m = threads / 32 = " << warps
+                           << ") or a block of " << Down::kBlockCtaM << " rows on " << Down::kBlockThreads
+                           << " threads, got cta_m = " << config.getCtaM() << ", threads = " << config.getThreads();
+    if (block && !gated)
+      return emitOpError() << "config: the token block (cta_m = " << Down::kBlockCtaM
+                           << ") is a gated kernel; twell.down takes one token row per warp or per CTA";
+    if (block) {
+      const int64_t tileN = check.layout().getTileN();
+      if (!Down::blockShapeAllowed(config.getMainloop() != Mainloop::Fma, downLayout == DownLayout::InOut,
+                                   check.dModel(), tileN))
+        return emitOpError() << "config: a token block (cta_m = " << Down::kBlockCtaM
+                             << ") needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model "
+                                "128, 256, 512, 1024 or 2048 and tile_n <= "
+                             << Down::kBlockMaxTileN << ", got mainloop " << stringifyMainloop(config.getMainloop())
+                             << ", " << stringifyDownLayout(downLayout) << ", d_model " << check.dModel()
+                             << ", tile_n " << tileN;
+      if (config.getStages() < Down::kBlockMinStages || config.getStages() > Down::kBlockMaxStages)
+        return emitOpError() << "config: a token block needs stages " << Down::kBlockMinStages << ".."
+                             << Down::kBlockMaxStages << " (its cp.async ring), got " << config.getStages();
+      const int64_t limit = Down::maxDynamicSharedBytes(target ? target.getComputeCapability() : 90);
+      const int64_t bytes = Down::blockSharedBytes(check.dModel(), check.dFF(), tileN, config.getStages());
+      if (bytes == 0 || bytes > limit)
+        return emitOpError() << "config: a token block with stages = " << config.getStages() << " needs " << bytes
+                             << " bytes of shared memory at d_model " << check.dModel() << ", d_ff " << check.dFF()
+                             << ", tile_n " << tileN << "; the target allows " << limit;
+    }
+    if (config.getCtaM() == warps && warps != Down::kCtaM &&
+        !Down::warpRowAllowed(config.getMainloop() != Mainloop::Fma, downLayout == DownLayout::InOut,
+                              check.dModel(), config.getThreads()))
+      return emitOpError() << "config: one token row per warp needs a tensor-core gate (mainloop mma_sync "
+                              "or wgmma), in_out down weights, d_model a multiple of "
+                           << Down::kWarpRowDModelMultiple << " up to " << Down::kWarpRowMaxDModel << " and "
+                           << Down::kWarpRowThreads << " threads, got mainloop "
+                           << stringifyMainloop(config.getMainloop()) << ", "
+                           << stringifyDownLayout(downLayout) << ", d_model " << check.dModel()
+                           << ", threads " << config.getThreads();
+    // The overflow recompute repeats the gate's arithmetic: the gate's shape rules hold here too.
+    if (config.getMainloop() == Mainloop::MmaSync && !MmaSyncGateConstraints::dModelAllowed(check.dModel()))
+      return emitOpError() << "config: mainloop mma_sync (the gate's, repeated by the overflow recompute) "
+                              "needs d_model % "
+                           << MmaSyncGateConstraints::kDModelMultiple << " == 0, got d_model " << check.dModel();
+    if (config.getMainloop() == Mainloop::Wgmma) {
+      if (target && !target.hasWgmmaMainloopFeatures())
+        return emitOpError() << "config: mainloop wgmma (the gate's) needs a target with features wgmma "
+                                "and tma (sm_90a), got "
+                             << target;
+      if (!WgmmaGateConstraints::allowed(check.dModel(), check.layout().getTileN()))
+        return emitOpError() << "config: mainloop wgmma (the gate's) needs d_model % "
+                             << WgmmaGateConstraints::kDModelMultiple
+                             << " == 0 and tile_n 64, 128 or 256, got d_model " << check.dModel()
+                             << ", tile_n " << check.layout().getTileN();
+    }
+    if (!block && config.getStages() != 0)
+      return emitOpError() << "config: only the token-block gated_down kernel (cta_m = " << Down::kBlockCtaM
+                           << ") has a cp.async pipeline, stages must be omitted, got "
+                           << config;
+  }
+  return verifyKernelAttributes(op, target, config, kernelName);
+}
+
+
 }  // namespace
 
 namespace {
@@ -327,73 +404,22 @@ LogicalResult GatedDownOp::verify() {
                                "d_ff x d_model, nn.Linear layout")) ||
       failed(check.checkDownWeight(getWDown(), getDownLayout())) || failed(check.checkY(getY())))
     return failure();
-  if (ConfigAttr config = getConfigAttr()) {
-    if (config.getCtaK() != 0)
-      return emitOpError() << "config: the gated_down kernel has no K loop, cta_k must be omitted, "
-                              "got "
-                           << config;
-    using Down = GatedDownKernelConstraints;
-    const int64_t warps = config.getThreads() / 32;
-    const bool block = config.getCtaM() == Down::kBlockCtaM && config.getThreads() == Down::kBlockThreads;
-    if (config.getCtaM() != Down::kCtaM && config.getCtaM() != warps && !block)
-      return emitOpError() << "config: the gated_down kernel processes one token row per CTA (cta_m = "
-                           << Down::kCtaM << "), one per warp (cta_m = threads / 32 = " << warps
-                           << ") or a block of " << Down::kBlockCtaM << " rows on " << Down::kBlockThreads
-                           << " threads, got cta_m = " << config.getCtaM() << ", threads = " << config.getThreads();
-    if (block) {
-      const int64_t tileN = check.layout().getTileN();
-      if (!Down::blockShapeAllowed(config.getMainloop() != Mainloop::Fma, getDownLayout() == DownLayout::InOut,
-                                   check.dModel(), tileN))
-        return emitOpError() << "config: a token block (cta_m = " << Down::kBlockCtaM
-                             << ") needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model "
-                                "128, 256, 512, 1024 or 2048 and tile_n <= "
-                             << Down::kBlockMaxTileN << ", got mainloop " << stringifyMainloop(config.getMainloop())
-                             << ", " << stringifyDownLayout(getDownLayout()) << ", d_model " << check.dModel()
-                             << ", tile_n " << tileN;
-      if (config.getStages() < Down::kBlockMinStages || config.getStages() > Down::kBlockMaxStages)
-        return emitOpError() << "config: a token block needs stages " << Down::kBlockMinStages << ".."
-                             << Down::kBlockMaxStages << " (its cp.async ring), got " << config.getStages();
-      TargetAttr target = getTargetAttr();
-      const int64_t limit = Down::maxDynamicSharedBytes(target ? target.getComputeCapability() : 90);
-      const int64_t bytes = Down::blockSharedBytes(check.dModel(), check.dFF(), tileN, config.getStages());
-      if (bytes == 0 || bytes > limit)
-        return emitOpError() << "config: a token block with stages = " << config.getStages() << " needs " << bytes
-                             << " bytes of shared memory at d_model " << check.dModel() << ", d_ff " << check.dFF()
-                             << ", tile_n " << tileN << "; the target allows " << limit;
-    }
-    if (config.getCtaM() == warps && warps != Down::kCtaM &&
-        !Down::warpRowAllowed(config.getMainloop() != Mainloop::Fma, getDownLayout() == DownLayout::InOut,
-                              check.dModel(), config.getThreads()))
-      return emitOpError() << "config: one token row per warp needs a tensor-core gate (mainloop mma_sync "
-                              "or wgmma), in_out down weights, d_model a multiple of "
-                           << Down::kWarpRowDModelMultiple << " up to " << Down::kWarpRowMaxDModel << " and "
-                           << Down::kWarpRowThreads << " threads, got mainloop "
-                           << stringifyMainloop(config.getMainloop()) << ", "
-                           << stringifyDownLayout(getDownLayout()) << ", d_model " << check.dModel()
-                           << ", threads " << config.getThreads();
-    // The overflow recompute repeats the gate's arithmetic: the gate's shape rules hold here too.
-    if (config.getMainloop() == Mainloop::MmaSync && !MmaSyncGateConstraints::dModelAllowed(check.dModel()))
-      return emitOpError() << "config: mainloop mma_sync (the gate's, repeated by the overflow recompute) "
-                              "needs d_model % "
-                           << MmaSyncGateConstraints::kDModelMultiple << " == 0, got d_model " << check.dModel();
-    if (config.getMainloop() == Mainloop::Wgmma) {
-      TargetAttr target = getTargetAttr();
-      if (target && !target.hasWgmmaMainloopFeatures())
-        return emitOpError() << "config: mainloop wgmma (the gate's) needs a target with features wgmma "
-                                "and tma (sm_90a), got "
-                             << target;
-      if (!WgmmaGateConstraints::allowed(check.dModel(), check.layout().getTileN()))
-        return emitOpError() << "config: mainloop wgmma (the gate's) needs d_model % "
-                             << WgmmaGateConstraints::kDModelMultiple
-                             << " == 0 and tile_n 64, 128 or 256, got d_model " << check.dModel()
-                             << ", tile_n " << check.layout().getTileN();
-    }
-    if (!block && config.getStages() != 0)
-      return emitOpError() << "config: only the token-block gated_down kernel (cta_m = " << Down::kBlockCtaM
-                           << ") has a cp.async pipeline, stages must be omitted, got "
-                           << config;
-  }
-  return verifyKernelAttributes(*this, getTargetAttr(), getConfigAttr(), getKernelNameAttr());
+  return verifyConsumer(*this, check, getDownLayout(), getTargetAttr(), getConfigAttr(), getKernelNameAttr(), true);
+}
+
+//===----------------------------------------------------------------------===//
+// twell.down
+//===----------------------------------------------------------------------===//
+
+LayoutAttr DownOp::getLayout() { return twellEncoding(getH()); }
+
+LogicalResult DownOp::verify() {
+  ShapeChecker check(*this);
+  if (failed(check.checkX(getX())) || failed(check.checkTwell("h", getH())) ||
+      failed(check.checkLayout(check.layout())) || failed(check.checkDownWeight(getWDown(), getDownLayout())) ||
+      failed(check.checkY(getY())))
+    return failure();
+  return verifyConsumer(*this, check, getDownLayout(), getTargetAttr(), getConfigAttr(), getKernelNameAttr(), false);
 }
 
 //===----------------------------------------------------------------------===//
@@ -407,6 +433,19 @@ LogicalResult GatedFfnOp::verify() {
       failed(check.checkWeight("w_up", getWUp(), {check.dFF(), check.dModel()},
                                "d_ff x d_model, nn.Linear layout")) ||
       failed(check.checkDownWeight(getWDown(), getDownLayout())) || failed(check.checkY(getY())))
+    return failure();
+  return success();
+}
+
+//===----------------------------------------------------------------------===//
+// twell.ffn
+//===----------------------------------------------------------------------===//
+
+LogicalResult FfnOp::verify() {
+  ShapeChecker check(*this);
+  if (failed(check.checkX(getX())) || failed(check.checkLayout(getLayout())) ||
+      failed(check.checkGateWeight(getWGate())) || failed(check.checkDownWeight(getWDown(), getDownLayout())) ||
+      failed(check.checkY(getY())))
     return failure();
   return success();
 }

@@ -129,7 +129,7 @@ DenseFfn::DenseFfn(Context& context, const FfnSpec& spec, int64_t max_tokens) : 
   check_lt(cublasLtCreate(&p.handle), "cublasLtCreate");
   p.workspace = std::make_unique<detail::DeviceBuffer>(kWorkspaceBytes);
   p.g = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * spec.d_ff * 2);
-  p.u = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * spec.d_ff * 2);
+  if (spec.gated) p.u = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * spec.d_ff * 2);
 }
 
 DenseFfn::~DenseFfn() = default;
@@ -155,9 +155,9 @@ void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens) {
   const int64_t ldx = t.ld_x ? t.ld_x : s.d_model, ldy = t.ld_y ? t.ld_y : s.d_model;
   const bool in_out = s.down_layout == WeightLayout::InOut;
   void* g = reinterpret_cast<void*>(p.g->get());
-  void* u = reinterpret_cast<void*>(p.u->get());
+  void* u = s.gated ? reinterpret_cast<void*>(p.u->get()) : nullptr;  // non-gated: h = act(g)
   p.gemm(cu, t.x, ldx, t.w_gate, t.ld_gate ? t.ld_gate : s.d_model, true, g, s.d_ff, tokens, s.d_ff, s.d_model);
-  p.gemm(cu, t.x, ldx, t.w_up, t.ld_up ? t.ld_up : s.d_model, true, u, s.d_ff, tokens, s.d_ff, s.d_model);
+  if (s.gated) p.gemm(cu, t.x, ldx, t.w_up, t.ld_up ? t.ld_up : s.d_model, true, u, s.d_ff, tokens, s.d_ff, s.d_model);
   device::GatedMulParams mul{static_cast<const uint16_t*>(g), static_cast<const uint16_t*>(u), static_cast<uint16_t*>(g),
                              tokens, s.d_ff, s.d_ff};
   float threshold = s.threshold;

@@ -58,10 +58,6 @@ namespace {
 
 void check_spec(const FfnSpec& s, int64_t max_tokens) {
   auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, m); };
-  if (!s.gated)
-    throw Error(ErrorCode::Unsupported,
-                "FfnSpec::gated: non-gated FFNs (y = act(x W1^T) W2^T) need the non-gated down projection of issue 3; "
-                "expected gated = true, got false");
   if (s.d_model <= 0 || s.d_model > 65536) bad(fmt::format("FfnSpec::d_model: expected 1..65536, got {}", s.d_model));
   if (s.d_ff <= 0 || s.d_ff > (int64_t{1} << 24)) bad(fmt::format("FfnSpec::d_ff: expected 1..16777216, got {}", s.d_ff));
   if (max_tokens < 1 || max_tokens > (int64_t{1} << 31) - 1)
@@ -106,7 +102,10 @@ void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors&
   check_ld("ld_x", t.ld_x, spec.d_model);
   check_ld("ld_gate", t.ld_gate, spec.d_model);
   if (!needs_output) return;
-  check_ptr("w_up", t.w_up);
+  if (spec.gated) check_ptr("w_up", t.w_up);
+  else if (t.w_up != nullptr || t.ld_up != 0)
+    bad(fmt::format("w_up: a non-gated FFN (FfnSpec::gated = false) has no up projection; expected w_up = nullptr and "
+                    "ld_up = 0, got {} and {}", t.w_up, t.ld_up));
   check_ptr("w_down", t.w_down);
   check_ptr("y", t.y);
   const bool in_out = spec.down_layout == WeightLayout::InOut;
@@ -156,7 +155,7 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
     p.kernels.push_back(ctx->load(k));
     p.reports.push_back(p.kernels.back()->report);
   }
-  if (!spec.consumer) {
+  if (!spec.consumer && spec.gated) {  // the token block is a gated kernel
     kernel_spec.consumer = ConsumerVariant::TokenBlock;
     compiler::GeneratedFfn block = compiler::generateFfn(kernel_spec, ctx->target);
     for (const auto& k : block.kernels)
@@ -201,7 +200,7 @@ void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t, bool g
   if (gate_only || need < 8) return;
   // The consumer then reads rows of Wu and Wd^T with 16-byte loads too (gated_down.cuh); one row per
   // warp (operand alignment 8) also writes rows of y 16 bytes at a time.
-  check("w_up", t.w_up, "ld_up", t.ld_up ? t.ld_up : s.d_model);
+  if (s.gated) check("w_up", t.w_up, "ld_up", t.ld_up ? t.ld_up : s.d_model);
   if (s.down_layout == WeightLayout::InOut) check("w_down", t.w_down, "ld_down", t.ld_down ? t.ld_down : s.d_model);
   for (const auto& k : p.kernels)
     if (k->source.kind == compiler::KernelKind::GatedDown && k->source.operand_alignment >= 8)

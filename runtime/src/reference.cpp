@@ -44,7 +44,8 @@ void check_size(const char* what, size_t got, int64_t want, const std::string& s
 void check_weights(const FfnSpec& s, const HostFfnWeights& w) {
   const std::string gate_shape = fmt::format("[{}, {}] = [d_ff, d_model]", s.d_ff, s.d_model);
   check_size("w_gate", w.w_gate.size(), s.d_ff * s.d_model, gate_shape);
-  check_size("w_up", w.w_up.size(), s.d_ff * s.d_model, gate_shape);
+  if (s.gated) check_size("w_up", w.w_up.size(), s.d_ff * s.d_model, gate_shape);
+  else check_size("w_up", w.w_up.size(), 0, "none: spec.gated = false");
   check_size("w_down", w.w_down.size(), s.d_ff * s.d_model,
              s.down_layout == WeightLayout::OutIn ? fmt::format("[{}, {}] = [d_model, d_ff]", s.d_model, s.d_ff)
                                                   : gate_shape);
@@ -119,7 +120,8 @@ std::vector<float> reference_gated_down(const FfnSpec& s, std::span<const uint16
             if (is_active(l, v)) active.emplace_back(n0 + c, to_float(s.dtype, v));
           }
         }
-        for (auto& [j, a] : active) a *= dot(xr, &uf[j * K], K);
+        if (s.gated)
+          for (auto& [j, a] : active) a *= dot(xr, &uf[j * K], K);
         for (const auto& [j, hj] : active)
           for (int64_t i = 0; i < K; ++i)
             yr[i] = std::fma(hj, s.down_layout == WeightLayout::OutIn ? df[i * N + j] : df[j * K + i], yr[i]);
@@ -148,11 +150,11 @@ std::vector<double> naive_dense_ffn(const FfnSpec& s, std::span<const uint16_t> 
     if (K <= 0 || r < 0 || r >= static_cast<int64_t>(x.size()) / K)
       throw Error(ErrorCode::InvalidArgument, fmt::format("naive_dense_ffn: rows[{}] = {} is outside x", ri, r));
     for (int64_t j = 0; j < N; ++j) {
-      double g = 0.0, u = 0.0;
+      double g = 0.0, u = s.gated ? 0.0 : 1.0;
       for (int64_t k = 0; k < K; ++k) {
         const double xv = to_float(s.dtype, x[r * K + k]);
         g += xv * to_float(s.dtype, w.w_gate[j * K + k]);
-        u += xv * to_float(s.dtype, w.w_up[j * K + k]);
+        if (s.gated) u += xv * to_float(s.dtype, w.w_up[j * K + k]);
       }
       const uint16_t a = activate(l, from_float(s.dtype, static_cast<float>(g)));
       const double h = is_active(l, a) ? to_float(s.dtype, a) * u : 0.0;

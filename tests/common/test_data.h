@@ -57,6 +57,7 @@ inline RandomFfn make_random_ffn(const FfnSpec& spec, int64_t tokens, double den
   f.w_up = random_bits(spec.dtype, N * K, -wscale, wscale, seed + 2);
   f.w_down = random_bits(spec.dtype, N * K, -1.0f / std::sqrt(static_cast<float>(N)), 1.0f / std::sqrt(static_cast<float>(N)), seed + 3);
   for (int64_t r = 0; r < tokens; ++r) f.x[r * K] = from_float(spec.dtype, 1.0f);
+  if (!spec.gated) f.w_up.clear();  // no up projection (the other weights keep their seeds)
   // z: the standard normal's (1 - density) quantile, by bisection on P(N(0, 1) > z) = erfc(z / sqrt 2) / 2.
   const double d = std::clamp(density, 1e-9, 1.0 - 1e-9);
   double lo = -40.0, hi = 40.0;

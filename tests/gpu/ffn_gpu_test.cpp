@@ -34,16 +34,18 @@ PlanOptions sparse() {
 }
 
 struct DeviceFfn {
+  bool gated;
   DeviceMemory x, wg, wu, wd, y;
   DeviceFfn(Context& c, const RandomFfn& f)
-      : x(c, f.x.size() * 2), wg(c, f.w_gate.size() * 2), wu(c, f.w_up.size() * 2), wd(c, f.w_down.size() * 2),
-        y(c, std::max<size_t>(1, f.tokens * f.spec.d_model * 2)) {
+      : gated(f.spec.gated), x(c, f.x.size() * 2), wg(c, f.w_gate.size() * 2), wu(c, std::max<size_t>(2, f.w_up.size() * 2)),
+        wd(c, f.w_down.size() * 2), y(c, std::max<size_t>(1, f.tokens * f.spec.d_model * 2)) {
     x.upload(f.x);
     wg.upload(f.w_gate);
-    wu.upload(f.w_up);
+    if (gated) wu.upload(f.w_up);
     wd.upload(f.w_down);
   }
-  FfnTensors tensors() const { return {x.data(), wg.data(), wu.data(), wd.data(), y.data()}; }
+  // A non-gated layer takes no up weight (w_up = nullptr).
+  FfnTensors tensors() const { return {x.data(), wg.data(), gated ? wu.data() : nullptr, wd.data(), y.data()}; }
 };
 
 struct Outcome {
@@ -236,6 +238,66 @@ TEST(GpuFfn, DispatchAutoAndDenseComputeTheSameFunction) {
     }
     std::fprintf(stderr, "[ dispatch ] %s chose %s for 300 tokens at 2%% density\n", d == Dispatch::Auto ? "Auto" : "Dense",
                  plan.last_path().c_str());
+  }
+}
+
+// A non-gated layer (twell.down: no up projection) through both consumers' paths: one row per warp
+// after the tensor-core gate (d_model 520, 512; several rows per warp at M = 3300), one row per CTA
+// (d_model 2568: wider than the warp's registers; 514: the fma gate), fp16 and in_out weights, with
+// overflowing tile-rows from the backup or recomputed (the same y bit for bit), against the CPU
+// reference and the dense cuBLASLt path (two GEMMs). A w_up given to it is refused by name.
+TEST(GpuFfn, NonGatedLayer) {
+  struct Case {
+    int64_t d_model;
+    int64_t m;
+    double density;
+    DType dtype;
+    WeightLayout down;
+  };
+  const std::vector<Case> cases{
+      {520, 1, 0.02, DType::BF16, WeightLayout::OutIn},   {520, 300, 0.02, DType::BF16, WeightLayout::OutIn},
+      {512, 3300, 0.05, DType::BF16, WeightLayout::InOut}, {2568, 60, 0.05, DType::BF16, WeightLayout::OutIn},
+      {514, 100, 0.05, DType::BF16, WeightLayout::OutIn},  {512, 200, 0.05, DType::FP16, WeightLayout::InOut},
+  };
+  for (const Case& c : cases) {
+    FfnSpec s = odd_spec();
+    s.gated = false;
+    s.d_model = c.d_model;
+    s.dtype = c.dtype;
+    s.down_layout = c.down;
+    const auto f = make_random_ffn(s, c.m, c.density, static_cast<uint32_t>(c.m + c.d_model));
+    expect_good(run_and_compare(f), fmt::format("non-gated: d_model {}, M {}, {}, {}", c.d_model, c.m, to_string(c.dtype),
+                                                c.down == WeightLayout::InOut ? "in_out" : "out_in"));
+  }
+  FfnSpec s = odd_spec();
+  s.gated = false;
+  s.d_model = 512;
+  const auto f = make_random_ffn(s, 300, 0.2, 19);  // ~51 nnz per 256-wide tile-row > 31 slots
+  std::vector<uint16_t> first;
+  for (uint32_t cap : {0u, 100000u}) {
+    PlanOptions o = sparse();
+    o.backup_capacity = cap;
+    const Outcome r = run_and_compare(f, o, false);
+    const std::string what = fmt::format("non-gated, backup capacity {}", cap);
+    expect_good(r, what);
+    EXPECT_GT(r.overflow.overflowing_tile_rows, 0u) << what;
+    if (first.empty()) first = r.y;
+    else EXPECT_TRUE(r.y == first) << what << ": y differs from the run with backup capacity 0";
+  }
+  Context& ctx = context();
+  StreamHandle stream(ctx);
+  FfnPlan plan = ctx.plan(f.spec, f.tokens, sparse());
+  DeviceFfn dev(ctx, f);
+  FfnTensors t = dev.tensors();
+  t.w_up = t.w_gate;
+  try {
+    plan.run(stream.get(), t, f.tokens);
+    ADD_FAILURE() << "a non-gated plan accepted an up weight";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("w_up: a non-gated FFN (FfnSpec::gated = false) has no up projection"),
+              std::string::npos)
+        << e.what();
   }
 }
 

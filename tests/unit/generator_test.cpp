@@ -221,6 +221,32 @@ TEST(Generator, ConsumerTakesOneRowPerWarpWhereItsRowsFitRegisters) {
   EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels[1].cta_m, 1);
 }
 
+// A non-gated layer (spec.gated = false): twell.ffn, the same gate kernel and a consumer that reads no
+// up weight (twell.down, kernel twell_down_*), one row per warp or per CTA like the gated one; the token
+// block is gated only, so asking for it gives the row gather.
+TEST(Generator, NonGatedLayerGetsTheDownConsumer) {
+  FfnSpec s = shape(2048, 5632, 256, 31);
+  s.gated = false;
+  s.down_layout = WeightLayout::InOut;
+  s.consumer = ConsumerVariant::TokenBlock;
+  for (const Target target : {Target{90, true}, Target{80, false}}) {
+    const auto gen = compiler::generateFfn(s, target);
+    ASSERT_EQ(gen.kernels.size(), 2u);
+    EXPECT_TRUE(contains(gen.ir, "twell.down")) << gen.ir;
+    EXPECT_FALSE(contains(gen.ir, "twell.gated_down")) << gen.ir;
+    EXPECT_EQ(gen.kernels[1].name.rfind("twell_down_k2048_n5632_t256_s31_relu_bf16_in_out_", 0), 0u) << gen.kernels[1].name;
+    EXPECT_EQ(gen.kernels[1].cta_m, 8);
+    EXPECT_TRUE(contains(gen.kernels[1].source, "static constexpr bool gated = false;"));
+    // The gate kernel is the gated layer's, bit for bit.
+    FfnSpec g = s;
+    g.gated = true;
+    g.consumer.reset();
+    EXPECT_EQ(compiler::generateFfn(g, target).kernels[0].source, gen.kernels[0].source);
+  }
+  s.d_model = 2568;
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels[1].cta_m, 1);
+}
+
 // The paper's shape on the portable feature set: 4 stages of (128 + 256) * 80 bytes of mma.sync.
 TEST(Generator, PaperShapeUsesFourStagesOfMmaSyncOnSm90) {
   const auto gen = compiler::generateFfn(shape(2048, 5632, 256, 31), Target{90, false});

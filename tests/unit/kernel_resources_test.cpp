@@ -55,6 +55,30 @@ TEST(KernelResources, PortableKernelsCompileWithoutSpills) {
     }
 }
 
+// The non-gated consumer (twell.down: four Wd^T rows in flight instead of two entries' Wu and Wd^T
+// rows), one row per warp and one row per CTA, on both feature sets.
+TEST(KernelResources, NonGatedConsumersCompileWithoutSpills) {
+  for (const Target target : {Target{90, true}, Target{80, false}})
+    for (DType dtype : {DType::BF16, DType::FP16})
+      for (int64_t d_model : {2048, 520, 2568}) {  // 2568: one row per CTA
+        FfnSpec s;
+        s.d_model = d_model;
+        s.d_ff = 5632;
+        s.gated = false;
+        s.dtype = dtype;
+        s.down_layout = WeightLayout::InOut;
+        const compiler::GeneratedFfn gen = compiler::generateFfn(s, target);
+        ASSERT_EQ(gen.kernels.size(), 2u);
+        const compiler::KernelSource& k = gen.kernels[1];
+        ASSERT_EQ(k.cta_m, d_model <= 2048 ? 8 : 1);
+        const std::string what = fmt::format("{} ({}, d_model {}, {})", k.name, target.arch(), d_model, to_string(dtype));
+        const detail::NvrtcOutput out =
+            detail::compileCuda(k.source, k.name + ".cu", target.arch(), /*want_cubin=*/true, {"--ptxas-options=-v"});
+        EXPECT_FALSE(out.cubin.empty()) << what;
+        expect_no_spills(out.log, what);
+      }
+}
+
 TEST(KernelResources, Sm90aKernelsCompileWithoutSpills) {
   for (DType dtype : {DType::BF16, DType::FP16})
     for (int tile_n : {64, 128, 256})

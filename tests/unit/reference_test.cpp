@@ -55,6 +55,29 @@ TEST(Reference, LayoutsActivationsAndDtypes) {
   expect_matches_naive(make_random_ffn(s, 9, 0.3, 8), UINT32_MAX, "silu with |a| > 0.05");
 }
 
+// A non-gated layer (no up projection): y = act(x Wg^T) Wd^T, overflow paths included; a gated
+// spec's up weight is refused, and so is one given to a non-gated spec.
+TEST(Reference, NonGatedMatchesNaiveDense) {
+  FfnSpec s = small_spec();
+  s.gated = false;
+  for (double d : {0.02, 0.5}) {
+    const auto f = make_random_ffn(s, 17, d, 41);
+    ASSERT_TRUE(f.w_up.empty());
+    expect_matches_naive(f, UINT32_MAX, "non-gated");
+    expect_matches_naive(f, 0, "non-gated, every overflowing tile-row recomputed");
+  }
+  s.down_layout = WeightLayout::InOut;
+  s.dtype = DType::FP16;
+  expect_matches_naive(make_random_ffn(s, 9, 0.1, 42), UINT32_MAX, "non-gated fp16 in_out");
+  // The same weights read as a gated layer with Wu = 0 give y = 0; as non-gated they do not.
+  const auto f = make_random_ffn(s, 4, 0.1, 43);
+  std::vector<uint16_t> up(f.w_gate.size(), 0);
+  EXPECT_THROW(reference_gated_ffn(s, f.x, f.tokens, {f.w_gate, up, f.w_down}), Error);
+  FfnSpec gated = s;
+  gated.gated = true;
+  EXPECT_THROW(reference_gated_ffn(gated, f.x, f.tokens, f.weights()), Error);
+}
+
 TEST(Reference, ThresholdDropsSmallActivations) {
   FfnSpec s = small_spec();
   auto f = make_random_ffn(s, 16, 0.3, 3);

@@ -57,8 +57,8 @@ class Context {
 
   // Generates, compiles (or loads from the cache) and, with a GPU, loads the kernels of `spec` and
   // allocates the workspace for up to `max_tokens` rows. Without a GPU the plan can report and emit
-  // but not run. Throws Error(InvalidArgument) naming the spec field for an illegal spec,
-  // Error(Unsupported) for non-gated FFNs (issue 3), Error(Compile) if NVRTC rejects generated code.
+  // but not run. Gated (spec.gated) or not. Throws Error(InvalidArgument) naming the spec field for an
+  // illegal spec, Error(Compile) if NVRTC rejects generated code.
   FfnPlan plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options = {});
 
   // Compiles generated kernels through NVRTC and the cache for this context's target; needs no GPU.

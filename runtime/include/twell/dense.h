@@ -1,6 +1,6 @@
-// The dense baseline: the same gated FFN through three cuBLASLt GEMMs (bf16/fp16 in, fp32 compute)
-// and one elementwise kernel h = act(g) * u (with the same sparsity predicate, so it computes the
-// function the TwELL path computes). Used by twellc, the tests and the benchmarks as the reference
+// The dense baseline: the same FFN through cuBLASLt GEMMs (bf16/fp16 in, fp32 compute; three for a
+// gated layer, two for a non-gated one) and one elementwise kernel h = act(g) * u, or act(g) (with
+// the same sparsity predicate, so it computes the function the TwELL path computes). Used by twellc, the tests and the benchmarks as the reference
 // on the GPU, and (issue 3) as the path the plan dispatches when sparse would be slower.
 #pragma once
 #include <memory>

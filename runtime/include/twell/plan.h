@@ -53,7 +53,7 @@ struct KernelReport {
 struct FfnTensors {
   const void* x = nullptr;       // [tokens, d_model]
   const void* w_gate = nullptr;  // [d_ff, d_model]
-  const void* w_up = nullptr;    // [d_ff, d_model]
+  const void* w_up = nullptr;    // [d_ff, d_model]; nullptr (and ld_up 0) for a non-gated spec
   const void* w_down = nullptr;  // [d_model, d_ff] (OutIn) or [d_ff, d_model] (InOut)
   void* y = nullptr;             // [tokens, d_model]
   int64_t ld_x = 0, ld_gate = 0, ld_up = 0, ld_down = 0, ld_y = 0;

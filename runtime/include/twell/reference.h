@@ -18,7 +18,7 @@ namespace twell {
 
 struct HostFfnWeights {
   std::span<const uint16_t> w_gate;  // [d_ff, d_model]
-  std::span<const uint16_t> w_up;    // [d_ff, d_model]
+  std::span<const uint16_t> w_up;    // [d_ff, d_model]; empty for a non-gated spec
   std::span<const uint16_t> w_down;  // [d_model, d_ff] (OutIn) or [d_ff, d_model] (InOut)
 };
 
@@ -29,12 +29,13 @@ TwellLayout layout_for(const FfnSpec& spec);
 std::vector<uint16_t> reference_gate(const FfnSpec& spec, std::span<const uint16_t> x, int64_t tokens,
                                      std::span<const uint16_t> w_gate);
 
-// The gated consumer over a TwELL matrix (the CPU twin of the GatedDown kernel, overflow paths
-// included: a kBackupMissing tile-row is recomputed from x and Wg). Returns y in fp32 (unrounded).
+// The consumer over a TwELL matrix (the CPU twin of the GatedDown kernel, overflow paths included: a
+// kBackupMissing tile-row is recomputed from x and Wg): h_j = a_j (x . Wu_j) for a gated spec, a_j
+// otherwise. Returns y in fp32 (unrounded).
 std::vector<float> reference_gated_down(const FfnSpec& spec, std::span<const uint16_t> x,
                                         const TwellMatrix& h, const HostFfnWeights& w);
 
-// The whole gated FFN: reference_gate, pack_twell (with `backup_capacity`), reference_gated_down.
+// The whole FFN (gated or not): reference_gate, pack_twell (with `backup_capacity`), reference_gated_down.
 std::vector<float> reference_gated_ffn(const FfnSpec& spec, std::span<const uint16_t> x, int64_t tokens,
                                        const HostFfnWeights& w, uint32_t backup_capacity = UINT32_MAX);
 

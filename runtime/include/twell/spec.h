@@ -47,13 +47,14 @@ struct TwellLayout {
 //               elsewhere the generator falls back to RowGather.
 enum class ConsumerVariant : uint8_t { RowGather, TokenBlock };
 
-// One FFN layer: y = (act(x Wg^T) ⊙ (x Wu^T)) Wd^T for gated layers.
+// One FFN layer: y = (act(x Wg^T) ⊙ (x Wu^T)) Wd^T for gated layers, y = act(x Wg^T) Wd^T for
+// non-gated ones (the first linear layer plays the gate: its activations are what TwELL packs).
 // x: [tokens, d_model]; Wg, Wu: [d_ff, d_model] (OutIn); Wd: [d_model, d_ff] (OutIn) or
 // [d_ff, d_model] (InOut); y: [tokens, d_model]. All row-major, dtype `dtype`.
 struct FfnSpec {
   int64_t d_model = 0;
   int64_t d_ff = 0;
-  bool gated = true;  // non-gated (y = act(x W1^T) W2^T) comes with the sparse consumers of issue 3
+  bool gated = true;  // false: no up projection (FfnTensors::w_up must be null)
   Activation activation = Activation::ReLU;
   float threshold = 0.0f;
   DType dtype = DType::BF16;

@@ -928,3 +928,47 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
   return
 }
+
+// -----
+
+//===----------------------------------------------------------------------===//
+// twell.down and twell.ffn (non-gated)
+//===----------------------------------------------------------------------===//
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @down_w_down_shape(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wd: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.down' op w_down: expected shape [2048, 5632]}}
+  %y = twell.down %x, %h, %wd : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+// The token block is a gated kernel: twell.down rejects it.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @down_token_block(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wd: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.down' op config: the token block (cta_m = 16) is a gated kernel; twell.down takes one token row per warp or per CTA}}
+  %y = twell.down %x, %h, %wd {down_layout = #twell.down_layout<in_out>, target = #twell.target<"sm_90a", [wgmma, tma]>,
+                               config = #twell.config<cta_m = 16, threads = 256, mainloop = wgmma, stages = 6>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @down_cta_k(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.down' op config: the down kernel has no K loop, cta_k must be omitted}}
+  %y = twell.down %x, %h, %wd {config = #twell.config<cta_m = 1, cta_k = 16, threads = 256>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @ffn_w_gate_shape(%x: tensor<?x2048xbf16>, %wg: tensor<5632x1024xbf16>, %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.ffn' op w_gate: expected shape}}
+  %y = twell.ffn %x, %wg, %wd {layout = #L} : (tensor<?x2048xbf16>, tensor<5632x1024xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}

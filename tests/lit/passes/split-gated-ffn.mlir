@@ -34,3 +34,18 @@ func.func @split_static_in_out(%x: tensor<8x512xf16>, %wg: tensor<1000x512xf16>,
       -> tensor<8x512xf16>
   return %y : tensor<8x512xf16>
 }
+
+// The non-gated layer: the same gate kernel feeding twell.down (x stays an operand: the consumer
+// recomputes the overflowing tile-rows the backup lacks).
+// CHECK-LABEL: func.func @split_non_gated
+// CHECK: %[[H:.*]] = twell.gate_matmul %arg0, %arg1 : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #twell.layout<{{.*}}>>
+// CHECK: %[[Y:.*]] = twell.down %arg0, %[[H]], %arg2 : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #twell.layout<{{.*}}>>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+// CHECK-NOT: twell.gated_down
+// ROUNDTRIP-LABEL: func.func @split_non_gated
+// ROUNDTRIP: twell.ffn %arg0, %arg1, %arg2 {layout = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>}
+func.func @split_non_gated(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wd: tensor<2048x5632xbf16>)
+    -> tensor<?x2048xbf16> {
+  %y = twell.ffn %x, %wg, %wd {layout = #L}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return %y : tensor<?x2048xbf16>
+}

@@ -62,9 +62,10 @@ bool isSupportedTarget(const Target& target);
 // The accepted targets, for messages: "sm_80, sm_86, ..., sm_121, sm_90a, ..., sm_121a".
 std::string supportedTargets();
 
-// Builds the twell dialect function for `spec` with the C++ API, runs the pipeline and emits CUDA.
+// Builds the twell dialect function for `spec` (twell.gated_ffn, or twell.ffn when !spec.gated) with
+// the C++ API, runs the pipeline and emits CUDA.
 // Throws twell::Error(InvalidArgument) naming the field when the spec (including an enum field out of
-// range) or the target (!isSupportedTarget) is illegal, Error(Unsupported) for spec.gated = false, Error(Compile) if the pipeline
+// range) or the target (!isSupportedTarget) is illegal, Error(Compile) if the pipeline
 // rejects the IR it built (a bug). Thread-safe: every call has its own MLIRContext.
 GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target);
 

@@ -64,6 +64,34 @@ def Twell_GatedDownOp : Twell_Op<"gated_down", [Pure]> {
   }];
 }
 
+def Twell_DownOp : Twell_Op<"down", [Pure]> {
+  let summary = "non-gated consumer: down projection of the active neurons";
+  let description = [{
+    y = h Wd^T over the entries present in the TwELL tensor h (a non-gated FFN's second layer: h is
+    already act(x W1^T)). x: [M, d_model], read only to recompute the overflowing tile-rows the
+    backup lacks (the gate's arithmetic); h: [M, d_ff] with a `#twell.layout` encoding; w_down:
+    [d_model, d_ff] for `out_in` (nn.Linear, the default) or [d_ff, d_model] for `in_out`; y:
+    [M, d_model]. Configs as for twell.gated_down, without the token block.
+  }];
+  let arguments = (ins
+    AnyTensor:$x,
+    AnyTensor:$h,
+    AnyTensor:$w_down,
+    DefaultValuedAttr<Twell_DownLayoutAttr, "::mlir::twell::DownLayout::OutIn">:$down_layout,
+    OptionalAttr<Twell_TargetAttr>:$target,
+    OptionalAttr<Twell_ConfigAttr>:$config,
+    OptionalAttr<StrAttr>:$kernel_name
+  );
+  let results = (outs AnyTensor:$y);
+  let assemblyFormat = [{
+    $x `,` $h `,` $w_down attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::twell::LayoutAttr getLayout();
+  }];
+}
+
 def Twell_GatedFfnOp : Twell_Op<"gated_ffn", [Pure]> {
   let summary = "sparse gated FFN layer: gate_matmul feeding gated_down";
   let description = [{
@@ -81,6 +109,27 @@ def Twell_GatedFfnOp : Twell_Op<"gated_ffn", [Pure]> {
   let results = (outs AnyTensor:$y);
   let assemblyFormat = [{
     $x `,` $w_gate `,` $w_up `,` $w_down attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+}
+
+def Twell_FfnOp : Twell_Op<"ffn", [Pure]> {
+  let summary = "sparse non-gated FFN layer: gate_matmul feeding down";
+  let description = [{
+    y = act(x Wg^T) Wd^T with the hidden activation in the TwELL `layout` (Wg: the first linear
+    layer, [d_ff, d_model]). Operands as for twell.gate_matmul and twell.down. twell-split-gated-ffn
+    turns it into the two kernels.
+  }];
+  let arguments = (ins
+    AnyTensor:$x,
+    AnyTensor:$w_gate,
+    AnyTensor:$w_down,
+    Twell_LayoutAttr:$layout,
+    DefaultValuedAttr<Twell_DownLayoutAttr, "::mlir::twell::DownLayout::OutIn">:$down_layout
+  );
+  let results = (outs AnyTensor:$y);
+  let assemblyFormat = [{
+    $x `,` $w_gate `,` $w_down attr-dict `:` functional-type(operands, results)
   }];
   let hasVerifier = 1;
 }

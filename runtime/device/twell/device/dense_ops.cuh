@@ -1,5 +1,6 @@
-// Elementwise kernels of the dense baseline path (cuBLASLt does the three GEMMs):
-// h = act(g) * u, rounded to the value type, as a dense framework computes a gated FFN.
+// Elementwise kernels of the dense baseline path (cuBLASLt does the GEMMs):
+// h = act(g) * u, rounded to the value type, as a dense framework computes a gated FFN; h = act(g)
+// for a non-gated one (p.up null).
 #pragma once
 #include "twell/device/numerics.cuh"
 
@@ -16,7 +17,7 @@ __device__ __forceinline__ void gated_mul(const GatedMulParams& p, float thresho
     const int64_t at = r * p.ld + c;
     const uint16_t a_bits = activate<Value, Act>(p.gate[at]);
     const float a = is_active<Value, Act>(a_bits, threshold) ? Value::to_float(a_bits) : 0.0f;
-    p.h[at] = Value::from_float(a * Value::to_float(p.up[at]));
+    p.h[at] = p.up ? Value::from_float(a * Value::to_float(p.up[at])) : Value::from_float(a);
   }
 }
 

@@ -1,5 +1,6 @@
-// Gated consumer: for one token row x,
-//   y = sum over active j of  (g_j * (x . Wu_j)) * Wd[:, j]
+// Consumer: for one token row x,
+//   y = sum over active j of  (g_j * (x . Wu_j)) * Wd[:, j]     (Config::gated)
+//   y = sum over active j of  g_j * Wd[:, j]                    (non-gated: twell.down)
 // where the active set {j, g_j} is read from the TwELL tile-rows the gate kernel wrote (paper §3: the
 // up projection is computed only for active neurons, so both the up and the down projection are
 // sparse). One CTA per token row. The row's active entries are gathered into a shared-memory list,
@@ -62,12 +63,14 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
   // Up and down projections of the gathered entries [0, count); leaves the list free for reuse.
   auto project = [&](int count) {
     __syncthreads();  // the gathered list is complete
-    for (int e = warp; e < count; e += WARPS) {
-      const uint16_t* wu = p.w_up + static_cast<int64_t>(active_col[e]) * p.ldwu;
-      const float u = kVector ? warp_dot_16B<Value, K>(x, wu, lane) : warp_dot<Value, K>(x, wu, lane);
-      if (lane == 0) active_h[e] *= u;
+    if constexpr (Config::gated) {  // non-gated: h_j = g_j as gathered
+      for (int e = warp; e < count; e += WARPS) {
+        const uint16_t* wu = p.w_up + static_cast<int64_t>(active_col[e]) * p.ldwu;
+        const float u = kVector ? warp_dot_16B<Value, K>(x, wu, lane) : warp_dot<Value, K>(x, wu, lane);
+        if (lane == 0) active_h[e] *= u;
+      }
+      __syncthreads();  // every h_j is final
     }
-    __syncthreads();  // every h_j is final
     int e = 0;
     if constexpr (kVector) {
       // Four neurons' Wd^T rows in flight before their FMAs (the loads, not the math, bound this
@@ -200,6 +203,11 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
 // columns per ballot. Sums run in entry order: bitwise deterministic whichever warp takes a row.
 // Registers are at the limit (254, no spills: kernel_resources_test): the next row waits in shared
 // memory, and the 32-tile window is recomputed from the walk's position, rather than held.
+// Entries whose weight rows one warp of gated_down_warp loads together: two gated (their Wu and Wd^T
+// rows, 128 registers), four non-gated (Wd^T rows only).
+template <class Config>
+inline constexpr int kWarpRowInFlight = Config::gated ? 2 : 4;
+
 template <class Config>
 __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   using Value = typename Config::Value;
@@ -244,9 +252,27 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   float y[XS * 8];
   // Active entries (column j of d_ff, activated gate value g), P at a time: the 16-byte loads of all P
   // Wu rows and Wd^T rows are issued before any math, so P neurons' L2 round trips overlap. y is then
-  // updated entry by entry in order: the same sums as one at a time.
-  auto entries = [&](auto count, const int (&j)[2], const float (&g)[2]) {
+  // updated entry by entry in order: the same sums as one at a time. Non-gated (h_j = g_j): only the
+  // Wd^T rows, four entries at a time (their registers are what two gated entries' Wu rows take).
+  constexpr int IN_FLIGHT = kWarpRowInFlight<Config>;
+  // (The parameters' bound is the namespace-scope constant: a local constexpr there crashes NVRTC
+  // 13.0's front end, on d_model 520 f16 at least.)
+  auto entries = [&](auto count, const int (&j)[kWarpRowInFlight<Config>], const float (&g)[kWarpRowInFlight<Config>]) {
     constexpr int P = decltype(count)::value;
+    if constexpr (!Config::gated) {
+      uint4 d4[P][XS];
+#pragma unroll
+      for (int q = 0; q < P; ++q) {
+        const uint16_t* wd = p.w_down + static_cast<int64_t>(j[q]) * p.ldwd + 8 * lane;
+#pragma unroll
+        for (int i = 0; i < XS; ++i) d4[q][i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
+      }
+#pragma unroll
+      for (int q = 0; q < P; ++q)
+#pragma unroll
+        for (int i = 0; i < XS; ++i) axpy8<Value>(&y[8 * i], g[q], d4[q][i]);
+      return;
+    }
     uint4 u4[P][XS], d4[P][XS];
 #pragma unroll
     for (int q = 0; q < P; ++q) {
@@ -268,11 +294,25 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
       for (int i = 0; i < XS; ++i) axpy8<Value>(&y[8 * i], h, d4[q][i]);
     }
   };
-  // Entries arrive one by one (in order); pairs go out together, a row's last odd one alone.
-  int pending_j[2] = {0, 0};
-  float pending_g[2] = {0.0f, 0.0f};
+  // Entries arrive one by one (in order); IN_FLIGHT go out together, a row's last ones as they are.
+  int pending_j[IN_FLIGHT] = {};
+  float pending_g[IN_FLIGHT] = {};
+  int waiting = 0;  // non-gated: entries in pending_*
   bool pending = false;
   auto entry = [&](int j, float g) {
+    if constexpr (!Config::gated) {
+#pragma unroll
+      for (int q = 0; q < IN_FLIGHT; ++q)  // constant indices: the arrays stay in registers
+        if (q == waiting) {
+          pending_j[q] = j;
+          pending_g[q] = g;
+        }
+      if (++waiting == IN_FLIGHT) {
+        entries(integral_constant<int, IN_FLIGHT>{}, pending_j, pending_g);
+        waiting = 0;
+      }
+      return;
+    }
     if (!pending) {
       pending_j[0] = j;
       pending_g[0] = g;
@@ -382,8 +422,15 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
         __syncwarp();  // dense_tile is free for the next overflowing tile-row
       }
     }
-    if (pending) entries(integral_constant<int, 1>{}, pending_j, pending_g);
-    pending = false;
+    if constexpr (Config::gated) {
+      if (pending) entries(integral_constant<int, 1>{}, pending_j, pending_g);
+      pending = false;
+    } else {
+      if (waiting == 1) entries(integral_constant<int, 1>{}, pending_j, pending_g);
+      if (waiting == 2) entries(integral_constant<int, 2>{}, pending_j, pending_g);
+      if (waiting == 3) entries(integral_constant<int, 3>{}, pending_j, pending_g);
+      waiting = 0;
+    }
 
     uint16_t* out = p.y + static_cast<int64_t>(row) * p.ldy + 8 * lane;
 #pragma unroll

@@ -71,6 +71,7 @@ struct BlockConsumerShape {
                 "token-block consumer: d_model 128, 256, 512, 1024 or 2048 (whole Wd^T rows per load pass)");
   static_assert(TILE_N <= CHUNK, "token-block consumer: tile_n <= 256");
   static_assert(STAGES >= 3, "token-block consumer: at least 3 stages");
+  static_assert(Config::gated, "token-block consumer: gated layers only (twell.down takes the row gather)");
 };
 
 // Byte offset of 16-byte chunk `q` of row `r` in a swizzled array of rows `row_bytes` long.
