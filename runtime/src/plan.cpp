@@ -179,6 +179,12 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
 }
 
 namespace {
+// Whether a 16-bit row-major operand's pointer and row stride are `elements`-element aligned (what a
+// kernel moving `elements`-value chunks of its rows needs).
+bool aligned(const void* ptr, int64_t ld, int elements) {
+  return reinterpret_cast<uintptr_t>(ptr) % (2 * elements) == 0 && ld % elements == 0;
+}
+
 // The tensor-core main loop moves 16-byte chunks of x and Wg rows (cp.async), and its consumer reads
 // x, Wu and Wd^T rows 16 bytes at a time: the generated kernels say how aligned (in elements) those
 // operands and their row strides must be.
@@ -188,6 +194,7 @@ void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t, bool g
   if (need == 1) return;
   const FfnSpec& s = p.spec;
   auto check = [&](const char* name, const void* ptr, const char* ld_name, int64_t ld) {
+    if (aligned(ptr, ld, need)) return;
     if (reinterpret_cast<uintptr_t>(ptr) % (2 * need) != 0)
       throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::run: {}: expected a {}-byte aligned device pointer (the "
                                                           "generated kernels load {}-element chunks), got {}", name, 2 * need, need, ptr));
@@ -260,7 +267,7 @@ namespace {
 // Whether the token-block consumer may read these operands: 16-byte aligned rows of x, Wu, Wd^T and y
 // (its cp.async chunks). An out_in Wd is read from the plan's transposed copy, which is aligned.
 bool block_operands_aligned(const FfnSpec& s, const FfnTensors& t) {
-  auto ok = [](const void* ptr, int64_t ld) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ld % 8 == 0; };
+  auto ok = [](const void* ptr, int64_t ld) { return aligned(ptr, ld, 8); };
   return ok(t.x, t.ld_x ? t.ld_x : s.d_model) && ok(t.w_up, t.ld_up ? t.ld_up : s.d_model) &&
          ok(t.y, t.ld_y ? t.ld_y : s.d_model) &&
          (s.down_layout == WeightLayout::OutIn || ok(t.w_down, t.ld_down ? t.ld_down : s.d_model));

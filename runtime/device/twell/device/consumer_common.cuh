@@ -92,6 +92,23 @@ __device__ __forceinline__ void recompute_gate_tile(const GatedDownParams& p, co
   }
 }
 
+// An overflowing tile-row's activated values (tile_n of them) into dense_tile: copied from its backup
+// row where the gate kernel stored one (slot < backup_capacity), else recomputed from x with the gate's
+// arithmetic on warps [warp0, warp0 + warps) (recompute_gate_tile). The copy runs on threads first,
+// first + stride, ...; the caller synchronizes them before dense_tile is read. Every consumer variant
+// takes its overflowing tile-rows through here, so y does not depend on the backup capacity.
+template <class Config>
+__device__ __forceinline__ void load_overflow_tile(const GatedDownParams& p, uint32_t slot, const uint16_t* x, int n0,
+                                                   int valid_n, uint16_t* dense_tile, int first, int stride, int warp0,
+                                                   int warps) {
+  constexpr int TILE_N = Config::tile_n;
+  if (slot != kBackupMissing && slot < p.backup_capacity) {
+    for (int c = first; c < TILE_N; c += stride) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
+  } else {
+    recompute_gate_tile<Config>(p, x, n0, valid_n, dense_tile, warp0, warps);
+  }
+}
+
 // The same with 16-byte loads (8 values per lane per step): for K % 8 == 0 and 16-byte aligned rows.
 template <class Value, int K>
 __device__ __forceinline__ float warp_dot_16B(const uint16_t* a, const uint16_t* b, int lane) {

@@ -150,11 +150,7 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
       }
       const uint32_t slot = header[1];
       __syncthreads();  // dense_tile may still be read by warp 0 for the previous overflowing tile-row
-      if (slot != kBackupMissing && slot < p.backup_capacity) {
-        for (int c = tid; c < TILE_N; c += THREADS) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
-      } else {
-        recompute_gate_tile<Config>(p, x, n0, valid_n, dense_tile);
-      }
+      load_overflow_tile<Config>(p, slot, x, n0, valid_n, dense_tile, tid, THREADS, 0, WARPS);
       __syncthreads();
       if (warp == 0) {
         int added = 0;
@@ -403,11 +399,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
         const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
         const uint32_t slot = p.twell[static_cast<int64_t>(row) * WORDS_PER_ROW + static_cast<int64_t>(tile) * (SLOTS + 1) + 1];
         uint16_t* dense_tile = dense_tiles[warp];
-        if (slot != kBackupMissing && slot < p.backup_capacity) {
-          for (int c = lane; c < TILE_N; c += 32) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
-        } else {
-          recompute_gate_tile<Config>(p, p.x + static_cast<int64_t>(row) * p.ldx, n0, valid_n, dense_tile, warp, 1);
-        }
+        load_overflow_tile<Config>(p, slot, p.x + static_cast<int64_t>(row) * p.ldx, n0, valid_n, dense_tile, lane, 32, warp, 1);
         __syncwarp();
         for (int c0 = 0; c0 < valid_n; c0 += 32) {
           const int c = c0 + lane;

@@ -122,11 +122,7 @@ __device__ __forceinline__ void gated_down_block(const GatedDownParams& p) {
   uint16_t* dense_tile = dense_tiles + warp * TILE_N;
   auto load_dense = [&](int r, int t, int valid_n) {
     const uint32_t slot = p.twell[(row0 + r) * WORDS_PER_ROW + static_cast<int64_t>(t) * (SLOTS + 1) + 1];
-    if (slot != kBackupMissing && slot < p.backup_capacity) {
-      for (int c = lane; c < TILE_N; c += 32) dense_tile[c] = p.backup[static_cast<int64_t>(slot) * TILE_N + c];
-    } else {
-      recompute_gate_tile<Config>(p, p.x + (row0 + r) * p.ldx, t * TILE_N, valid_n, dense_tile, warp, 1);
-    }
+    load_overflow_tile<Config>(p, slot, p.x + (row0 + r) * p.ldx, t * TILE_N, valid_n, dense_tile, lane, 32, warp, 1);
     __syncwarp();
   };
   // Visits every active (column c in the tile, g bits) of the tile-rows (r, t) for pair indices
