@@ -94,6 +94,10 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
   // wgmma: one CTA per SM (setmaxnreg needs the register cap that minBlocks = 1 sets), and the TMA maps
   // inside the parameter block must be addressable in parameter space (__grid_constant__).
   bool wgmma = gate && kernel.config.getMainloop() == Mainloop::Wgmma;
+  if (!gate && kernel.config.getCtaM() > 1 && kernel.config.getCtaM() != GatedDownKernelConstraints::kBlockCtaM)
+    os << "// Launch (persistent, one token row per warp): any grid.x; p.row_counter points to a device uint32\n"
+          "// zeroed before each launch (rows are claimed from it); "
+       << kernel.dynamicSharedBytes() << " bytes of dynamic shared memory.\n";
   os << "extern \"C\" __global__ void __launch_bounds__(" << kernel.config.getThreads()
      << (wgmma ? ", 1" : "") << ") " << name << "(const " << (wgmma ? "__grid_constant__ " : "")
      << "twell::device::" << (gate ? "GateParams" : "GatedDownParams") << " p) {\n";
@@ -137,6 +141,7 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
                             kernel->config.getMainloop() == Mainloop::Wgmma;
     source.persistent = source.tma_persistent || (kernel->kind == ::twell::compiler::KernelKind::GatedDown &&
                                                   source.cta_m > 1 && source.cta_m != mlir::twell::GatedDownKernelConstraints::kBlockCtaM);
+    source.gated = kernel->gated;
     kernels.push_back(std::move(source));
     return WalkResult::advance();
   });

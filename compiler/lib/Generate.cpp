@@ -132,6 +132,11 @@ std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& tar
   }
   tw::GateMatmulOp gate = gates.front();
   mlir::Operation* consumer = consumers.front();
+  if (consumer->getOperand(0) != gate.getX()) {
+    consumer->emitOpError() << "x (operand 0) must be the x of the twell.gate_matmul producing h: the consumer "
+                               "recomputes the overflowing tile-rows the backup lacks from it";
+    return std::nullopt;
+  }
   for (mlir::Operation* kernel : {gate.getOperation(), consumer}) {
     auto kernelTarget = kernel->getAttrOfType<tw::TargetAttr>("target");
     if (kernelTarget.getArch() != target.arch()) {
@@ -180,6 +185,9 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
     fail("spec.activation: expected relu or silu, got " + std::to_string(static_cast<int>(spec.activation)));
   if (spec.consumer && *spec.consumer != ConsumerVariant::RowGather && *spec.consumer != ConsumerVariant::TokenBlock)
     fail("spec.consumer: expected row_gather or token_block, got " + std::to_string(static_cast<int>(*spec.consumer)));
+  if (!spec.gated && spec.consumer == ConsumerVariant::TokenBlock)
+    fail("spec.consumer: the token block is a gated kernel; a non-gated layer (spec.gated = false) takes row_gather "
+         "or leaves consumer unset, got token_block");
   if (spec.down_layout != WeightLayout::OutIn && spec.down_layout != WeightLayout::InOut)
     fail("spec.down_layout: expected out_in or in_out, got " +
          std::to_string(static_cast<int>(spec.down_layout)));

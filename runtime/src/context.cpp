@@ -121,7 +121,7 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const compiler::KernelSourc
   k->binary = result.entry;
   k->report.name = source.name;
   k->report.kind = source.kind == compiler::KernelKind::GateTwell   ? "gate_twell"
-                   : source.kind == compiler::KernelKind::GatedDown ? "gated_down"
+                   : source.kind == compiler::KernelKind::GatedDown ? (source.gated ? "gated_down" : "down")
                    : source.kind == compiler::KernelKind::WeightTranspose ? "transpose"
                                                                     : "dense_gated_mul";
   k->report.cache = result.hit == detail::CacheHit::Memory ? "memory" : result.hit == detail::CacheHit::Disk ? "disk" : "miss";

@@ -102,6 +102,9 @@ void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors&
   check_ld("ld_x", t.ld_x, spec.d_model);
   check_ld("ld_gate", t.ld_gate, spec.d_model);
   if (!needs_output) return;
+  if (spec.gated && t.w_up == nullptr)
+    bad("w_up: expected a device pointer (the up weight of a gated layer; a layer without one is "
+        "FfnSpec::gated = false), got null");
   if (spec.gated) check_ptr("w_up", t.w_up);
   else if (t.w_up != nullptr || t.ld_up != 0)
     bad(fmt::format("w_up: a non-gated FFN (FfnSpec::gated = false) has no up projection; expected w_up = nullptr and "

@@ -54,6 +54,7 @@ struct Outcome {
   bool deterministic = false;
   OverflowReport overflow;
   std::vector<uint16_t> y;  // the first run's output bits
+  std::vector<float> ref;   // the CPU reference's y
 };
 
 // The gate kernel's TwELL matrix against the CPU reference's, value by value (each tile-row read from
@@ -128,6 +129,7 @@ Outcome run_and_compare(const RandomFfn& f, PlanOptions options = sparse(), bool
   stream.synchronize();
   o.deterministic = dev.y.download_vector<uint16_t>(count) == bits1;
   o.y = bits1;
+  o.ref = ref;
   if (with_dense) {
     DenseFfn dense(ctx, f.spec, std::max<int64_t>(1, f.tokens));
     dev.y.fill(0xFF);
@@ -301,40 +303,49 @@ TEST(GpuFfn, NonGatedLayer) {
   }
 }
 
-// The row-gather consumer is persistent (one CTA per SM at its 254 registers; warp w takes rows w,
-// w + W, ...): more rows than resident warps, so every warp walks several rows, with 41 tiles of 64
-// (two 32-tile windows per row) and tile-rows both within and over their 15 slots. Each row is checked
-// on its own (a row computed from the wrong x or skipped would hide in the whole output's error).
+// The row-gather consumer is persistent (as many CTAs as fit on the GPU, each warp claiming rows from
+// a counter): more rows than resident warps (1056 on an H200: one CTA of 8 warps per SM), so warps walk
+// several rows each. Tiles of 64 with 15 slots at 20% density: tile-rows below, at and over their slots;
+// d_ff 2600 (41 tiles: a full 32-tile window and a partial one), 2048 and 4096 (exactly one and two
+// windows), gated and not. Each row is checked on its own (a row computed from the wrong x, skipped or
+// written twice would hide in the whole output's error).
 TEST(GpuFfn, RowConsumerWalksManyRowsPerWarp) {
-  FfnSpec s = odd_spec();
-  s.d_model = 512;
-  s.d_ff = 2600;
-  s.tile_n = 64;
-  s.slots = 15;
-  s.consumer = ConsumerVariant::RowGather;
-  const int64_t m = 3 * 132 * 8 + 77;  // > 3 rows per warp on an H200
-  const auto f = make_random_ffn(s, m, 0.2, 77);
-  FfnPlan plan = context().plan(f.spec, f.tokens, sparse());
-  bool rows = false;
-  for (const KernelReport& k : plan.kernels()) rows |= k.kind == "gated_down" && k.cta_m == 8;
-  ASSERT_TRUE(rows) << "the plan holds no warp-per-row consumer";
-  const Outcome o = run_and_compare(f, sparse(), false);
-  expect_good(o, "many rows per warp");
-  EXPECT_GT(o.overflow.overflowing_tile_rows, 0u);
-  const auto ref = reference_gated_ffn(f.spec, f.x, f.tokens, f.weights());
-  const auto y = to_float(s.dtype, o.y);
-  int64_t bad_rows = 0;
-  for (int64_t r = 0; r < m; ++r) {
-    double diff = 0, norm = 0;
-    for (int64_t k = 0; k < s.d_model; ++k) {
-      const double d = y[r * s.d_model + k] - ref[r * s.d_model + k];
-      diff += d * d;
-      norm += double{ref[r * s.d_model + k]} * ref[r * s.d_model + k];
+  struct Case {
+    int64_t d_ff, m;
+    bool gated;
+  };
+  for (const Case& c : {Case{2600, 3 * 132 * 8 + 77, true}, Case{2600, 1500, false}, Case{2048, 1200, true},
+                        Case{4096, 1200, true}, Case{4096, 1200, false}}) {
+    FfnSpec s = odd_spec();
+    s.d_model = 512;
+    s.d_ff = c.d_ff;
+    s.tile_n = 64;
+    s.slots = 15;
+    s.gated = c.gated;
+    if (c.gated) s.consumer = ConsumerVariant::RowGather;
+    const std::string what = fmt::format("d_ff {}, M {}, {}", c.d_ff, c.m, c.gated ? "gated" : "non-gated");
+    const auto f = make_random_ffn(s, c.m, 0.2, static_cast<uint32_t>(c.d_ff + c.m));
+    FfnPlan plan = context().plan(f.spec, f.tokens, sparse());
+    bool rows = false;
+    for (const KernelReport& k : plan.kernels()) rows |= (k.kind == "gated_down" || k.kind == "down") && k.cta_m == 8;
+    ASSERT_TRUE(rows) << what << ": the plan holds no warp-per-row consumer";
+    const Outcome o = run_and_compare(f, sparse(), false);
+    expect_good(o, what);
+    EXPECT_GT(o.overflow.overflowing_tile_rows, 0u) << what;
+    const auto y = to_float(s.dtype, o.y);
+    int64_t bad_rows = 0;
+    for (int64_t r = 0; r < c.m; ++r) {
+      double diff = 0, norm = 0;
+      for (int64_t k = 0; k < s.d_model; ++k) {
+        const double d = y[r * s.d_model + k] - o.ref[r * s.d_model + k];
+        diff += d * d;
+        norm += double{o.ref[r * s.d_model + k]} * o.ref[r * s.d_model + k];
+      }
+      if (std::sqrt(diff) > 1e-2 * std::sqrt(norm) + 1e-6 && ++bad_rows <= 5)
+        ADD_FAILURE() << what << ", row " << r << ": relative error " << std::sqrt(diff / norm);
     }
-    if (std::sqrt(diff) > 1e-2 * std::sqrt(norm) + 1e-6 && ++bad_rows <= 5)
-      ADD_FAILURE() << "row " << r << ": relative error " << std::sqrt(diff / norm);
+    EXPECT_EQ(bad_rows, 0) << what << ": of " << c.m << " rows";
   }
-  EXPECT_EQ(bad_rows, 0) << "of " << m << " rows";
 }
 
 // Overflowing tile-rows read from the backup or recomputed by the consumer give the same y, bit for
@@ -516,6 +527,11 @@ TEST(GpuFfn, BadArgumentsAreNamedAndHarmless) {
   FfnTensors t = dev.tensors();
   t.x = nullptr;
   EXPECT_NE(message(t, 10).find("x: expected a device pointer, got null"), std::string::npos);
+  t = dev.tensors();
+  t.w_up = nullptr;
+  EXPECT_NE(message(t, 10).find("w_up: expected a device pointer (the up weight of a gated layer; a layer without one is "
+                                "FfnSpec::gated = false), got null"),
+            std::string::npos);
   t = dev.tensors();
   t.w_up = static_cast<const char*>(t.w_up) + 1;
   EXPECT_NE(message(t, 10).find("w_up: expected a 2-byte aligned device pointer"), std::string::npos);

@@ -223,12 +223,20 @@ TEST(Generator, ConsumerTakesOneRowPerWarpWhereItsRowsFitRegisters) {
 
 // A non-gated layer (spec.gated = false): twell.ffn, the same gate kernel and a consumer that reads no
 // up weight (twell.down, kernel twell_down_*), one row per warp or per CTA like the gated one; the token
-// block is gated only, so asking for it gives the row gather.
+// block is gated only: asking for it is an error naming spec.consumer.
 TEST(Generator, NonGatedLayerGetsTheDownConsumer) {
   FfnSpec s = shape(2048, 5632, 256, 31);
   s.gated = false;
   s.down_layout = WeightLayout::InOut;
   s.consumer = ConsumerVariant::TokenBlock;
+  try {
+    compiler::generateFfn(s, Target{90, true});
+    ADD_FAILURE() << "a non-gated token block was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_TRUE(contains(e.what(), "spec.consumer: the token block is a gated kernel")) << e.what();
+  }
+  s.consumer = ConsumerVariant::RowGather;
   for (const Target target : {Target{90, true}, Target{80, false}}) {
     const auto gen = compiler::generateFfn(s, target);
     ASSERT_EQ(gen.kernels.size(), 2u);
@@ -306,6 +314,28 @@ func.func @ffn(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor
     EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
     EXPECT_TRUE(contains(e.what(), "mismatch.mlir:7")) << e.what();
     EXPECT_TRUE(contains(e.what(), "mainloop fma differs from mainloop mma_sync")) << e.what();
+  }
+}
+
+// The consumer recomputes overflowing tile-rows from its x: an x other than the gate's would give wrong
+// rows only where the backup ran out, so the generator refuses it.
+TEST(Generator, ConsumerReadsTheGatesX) {
+  const char* other_x = R"mlir(
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @ffn(%x: tensor<?x512xbf16>, %x2: tensor<?x512xbf16>, %wg: tensor<1408x512xbf16>,
+               %wd: tensor<512x1408xbf16>) -> tensor<?x512xbf16> {
+  %h = twell.gate_matmul %x, %wg : (tensor<?x512xbf16>, tensor<1408x512xbf16>) -> tensor<?x1408xbf16, #L>
+  %y = twell.down %x2, %h, %wd : (tensor<?x512xbf16>, tensor<?x1408xbf16, #L>, tensor<512x1408xbf16>) -> tensor<?x512xbf16>
+  return %y : tensor<?x512xbf16>
+}
+)mlir";
+  try {
+    compiler::generateFromMlir(other_x, "other_x.mlir", Target{90, true});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_TRUE(contains(e.what(), "other_x.mlir:6")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "x (operand 0) must be the x of the twell.gate_matmul producing h")) << e.what();
   }
 }
 

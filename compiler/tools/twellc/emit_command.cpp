@@ -24,7 +24,8 @@ const char* kEmitHelp =
     "  --target ARCH          sm_90a (default), sm_90, sm_80, ...\n"
     "  --out DIR              write one file per kernel into DIR (default: stdout)\n"
     "  shape options: --tile-n T --slots S --threshold t --activation relu|silu --dtype bf16|f16\n"
-    "                 --down-layout out_in|in_out\n";
+    "                 --down-layout out_in|in_out\n"
+    "                 --non-gated   y = act(x Wg^T) Wd^T (twell.ffn: no up projection)\n";
 
 twell::Target parse_target(const std::string& s) {
   // sm_<major><minor>[a]; the generator then checks that NVRTC can build for it.
@@ -38,13 +39,14 @@ twell::Target parse_target(const std::string& s) {
   return twell::Target{sm, a};
 }
 
-const std::vector<std::string> kShapeOptions = {"d-model", "d-ff", "tile-n", "slots", "threshold", "activation", "dtype", "down-layout"};
+const std::vector<std::string> kShapeOptions = {"d-model", "d-ff",  "tile-n",      "slots",    "threshold",
+                                                "activation", "dtype", "down-layout", "non-gated"};
 
 }  // namespace
 
 int emit_command(const std::vector<std::string>& argv) {
   try {
-    const Args args = parse_args(argv, {"help"},
+    const Args args = parse_args(argv, {"help", "non-gated"},
                                  {"emit", "target", "out", "d-model", "d-ff", "tile-n", "slots", "threshold", "activation",
                                   "dtype", "down-layout"});
     if (args.has("help")) {
@@ -83,6 +85,7 @@ int emit_command(const std::vector<std::string>& argv) {
       spec.activation = act == "relu" ? twell::Activation::ReLU : twell::Activation::SiLU;
       spec.dtype = dtype == "bf16" ? twell::DType::BF16 : twell::DType::FP16;
       spec.down_layout = down == "out_in" ? twell::WeightLayout::OutIn : twell::WeightLayout::InOut;
+      spec.gated = !args.has("non-gated");
       gen = twell::compiler::generateFfn(spec, target);
     } else {
       throw std::invalid_argument(fmt::format("expected at most one FILE.mlir, got {}", args.positional.size()));

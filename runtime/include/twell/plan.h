@@ -38,7 +38,7 @@ struct PlanOptions {
 // How one kernel was obtained.
 struct KernelReport {
   std::string name;
-  std::string kind;       // "gate_twell" | "gated_down"
+  std::string kind;       // "gate_twell" | "gated_down" | "down" (the non-gated consumer)
   std::string cache;      // "memory" | "disk" | "miss" (compiled now)
   double compile_ms = 0;  // NVRTC time (0 on a cache hit)
   double load_ms = 0;     // cache lookup or module load time

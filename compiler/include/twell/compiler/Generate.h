@@ -26,23 +26,28 @@ struct KernelSource {
   std::string name;    // the extern "C" __global__ entry symbol, unique per configuration
   std::string source;  // CUDA C++; includes only "twell/device/*.cuh" (embedded in the runtime)
   int threads = 0;     // threads per CTA
-  int cta_m = 0;       // token rows per CTA: grid.x = ceil(tokens / cta_m)
+  int cta_m = 0;       // token rows per CTA: grid.x = ceil(tokens / cta_m) (persistent: at most that)
   int grid_y = 1;      // grid.y (the number of N tiles for GateTwell)
-  int smem_bytes = 0;  // dynamic shared memory per CTA (> 48 KiB: the launcher must raise the
-                       // kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES first); 0 for
-                       // kernels with static shared memory only
+  int smem_bytes = 0;  // dynamic shared memory per CTA; when > 0 the launcher must first set the
+                       // kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it (the kernel
+                       // may also have static shared memory, and the two together may pass 48 KiB);
+                       // 0 for kernels with static shared memory only
   // The element alignment the kernel needs for the x and w_gate pointers and their row strides (ldx,
   // ldw): 8 (16 bytes) for a GateTwell kernel with the mma_sync main loop (cp.async), 2 for a
   // GatedDown kernel after one (its overflow recompute reads 4-byte pairs), 1 otherwise.
   int operand_alignment = 1;
   // A GateTwell kernel with the wgmma main loop: it reads x and w_gate through the TMA maps of
   // GateParams (x_map, w_map: box {64, cta_m} and {64, tile_n}, 128-byte swizzle), which the launcher
-  // encodes, and is persistent: launch min(SMs, ceil(tokens / cta_m) * grid_y) CTAs on grid.x, grid.y 1.
+  // encodes. It is also `persistent`.
   bool tma_persistent = false;
   // A persistent kernel (the wgmma gate, the warp-per-row consumer): its CTAs loop over the work, so
   // the launcher starts min(ceil(tokens / cta_m) * grid_y, SMs x the CTAs resident per SM) CTAs on
-  // grid.x, grid.y 1.
+  // grid.x, grid.y 1 (any grid size is correct; that one fills the GPU once). A persistent GatedDown
+  // kernel claims rows from GatedDownParams::row_counter: a device uint32 the launcher zeroes before
+  // every launch (FfnPlan::run does, stream-ordered).
   bool persistent = false;
+  // A GatedDown kernel: twell.gated_down (true) or the non-gated twell.down (false, reads no w_up).
+  bool gated = true;
 };
 
 // Everything the pipeline decided, for one FFN.

@@ -212,9 +212,10 @@ struct SupportedArchs {
   }
 };
 
-// Gated consumer, three variants told apart by cta_m: one token row per CTA (cta_m = 1, any shape), or
-// one token row per warp (cta_m = threads / 32; gated_down_warp in gated_down.cuh): x and the fp32 y of
-// the row live in the warp's registers, 8 values per lane per 256 columns, so it needs 16-byte rows
+// Consumer (twell.gated_down; twell.down without the token block), three variants told apart by cta_m:
+// one token row per CTA (cta_m = 1, any shape), or one token row per warp (cta_m = threads / 32;
+// gated_down_warp in gated_down.cuh, persistent): x in shared memory and the fp32 y of the row in the
+// warp's registers, 8 values per lane per 256 columns, so it needs 16-byte rows
 // (after a tensor-core gate, d_model % 8 == 0, in_out down weights) and d_model <= 2048 (registers).
 // Its overflow recompute of a gate value repeats the gate kernel's arithmetic (to stay bit-exact), so
 // its #twell.config carries the gate kernel's `mainloop`; after an mma_sync or wgmma gate it reads x

@@ -194,7 +194,8 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
 // Per row: x in shared memory, fp32 y in registers (lane l holds columns 8l + 256i .. +7); entries go
 // in tile then column order, two at a time: the 16-byte loads of both entries' Wu and Wd^T rows are
 // issued together (four L2 round trips overlapped), x . Wu_j is reduced over the warp (butterfly: every
-// lane gets the same bits), and h_j * Wd^T_j is added to y. Overflowing tile-rows come from the backup
+// lane gets the same bits), and h_j * Wd^T_j is added to y (non-gated, twell.down: h_j = g_j, four
+// entries' Wd^T rows at a time). Overflowing tile-rows come from the backup
 // or are recomputed by the warp with the gate's arithmetic (recompute_gate_tile), then scanned 32
 // columns per ballot. Sums run in entry order: bitwise deterministic whichever warp takes a row.
 // Registers are at the limit (254, no spills: kernel_resources_test): the next row waits in shared
