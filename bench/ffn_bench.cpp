@@ -106,9 +106,11 @@ double useful_flops(int64_t tokens, double density) { return 2.0 * tokens * kDMo
 
 // Times one path on the (M, density) problem of the state's arguments: the TwELL plan (pinned to the
 // TwELL kernels, not the dispatcher's choice) or cuBLASLt, the whole FFN or the gate GEMM alone;
-// `tflop` is the work counted per call.
+// `tflop` is the work counted per call. `automatic`: instead a Dispatch::Auto plan (the runtime's
+// default), after the first run() that times its paths (each consumer variant and dense) and keeps
+// the fastest.
 void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflop, const char* counter,
-               std::optional<ConsumerVariant> consumer = std::nullopt, bool gated = true) {
+               std::optional<ConsumerVariant> consumer = std::nullopt, bool gated = true, bool automatic = false) {
   if (!gpu_or_skip(state)) return;
   Context& ctx = context();
   const int64_t tokens = state.range(0);
@@ -117,7 +119,12 @@ void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflo
   std::unique_ptr<FfnPlan> plan;
   std::unique_ptr<DenseFfn> dense;
   if (sparse) plan = std::make_unique<FfnPlan>(sized_plan(p, tokens, stream.get(), consumer));
-  else dense = std::make_unique<DenseFfn>(ctx, p.host.spec, tokens);
+  if (automatic) {
+    plan = std::make_unique<FfnPlan>(ctx.plan(p.host.spec, tokens));  // Dispatch::Auto
+    plan->run(stream.get(), p.tensors(), tokens);                      // calibrates this token bucket
+    state.SetLabel("picked " + plan->last_path());
+  }
+  if (!sparse) dense = std::make_unique<DenseFfn>(ctx, p.host.spec, tokens);
   auto call = [&] {
     if (sparse && gate_only) plan->run_gate(stream.get(), p.tensors(), tokens);
     else if (sparse) plan->run(stream.get(), p.tensors(), tokens);
@@ -132,10 +139,11 @@ void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflo
   if (sparse) state.counters["nnz/row"] = p.nnz_per_row;
 }
 
-// sparse: the TwELL plan with the consumer `variant` (-1: unset, the plan's calibrated choice).
+// sparse: the TwELL plan with the consumer `variant`; variant -1: the Dispatch::Auto plan (its choice of
+// row gather, token block or dense).
 void BM_GatedFfn(benchmark::State& state, bool sparse, int variant) {
   time_path(state, sparse, false, useful_flops(state.range(0), state.range(1) / 1000.0) / 1e12, "TFLOP/s(useful)",
-            variant < 0 ? std::nullopt : std::optional(static_cast<ConsumerVariant>(variant)));
+            variant < 0 ? std::nullopt : std::optional(static_cast<ConsumerVariant>(variant)), true, variant < 0);
 }
 
 // The non-gated FFN (y = act(x Wg^T) Wd^T: twell.ffn) against cuBLASLt's two GEMMs. Useful FLOPs:
@@ -287,7 +295,7 @@ void FfnArgs(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_CAPTURE(BM_GatedFfn, twell_rows, true, 0)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, twell_block, true, 1)->Apply(FfnArgs);
-BENCHMARK_CAPTURE(BM_GatedFfn, twell_calibrated, true, -1)->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_GatedFfn, twell_auto, true, -1)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false, 0)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_NonGatedFfn, twell, true)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_NonGatedFfn, dense_cublaslt, false)->Apply(FfnArgs);
