@@ -5,6 +5,19 @@
 
 namespace twell::device {
 
+// A 16-byte global load that asks the L2 to keep the line over streaming data (PTX ISA: createpolicy
+// .fractional.L2::evict_last, ld.global.L2::cache_hint): the consumers' weight rows are re-read by
+// every token that activates the neuron, while x, the TwELL matrix and y pass through once.
+__device__ __forceinline__ uint4 load_keep_in_l2(const void* ptr) {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  uint4 v;
+  asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr), "l"(policy));
+  return v;
+}
+
 // Butterfly sum over the warp: every lane gets the same bits (each step adds the same two values,
 // in either order, on both lanes of a pair).
 __device__ __forceinline__ float warp_sum(float s) {

@@ -262,7 +262,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
       for (int q = 0; q < P; ++q) {
         const uint16_t* wd = p.w_down + static_cast<int64_t>(j[q]) * p.ldwd + 8 * lane;
 #pragma unroll
-        for (int i = 0; i < XS; ++i) d4[q][i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
+        for (int i = 0; i < XS; ++i) d4[q][i] = in_k(i) ? load_keep_in_l2(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
       }
 #pragma unroll
       for (int q = 0; q < P; ++q)
@@ -277,8 +277,8 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
       const uint16_t* wd = p.w_down + static_cast<int64_t>(j[q]) * p.ldwd + 8 * lane;
 #pragma unroll
       for (int i = 0; i < XS; ++i) {
-        u4[q][i] = in_k(i) ? *reinterpret_cast<const uint4*>(wu + 256 * i) : uint4{0u, 0u, 0u, 0u};
-        d4[q][i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
+        u4[q][i] = in_k(i) ? load_keep_in_l2(wu + 256 * i) : uint4{0u, 0u, 0u, 0u};
+        d4[q][i] = in_k(i) ? load_keep_in_l2(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
       }
     }
 #pragma unroll
