@@ -159,7 +159,7 @@ struct TwellEmitCuda : impl::TwellEmitCudaBase<TwellEmitCuda> {
     llvm::raw_ostream& os = llvm::outs();
     for (const ::twell::compiler::KernelSource& kernel : *kernels) {
       os << "// ----- kernel " << kernel.name << " "
-         << (kernel.kind == ::twell::compiler::KernelKind::GateTwell ? "gate_twell" : "gated_down")
+         << (kernel.kind == ::twell::compiler::KernelKind::GateTwell ? "gate_twell" : kernel.gated ? "gated_down" : "down")
          << " threads=" << kernel.threads << " cta_m=" << kernel.cta_m
          << " grid_y=" << kernel.grid_y << " smem_bytes=" << kernel.smem_bytes
          << " operand_alignment=" << kernel.operand_alignment << "\n";

@@ -93,9 +93,9 @@ class ShapeChecker {
   LogicalResult checkDownWeight(Value value, DownLayout layout) {
     if (layout == DownLayout::OutIn)
       return checkWeight("w_down", value, {dModel_, dFF_},
-                         "d_model x d_ff, nn.Linear layout; declare down_layout = in_out for "
-                         "[d_ff, d_model]");
-    return checkWeight("w_down", value, {dFF_, dModel_}, "d_ff x d_model, down_layout = in_out");
+                         "d_model x d_ff, nn.Linear layout; declare down_layout = #twell.down_layout<in_out> "
+                         "for [d_ff, d_model]");
+    return checkWeight("w_down", value, {dFF_, dModel_}, "d_ff x d_model, down_layout = #twell.down_layout<in_out>");
   }
 
   // y [M, d_model], plain tensor.

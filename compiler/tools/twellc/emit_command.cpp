@@ -25,7 +25,8 @@ const char* kEmitHelp =
     "  --out DIR              write one file per kernel into DIR (default: stdout)\n"
     "  shape options: --tile-n T --slots S --threshold t --activation relu|silu --dtype bf16|f16\n"
     "                 --down-layout out_in|in_out\n"
-    "                 --non-gated   y = act(x Wg^T) Wd^T (twell.ffn: no up projection)\n";
+    "                 --non-gated   y = act(x Wg^T) Wd^T (twell.ffn: no up projection)\n"
+    "                 --consumer rows|block   the consumer variant (block: the token block, gated, in_out)\n";
 
 twell::Target parse_target(const std::string& s) {
   // sm_<major><minor>[a]; the generator then checks that NVRTC can build for it.
@@ -40,7 +41,7 @@ twell::Target parse_target(const std::string& s) {
 }
 
 const std::vector<std::string> kShapeOptions = {"d-model", "d-ff",  "tile-n",      "slots",    "threshold",
-                                                "activation", "dtype", "down-layout", "non-gated"};
+                                                "activation", "dtype", "down-layout", "non-gated", "consumer"};
 
 }  // namespace
 
@@ -48,7 +49,7 @@ int emit_command(const std::vector<std::string>& argv) {
   try {
     const Args args = parse_args(argv, {"help", "non-gated"},
                                  {"emit", "target", "out", "d-model", "d-ff", "tile-n", "slots", "threshold", "activation",
-                                  "dtype", "down-layout"});
+                                  "dtype", "down-layout", "consumer"});
     if (args.has("help")) {
       std::fputs(kEmitHelp, stdout);
       return 0;
@@ -86,6 +87,12 @@ int emit_command(const std::vector<std::string>& argv) {
       spec.dtype = dtype == "bf16" ? twell::DType::BF16 : twell::DType::FP16;
       spec.down_layout = down == "out_in" ? twell::WeightLayout::OutIn : twell::WeightLayout::InOut;
       spec.gated = !args.has("non-gated");
+      if (args.has("consumer")) {
+        const std::string consumer = args.get("consumer");
+        if (consumer != "rows" && consumer != "block")
+          throw std::invalid_argument(fmt::format("--consumer: expected rows or block, got '{}'", consumer));
+        spec.consumer = consumer == "rows" ? twell::ConsumerVariant::RowGather : twell::ConsumerVariant::TokenBlock;
+      }
       gen = twell::compiler::generateFfn(spec, target);
     } else {
       throw std::invalid_argument(fmt::format("expected at most one FILE.mlir, got {}", args.positional.size()));

@@ -656,7 +656,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<5632x2048xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op w_down: expected shape [2048, 5632] (d_model x d_ff, nn.Linear layout; declare down_layout = in_out for [d_ff, d_model]), got [5632, 2048]}}
+  // expected-error @+1 {{'twell.gated_down' op w_down: expected shape [2048, 5632] (d_model x d_ff, nn.Linear layout; declare down_layout = #twell.down_layout<in_out> for [d_ff, d_model]), got [5632, 2048]}}
   %y = twell.gated_down %x, %h, %wu, %wd
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
   return
@@ -667,7 +667,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op w_down: expected shape [5632, 2048] (d_ff x d_model, down_layout = in_out), got [2048, 5632]}}
+  // expected-error @+1 {{'twell.gated_down' op w_down: expected shape [5632, 2048] (d_ff x d_model, down_layout = #twell.down_layout<in_out>), got [2048, 5632]}}
   %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return
@@ -804,7 +804,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<5632x2048xbf16>) {
-  // expected-error @+1 {{'twell.gated_ffn' op w_down: expected shape [2048, 5632] (d_model x d_ff, nn.Linear layout; declare down_layout = in_out for [d_ff, d_model]), got [5632, 2048]}}
+  // expected-error @+1 {{'twell.gated_ffn' op w_down: expected shape [2048, 5632] (d_model x d_ff, nn.Linear layout; declare down_layout = #twell.down_layout<in_out> for [d_ff, d_model]), got [5632, 2048]}}
   %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
   return
@@ -815,7 +815,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
-  // expected-error @+1 {{'twell.gated_ffn' op w_down: expected shape [5632, 2048] (d_ff x d_model, down_layout = in_out), got [2048, 5632]}}
+  // expected-error @+1 {{'twell.gated_ffn' op w_down: expected shape [5632, 2048] (d_ff x d_model, down_layout = #twell.down_layout<in_out>), got [2048, 5632]}}
   %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L, down_layout = #twell.down_layout<in_out>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return
