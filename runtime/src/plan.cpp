@@ -325,6 +325,8 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
 
 std::string FfnPlan::last_path() const { return checked(impl_, "last_path").last_path; }
 
+void FfnPlan::recalibrate() { checked(impl_, "recalibrate").bucket_path.clear(); }
+
 void FfnPlan::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) { launch(stream, t, tokens, Stages::GateOnly); }
 
 void FfnPlan::run_consumer(Stream stream, const FfnTensors& t, int64_t tokens) {

@@ -91,6 +91,11 @@ class FfnPlan {
   // The path the last run() took: "twell" or "dense" ("" before the first run).
   std::string last_path() const;
 
+  // Dispatch::Auto decides once per token bucket, on the inputs of that bucket's first run(). This
+  // forgets every decision: the next run() of each bucket times the paths again. Call it when the
+  // layer's activation density has moved (new data, a fine-tuned model) so that the choice follows.
+  void recalibrate();
+
   // Only the D2T kernel (gate GEMM + TwELL epilogue): fills the plan's TwELL matrix (see
   // download_twell) without the consumer; y is not written and may be null. Same checks as run().
   void run_gate(Stream stream, const FfnTensors& t, int64_t tokens);

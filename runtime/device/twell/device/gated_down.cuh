@@ -294,8 +294,8 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   // Entries arrive one by one (in order); IN_FLIGHT go out together, a row's last ones as they are.
   int pending_j[IN_FLIGHT] = {};
   float pending_g[IN_FLIGHT] = {};
-  int waiting = 0;  // non-gated: entries in pending_*
-  bool pending = false;
+  int waiting = 0;       // non-gated: entries in pending_*
+  bool pending = false;  // gated: an entry in pending_*[0]
   auto entry = [&](int j, float g) {
     if constexpr (!Config::gated) {
 #pragma unroll
