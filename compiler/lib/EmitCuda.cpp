@@ -7,7 +7,6 @@
 #include <string>
 
 #include "KernelInstance.h"
-#include "twell/Dialect/KernelConstraints.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include "mlir/IR/BuiltinOps.h"
@@ -94,7 +93,7 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
   // wgmma: one CTA per SM (setmaxnreg needs the register cap that minBlocks = 1 sets), and the TMA maps
   // inside the parameter block must be addressable in parameter space (__grid_constant__).
   bool wgmma = gate && kernel.config.getMainloop() == Mainloop::Wgmma;
-  if (!gate && kernel.config.getCtaM() > 1 && kernel.config.getCtaM() != GatedDownKernelConstraints::kBlockCtaM)
+  if (kernel.isWarpRowConsumer())
     os << "// Launch (persistent, one token row per warp): any grid.x; p.row_counter points to a device uint32\n"
           "// zeroed before each launch (rows are claimed from it); "
        << kernel.dynamicSharedBytes() << " bytes of dynamic shared memory.\n";
@@ -139,8 +138,7 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
     source.operand_alignment = static_cast<int>(kernel->operandAlignment());
     source.tma_persistent = kernel->kind == ::twell::compiler::KernelKind::GateTwell &&
                             kernel->config.getMainloop() == Mainloop::Wgmma;
-    source.persistent = source.tma_persistent || (kernel->kind == ::twell::compiler::KernelKind::GatedDown &&
-                                                  source.cta_m > 1 && source.cta_m != mlir::twell::GatedDownKernelConstraints::kBlockCtaM);
+    source.persistent = source.tma_persistent || kernel->isWarpRowConsumer();
     source.gated = kernel->gated;
     kernels.push_back(std::move(source));
     return WalkResult::advance();

@@ -11,10 +11,18 @@ namespace mlir::twell {
 
 namespace {
 
-// Fuses only when no other op reads H: the fused op never materializes it.
+// The gate kernel a consumer (twell.gated_down or twell.down) fuses with: the producer of its H, on
+// the same x, when no other op reads H (the fused op never materializes it); else null.
+template <class ConsumerOp>
+GateMatmulOp fusableGate(ConsumerOp down) {
+  auto gate = down.getH().template getDefiningOp<GateMatmulOp>();
+  if (!gate || !gate.getH().hasOneUse() || gate.getX() != down.getX()) return GateMatmulOp();
+  return gate;
+}
+
 LogicalResult fuse(GatedDownOp down, RewriterBase& rewriter) {
-  auto gate = down.getH().getDefiningOp<GateMatmulOp>();
-  if (!gate || !gate.getH().hasOneUse() || gate.getX() != down.getX()) return failure();
+  GateMatmulOp gate = fusableGate(down);
+  if (!gate) return failure();
   rewriter.setInsertionPoint(down);
   rewriter.replaceOpWithNewOp<GatedFfnOp>(down, down.getY().getType(), down.getX(), gate.getWGate(),
                                           down.getWUp(), down.getWDown(), gate.getLayout(),
@@ -24,8 +32,8 @@ LogicalResult fuse(GatedDownOp down, RewriterBase& rewriter) {
 }
 
 LogicalResult fuse(DownOp down, RewriterBase& rewriter) {
-  auto gate = down.getH().getDefiningOp<GateMatmulOp>();
-  if (!gate || !gate.getH().hasOneUse() || gate.getX() != down.getX()) return failure();
+  GateMatmulOp gate = fusableGate(down);
+  if (!gate) return failure();
   rewriter.setInsertionPoint(down);
   rewriter.replaceOpWithNewOp<FfnOp>(down, down.getY().getType(), down.getX(), gate.getWGate(), down.getWDown(),
                                      gate.getLayout(), down.getDownLayoutAttr());

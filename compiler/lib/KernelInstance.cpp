@@ -76,12 +76,20 @@ FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
   return kernel;
 }
 
+bool KernelInstance::isTokenBlock() const {
+  return kind == ::twell::compiler::KernelKind::GatedDown && config.getCtaM() == GatedDownKernelConstraints::kBlockCtaM;
+}
+
+bool KernelInstance::isWarpRowConsumer() const {
+  return kind == ::twell::compiler::KernelKind::GatedDown && config.getCtaM() > 1 && !isTokenBlock();
+}
+
 int64_t KernelInstance::dynamicSharedBytes() const {
   if (kind == ::twell::compiler::KernelKind::GatedDown)
-    return config.getCtaM() == GatedDownKernelConstraints::kBlockCtaM
-               ? GatedDownKernelConstraints::blockSharedBytes(dModel, dFF, layout.getTileN(), config.getStages())
-           : config.getCtaM() > 1 ? GatedDownKernelConstraints::warpRowSharedBytes(dModel)
-                                  : 0;
+    return isTokenBlock()        ? GatedDownKernelConstraints::blockSharedBytes(dModel, dFF, layout.getTileN(),
+                                                                                config.getStages())
+           : isWarpRowConsumer() ? GatedDownKernelConstraints::warpRowSharedBytes(dModel)
+                                 : 0;
   if (kind != ::twell::compiler::KernelKind::GateTwell) return 0;
   if (config.getMainloop() == Mainloop::Wgmma)
     return WgmmaGateConstraints::sharedBytes(layout.getTileN(), config.getStages());
@@ -91,10 +99,8 @@ int64_t KernelInstance::dynamicSharedBytes() const {
 
 int64_t KernelInstance::operandAlignment() const {
   if (gateMainloop == Mainloop::Fma) return 1;
-  if (kind == ::twell::compiler::KernelKind::GatedDown && config.getCtaM() == GatedDownKernelConstraints::kBlockCtaM)
-    return GatedDownKernelConstraints::kBlockOperandAlignment;
-  if (kind == ::twell::compiler::KernelKind::GatedDown && config.getCtaM() > 1)
-    return GatedDownKernelConstraints::kWarpRowOperandAlignment;
+  if (isTokenBlock()) return GatedDownKernelConstraints::kBlockOperandAlignment;
+  if (isWarpRowConsumer()) return GatedDownKernelConstraints::kWarpRowOperandAlignment;
   if (kind == ::twell::compiler::KernelKind::GateTwell && gateMainloop == Mainloop::Wgmma)
     return WgmmaGateConstraints::kOperandAlignment;
   return kind == ::twell::compiler::KernelKind::GateTwell

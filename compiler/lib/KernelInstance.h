@@ -43,8 +43,13 @@ struct KernelInstance {
   // Launch geometry: grid.y (number of N tiles for the gate kernel, 1 for the consumer).
   int64_t gridY() const;
   bool isBF16() const { return layout.getValue().isBF16(); }
-  // Dynamic shared memory per CTA: the mma_sync gate kernel's pipeline and epilogue buffer; 0 for the
-  // fma gate kernel (static shared memory) and the consumer.
+  // The consumer variants, told apart by cta_m (GatedDownKernelConstraints): the token block
+  // (cta_m = 16) and one token row per warp (any other cta_m > 1; persistent).
+  bool isTokenBlock() const;
+  bool isWarpRowConsumer() const;
+  // Dynamic shared memory per CTA: the mma_sync and wgmma gate kernels' pipeline and epilogue buffer,
+  // the token block's ring, the warp-per-row consumer's x rows; 0 for the fma gate kernel and the
+  // CTA-per-row consumer (static shared memory only).
   int64_t dynamicSharedBytes() const;
   // The element alignment the kernel needs for the x and w_gate pointers and their row strides:
   // 8 (16 bytes) for the mma_sync gate kernel's cp.async, 2 for a consumer after an mma_sync gate

@@ -12,14 +12,21 @@ namespace mlir::twell {
 
 namespace {
 
-void split(GatedFfnOp ffn, RewriterBase& rewriter) {
+// The gate kernel of a layer op (twell.gated_ffn or twell.ffn), inserted before it: H in the layer's
+// TwELL layout.
+template <class LayerOp>
+GateMatmulOp createGate(LayerOp ffn, RewriterBase& rewriter) {
   auto xType = llvm::cast<RankedTensorType>(ffn.getX().getType());
   int64_t dFF = llvm::cast<RankedTensorType>(ffn.getWGate().getType()).getDimSize(0);
   auto hType =
       RankedTensorType::get({xType.getDimSize(0), dFF}, xType.getElementType(), ffn.getLayout());
   rewriter.setInsertionPoint(ffn);
-  auto gate = GateMatmulOp::create(rewriter, ffn.getLoc(), hType, ffn.getX(), ffn.getWGate(),
-                                   TargetAttr(), ConfigAttr(), StringAttr());
+  return GateMatmulOp::create(rewriter, ffn.getLoc(), hType, ffn.getX(), ffn.getWGate(), TargetAttr(),
+                              ConfigAttr(), StringAttr());
+}
+
+void split(GatedFfnOp ffn, RewriterBase& rewriter) {
+  GateMatmulOp gate = createGate(ffn, rewriter);
   rewriter.replaceOpWithNewOp<GatedDownOp>(ffn, ffn.getY().getType(), ffn.getX(), gate.getH(),
                                            ffn.getWUp(), ffn.getWDown(), ffn.getDownLayoutAttr(),
                                            TargetAttr(), ConfigAttr(), StringAttr());
@@ -27,13 +34,7 @@ void split(GatedFfnOp ffn, RewriterBase& rewriter) {
 
 // The non-gated layer: the same gate kernel feeding twell.down.
 void split(FfnOp ffn, RewriterBase& rewriter) {
-  auto xType = llvm::cast<RankedTensorType>(ffn.getX().getType());
-  int64_t dFF = llvm::cast<RankedTensorType>(ffn.getWGate().getType()).getDimSize(0);
-  auto hType =
-      RankedTensorType::get({xType.getDimSize(0), dFF}, xType.getElementType(), ffn.getLayout());
-  rewriter.setInsertionPoint(ffn);
-  auto gate = GateMatmulOp::create(rewriter, ffn.getLoc(), hType, ffn.getX(), ffn.getWGate(),
-                                   TargetAttr(), ConfigAttr(), StringAttr());
+  GateMatmulOp gate = createGate(ffn, rewriter);
   rewriter.replaceOpWithNewOp<DownOp>(ffn, ffn.getY().getType(), ffn.getX(), gate.getH(), ffn.getWDown(),
                                       ffn.getDownLayoutAttr(), TargetAttr(), ConfigAttr(), StringAttr());
 }
