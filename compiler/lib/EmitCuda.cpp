@@ -78,6 +78,9 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
     os << "  static constexpr int mainloop = " << mainloop(kernel.config.getMainloop()) << "\n";
     os << "  static constexpr int stages = " << kernel.config.getStages()
        << ";  // shared-memory ring depth (mma_sync: cp.async, wgmma: TMA)\n";
+    if (kernel.config.getMainloop() == Mainloop::Wgmma)
+      os << "  static constexpr int cluster_m = " << kernel.config.getClusterM()
+         << ";  // CTAs per cluster sharing the w_gate tile (TMA multicast)\n";
   } else {
     os << "  static constexpr bool down_in_out = "
        << (kernel.downLayout == DownLayout::InOut ? "true" : "false") << ";\n";
@@ -97,7 +100,13 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
     os << "// Launch (persistent, one token row per warp): any grid.x; p.row_counter points to a device uint32\n"
           "// zeroed before each launch (rows are claimed from it); "
        << kernel.dynamicSharedBytes() << " bytes of dynamic shared memory.\n";
-  os << "extern \"C\" __global__ void __launch_bounds__(" << kernel.config.getThreads()
+  // cluster_m > 1: clusters of consecutive CTAs share the w_gate tile (grid.x a multiple of cluster_m).
+  if (wgmma && kernel.config.getClusterM() > 1)
+    os << "// Launch: grid.x a multiple of " << kernel.config.getClusterM()
+       << " (the cluster); persistent, any number of clusters.\n";
+  os << "extern \"C\" __global__ void ";
+  if (wgmma && kernel.config.getClusterM() > 1) os << "__cluster_dims__(" << kernel.config.getClusterM() << ", 1, 1) ";
+  os << "__launch_bounds__(" << kernel.config.getThreads()
      << (wgmma ? ", 1" : "") << ") " << name << "(const " << (wgmma ? "__grid_constant__ " : "")
      << "twell::device::" << (gate ? "GateParams" : "GatedDownParams") << " p) {\n";
   os << "  twell::device::" << kernel.templateName() << "<" << name << "_config>(p);\n";
@@ -131,6 +140,8 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
     source.source = emitSource(*kernel, expected);
     source.threads = static_cast<int>(kernel->config.getThreads());
     source.cta_m = static_cast<int>(kernel->config.getCtaM());
+    source.cta_k = static_cast<int>(kernel->config.getCtaK());
+    source.cluster_m = static_cast<int>(kernel->config.getClusterM());
     source.grid_y = static_cast<int>(kernel->gridY());
     // The pipelines of the mma_sync and wgmma gates, the token-block consumer's ring and the
     // warp-per-row consumer's x rows are dynamic shared memory; the others use static only.
@@ -160,7 +171,9 @@ struct TwellEmitCuda : impl::TwellEmitCudaBase<TwellEmitCuda> {
          << (kernel.kind == ::twell::compiler::KernelKind::GateTwell ? "gate_twell" : kernel.gated ? "gated_down" : "down")
          << " threads=" << kernel.threads << " cta_m=" << kernel.cta_m
          << " grid_y=" << kernel.grid_y << " smem_bytes=" << kernel.smem_bytes
-         << " operand_alignment=" << kernel.operand_alignment << "\n";
+         << " operand_alignment=" << kernel.operand_alignment;
+      if (kernel.cluster_m > 1) os << " cluster_m=" << kernel.cluster_m;
+      os << "\n";
       os << kernel.source;
     }
     os.flush();

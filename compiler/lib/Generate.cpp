@@ -109,10 +109,11 @@ TwellLayout layoutOf(tw::LayoutAttr layout) {
 
 // Runs the kernel pipeline and the emitter on `module`. Failures are reported through the context's
 // diagnostic handler; returns nullopt then.
+// `clusterM` 0: the heuristic's cluster for the wgmma gate.
 std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& target,
-                                       ConsumerVariant variant = ConsumerVariant::RowGather) {
+                                       ConsumerVariant variant = ConsumerVariant::RowGather, int clusterM = 0) {
   mlir::PassManager pm(module.getContext());
-  tw::buildTwellKernelPipeline(pm, target.arch(), variant == ConsumerVariant::TokenBlock ? "block" : "rows");
+  tw::buildTwellKernelPipeline(pm, target.arch(), variant == ConsumerVariant::TokenBlock ? "block" : "rows", clusterM);
   if (mlir::failed(pm.run(module))) return std::nullopt;
 
   // One gate kernel feeding one consumer (the shape Generate.h documents).
@@ -188,6 +189,8 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
   if (!spec.gated && spec.consumer == ConsumerVariant::TokenBlock)
     fail("spec.consumer: the token block is a gated kernel; a non-gated layer (spec.gated = false) takes row_gather "
          "or leaves consumer unset, got token_block");
+  if (spec.gate_cluster_m && *spec.gate_cluster_m != 1 && *spec.gate_cluster_m != 2)
+    fail("spec.gate_cluster_m: expected 1 or 2 CTAs per cluster (or unset), got " + std::to_string(*spec.gate_cluster_m));
   if (spec.down_layout != WeightLayout::OutIn && spec.down_layout != WeightLayout::InOut)
     fail("spec.down_layout: expected out_in or in_out, got " +
          std::to_string(static_cast<int>(spec.down_layout)));
@@ -240,7 +243,7 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
   if (mlir::failed(mlir::verify(*module))) fail(messages.take());
 
   std::optional<GeneratedFfn> result =
-      runPipeline(*module, target, spec.consumer.value_or(ConsumerVariant::RowGather));
+      runPipeline(*module, target, spec.consumer.value_or(ConsumerVariant::RowGather), spec.gate_cluster_m.value_or(0));
   if (!result)
     throw Error(ErrorCode::Compile, "generateFfn: the twell pipeline failed: " + messages.take());
   return std::move(*result);

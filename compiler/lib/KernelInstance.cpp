@@ -60,7 +60,7 @@ FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
   }
   // The consumer's overflow recompute repeats the gate kernel's arithmetic: it must know the main
   // loop (and K step) of the kernel that produced h.
-  kernel.gateCtaK = kernel.gateMainloop == Mainloop::Wgmma     ? WgmmaGateConstraints::kCtaK
+  kernel.gateCtaK = kernel.gateMainloop == Mainloop::Wgmma     ? WgmmaGateConstraints::ctaKFor(kernel.dModel)
                     : kernel.gateMainloop == Mainloop::MmaSync ? MmaSyncGateConstraints::kCtaK
                                                                : GateKernelConstraints::defaultCtaK(kernel.layout.getTileN());
   auto gate = op->getOperand(1).getDefiningOp<GateMatmulOp>();  // h: operand 1 of both consumers
@@ -92,7 +92,7 @@ int64_t KernelInstance::dynamicSharedBytes() const {
                                  : 0;
   if (kind != ::twell::compiler::KernelKind::GateTwell) return 0;
   if (config.getMainloop() == Mainloop::Wgmma)
-    return WgmmaGateConstraints::sharedBytes(layout.getTileN(), config.getStages());
+    return WgmmaGateConstraints::sharedBytes(layout.getTileN(), config.getCtaK(), config.getStages());
   if (config.getMainloop() != Mainloop::MmaSync) return 0;
   return MmaSyncGateConstraints::sharedBytes(config.getCtaM(), layout.getTileN(), config.getStages());
 }
@@ -126,12 +126,13 @@ std::string KernelInstance::key() const {
   return llvm::formatv(
       "kernel={0};value={1};d_model={2};d_ff={3};tile_n={4};slots={5};index_bits={6};"
       "activation={7};threshold={8:x-8};cta_m={9};cta_k={10};threads={11};down_layout={12};"
-      "arch={13};features={14};mainloop={15};stages={16};gate_mainloop={17};gate_cta_k={18}{19}",
+      "arch={13};features={14};mainloop={15};stages={16};gate_mainloop={17};gate_cta_k={18}{19}{20}",
       templateName(), isBF16() ? "bf16" : "f16", dModel, dFF, layout.getTileN(), layout.getSlots(),
       layout.getIndexBits(), stringifyActivation(layout.getActivation()), thresholdBits,
       config.getCtaM(), config.getCtaK(), config.getThreads(), stringifyDownLayout(downLayout),
       target.getArch(), featureList, stringifyMainloop(config.getMainloop()), config.getStages(),
-      stringifyMainloop(gateMainloop), gateCtaK, gated ? "" : ";gated=false");  // gated keys as before v15
+      stringifyMainloop(gateMainloop), gateCtaK, gated ? "" : ";gated=false",  // gated keys as before v15
+      config.getClusterM() == 1 ? std::string() : llvm::formatv(";cluster_m={0}", config.getClusterM()).str());
 }
 
 std::string KernelInstance::name() const {

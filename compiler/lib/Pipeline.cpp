@@ -10,7 +10,7 @@
 
 namespace mlir::twell {
 
-void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::StringRef consumer) {
+void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::StringRef consumer, int64_t clusterM) {
   // Nest explicitly: a func-anchored pass added to a module-anchored manager would not run on funcs
   // (BUILD_NOTES.md).
   OpPassManager& funcPm = pm.nest<func::FuncOp>();
@@ -18,6 +18,7 @@ void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::Str
   TwellSelectConfigOptions options;
   options.target = arch.str();
   options.consumer = consumer.str();
+  options.clusterM = clusterM;
   funcPm.addPass(createTwellSelectConfig(options));
   funcPm.addPass(createTwellSpecialize());
 }
@@ -30,6 +31,9 @@ struct KernelPipelineOptions : PassPipelineOptions<KernelPipelineOptions> {
                              llvm::cl::init("sm_90a")};
   Option<std::string> consumer{*this, "consumer", llvm::cl::desc("gated consumer variant: rows or block"),
                                llvm::cl::init("rows")};
+  Option<int64_t> clusterM{*this, "cluster-m",
+                           llvm::cl::desc("the wgmma gate's CTAs per cluster: 1 or 2 (0: the heuristic's)"),
+                           llvm::cl::init(0)};
 };
 
 }  // namespace
@@ -43,7 +47,7 @@ void registerTwellDialectsAndPasses(DialectRegistry& registry) {
         "twell-kernel-pipeline",
         "Split every twell.gated_ffn into kernels, select their configuration and specialize them",
         [](OpPassManager& pm, const KernelPipelineOptions& options) {
-          buildTwellKernelPipeline(pm, options.target, options.consumer);
+          buildTwellKernelPipeline(pm, options.target, options.consumer, options.clusterM);
         });
   });
 }

@@ -46,10 +46,16 @@ bool wgmmaAllowed(int64_t dModel, LayoutAttr layout, TargetAttr target) {
          WgmmaGateConstraints::allowed(dModel, layout.getTileN());
 }
 
-ConfigAttr wgmmaGateConfig(MLIRContext* context, LayoutAttr layout) {
+// The K step d_model allows (ctaKFor), the deepest ring that fits beside the epilogue's staging, and
+// clusters sharing the w_gate tile where the target multicasts.
+// `clusterM` 0: the default.
+ConfigAttr wgmmaGateConfig(MLIRContext* context, int64_t dModel, LayoutAttr layout, TargetAttr target,
+                           int64_t clusterM) {
   using Wg = WgmmaGateConstraints;
-  return ConfigAttr::get(context, Wg::kCtaM, Wg::kCtaK, Wg::kThreads, Mainloop::Wgmma,
-                         Wg::maxStages(layout.getTileN()));
+  const int64_t ctaK = Wg::ctaKFor(dModel);
+  if (clusterM == 0) clusterM = target.hasFeature(Feature::Multicast) ? Wg::kDefaultClusterM : 1;
+  return ConfigAttr::get(context, Wg::kCtaM, ctaK, Wg::kThreads, Mainloop::Wgmma, Wg::maxStages(layout.getTileN(), ctaK),
+                         clusterM);
 }
 
 // The best main loop the target and shape allow.
@@ -61,9 +67,9 @@ Mainloop bestMainloop(int64_t dModel, LayoutAttr layout, TargetAttr target) {
 
 // `preferred` when the target and shape allow it, else mma_sync if allowed, else fma.
 ConfigAttr gateConfig(MLIRContext* context, int64_t dModel, LayoutAttr layout, TargetAttr target,
-                      Mainloop preferred) {
+                      Mainloop preferred, int64_t clusterM) {
   if (preferred == Mainloop::Wgmma && wgmmaAllowed(dModel, layout, target))
-    return wgmmaGateConfig(context, layout);
+    return wgmmaGateConfig(context, dModel, layout, target, clusterM);
   if (preferred != Mainloop::Fma && mmaSyncAllowed(dModel, layout))
     return mmaSyncGateConfig(context, layout);
   return fmaGateConfig(context, layout);
@@ -108,6 +114,11 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
                                  << "\"";
       return signalPassFailure();
     }
+    if (clusterM != 0 && clusterM != 1 && clusterM != 2) {
+      getOperation().emitError() << "twell-select-config: cluster-m: expected 1 or 2 (or 0: the heuristic's), got "
+                                 << static_cast<int64_t>(clusterM);
+      return signalPassFailure();
+    }
     auto emitError = [&] { return getOperation().emitError() << "twell-select-config: target: "; };
     TargetAttr defaultTarget = TargetAttr::getChecked(
         llvm::function_ref<InFlightDiagnostic()>(emitError), context, llvm::StringRef(arch),
@@ -124,7 +135,8 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
         if (llvm::isa<GatedDownOp, DownOp>(user))
           if (auto config = user->getAttrOfType<ConfigAttr>("config")) preferred = config.getMainloop();
       gate.setConfigAttr(
-          gateConfig(context, dModelOf(gate), gate.getLayout(), gate.getTargetAttr(), preferred));
+          gateConfig(context, dModelOf(gate), gate.getLayout(), gate.getTargetAttr(), preferred,
+                                     static_cast<int64_t>(clusterM)));
     });
     auto configure = [&](auto down) {
       if (!down.getTargetAttr()) down.setTargetAttr(defaultTarget);

@@ -223,7 +223,8 @@ llvm::SmallVector<Feature> TargetAttr::defaultFeatures(StringRef arch) {
 //===----------------------------------------------------------------------===//
 
 LogicalResult ConfigAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError, int64_t cta_m,
-                                 int64_t cta_k, int64_t threads, Mainloop mainloop, int64_t stages) {
+                                 int64_t cta_k, int64_t threads, Mainloop mainloop, int64_t stages,
+                                 int64_t cluster_m) {
   using Limits = ConfigLimits;
   if (cta_m < 1 || cta_m > Limits::kMaxCtaM)
     return emitError() << "cta_m must be between 1 and " << Limits::kMaxCtaM << ", got " << cta_m;
@@ -240,6 +241,9 @@ LogicalResult ConfigAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitEr
   if (mainloop == Mainloop::Fma && stages != 0)
     return emitError() << "stages: mainloop fma has no cp.async pipeline, stages must be 0 (omitted), got "
                        << stages;
+  if (cluster_m < 1 || cluster_m > Limits::kMaxClusterM)
+    return emitError() << "cluster_m must be between 1 and " << Limits::kMaxClusterM << " (1 or omitted: no cluster), got "
+                       << cluster_m;
   return success();
 }
 

@@ -255,23 +255,32 @@ LogicalResult verifyWgmmaGateConfig(Operation* op, ConfigAttr config, TargetAttr
     return op->emitOpError() << "config: mainloop wgmma needs a target with features wgmma and tma "
                                 "(sm_90a), got "
                              << target;
-  if (dModel % Wg::kDModelMultiple != 0)
-    return op->emitOpError() << "config: mainloop wgmma needs d_model % " << Wg::kDModelMultiple
-                             << " == 0 (whole K steps of 64), got d_model " << dModel;
   if (!Wg::tileNAllowed(tileN))
     return op->emitOpError() << "config: mainloop wgmma takes the tile width as the wgmma N: tile_n "
                                 "must be 64, 128 or 256, got "
                              << tileN;
-  if (config.getCtaM() != Wg::kCtaM || config.getCtaK() != Wg::kCtaK || config.getThreads() != Wg::kThreads)
-    return op->emitOpError() << "config: mainloop wgmma needs cta_m = " << Wg::kCtaM << ", cta_k = "
-                             << Wg::kCtaK << ", threads = " << Wg::kThreads
+  if (config.getCtaM() != Wg::kCtaM || !Wg::ctaKAllowed(config.getCtaK()) || config.getThreads() != Wg::kThreads)
+    return op->emitOpError() << "config: mainloop wgmma needs cta_m = " << Wg::kCtaM
+                             << ", cta_k = 32 or 64 (one 64- or 128-byte swizzle row), threads = " << Wg::kThreads
                              << " (a producer and two consumer warpgroups), got " << config;
+  int64_t ctaK = config.getCtaK();
+  if (dModel % ctaK != 0)
+    return op->emitOpError() << "config: mainloop wgmma needs d_model % cta_k == 0 (whole K steps of "
+                             << ctaK << "), got d_model " << dModel;
   int64_t stages = config.getStages();
-  int64_t maxStages = Wg::maxStages(tileN);
+  int64_t maxStages = Wg::maxStages(tileN, ctaK);
   if (stages < Wg::kMinStages || stages > maxStages)
     return op->emitOpError() << "config: mainloop wgmma needs a TMA ring of " << Wg::kMinStages << " to "
-                             << maxStages << " stages at tile_n = " << tileN << " (at most "
-                             << Wg::kMaxSharedBytes << " bytes of shared memory), got stages = " << stages;
+                             << maxStages << " stages at tile_n = " << tileN << ", cta_k = " << ctaK
+                             << " (at most " << Wg::kMaxSharedBytes
+                             << " bytes of shared memory), got stages = " << stages;
+  if (!Wg::clusterMAllowed(config.getClusterM()))
+    return op->emitOpError() << "config: mainloop wgmma shares the w_gate tile across cluster_m = 1 or 2 CTAs, got "
+                             << "cluster_m = " << config.getClusterM();
+  if (config.getClusterM() > 1 && target && !target.hasFeature(Feature::Multicast))
+    return op->emitOpError() << "config: cluster_m = " << config.getClusterM()
+                             << " multicasts the w_gate tile: it needs a target with feature multicast, got "
+                             << target;
   return success();
 }
 
@@ -285,6 +294,9 @@ LogicalResult verifyConsumer(Operation* op, ShapeChecker& check, DownLayout down
     if (config.getCtaK() != 0)
       return emitOpError() << "config: the " << kernel << " kernel has no K loop, cta_k must be omitted, "
                               "got "
+                           << config;
+    if (config.getClusterM() != 1)
+      return emitOpError() << "config: the " << kernel << " kernel runs no clusters, cluster_m must be omitted, got "
                            << config;
     using Down = GatedDownKernelConstraints;
     const int64_t warps = config.getThreads() / 32;
@@ -339,7 +351,7 @@ LogicalResult verifyConsumer(Operation* op, ShapeChecker& check, DownLayout down
                              << target;
       if (!WgmmaGateConstraints::allowed(check.dModel(), check.layout().getTileN()))
         return emitOpError() << "config: mainloop wgmma (the gate's) needs d_model % "
-                             << WgmmaGateConstraints::kDModelMultiple
+                             << WgmmaGateConstraints::kMinCtaK
                              << " == 0 and tile_n 64, 128 or 256, got d_model " << check.dModel()
                              << ", tile_n " << check.layout().getTileN();
     }
@@ -378,6 +390,10 @@ LogicalResult GateMatmulOp::verify() {
     return failure();
   if (ConfigAttr config = getConfigAttr()) {
     int64_t tileN = check.layout().getTileN();
+    if (config.getMainloop() != Mainloop::Wgmma && config.getClusterM() != 1)
+      return emitOpError() << "config: only mainloop wgmma runs in clusters (TMA multicast), cluster_m must be 1 "
+                              "(omitted), got "
+                           << config;
     if (config.getMainloop() == Mainloop::Wgmma) {
       if (failed(verifyWgmmaGateConfig(*this, config, getTargetAttr(), check.dModel(), tileN)))
         return failure();

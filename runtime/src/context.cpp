@@ -97,6 +97,21 @@ std::shared_ptr<LoadedKernel> Context::Impl::load(const compiler::KernelSource& 
     if (k->ctas_per_sm < 1)
       throw Error(ErrorCode::Cuda, fmt::format("{}: no CTA of {} threads and {} bytes of shared memory fits on an SM",
                                                         source.name, source.threads, source.smem_bytes));
+    if (source.cluster_m > 1) {
+      // The cluster size is compiled in (__cluster_dims__); the query takes it from the kernel.
+      CUlaunchConfig config{};
+      config.gridDimX = static_cast<unsigned>(source.cluster_m * sm_count);
+      config.gridDimY = config.gridDimZ = 1;
+      config.blockDimX = static_cast<unsigned>(source.threads);
+      config.blockDimY = config.blockDimZ = 1;
+      config.sharedMemBytes = static_cast<unsigned>(source.smem_bytes);
+      detail::check(d.cuOccupancyMaxActiveClusters(&k->resident_clusters, k->function, &config),
+                    fmt::format("cuOccupancyMaxActiveClusters({})", source.name).c_str());
+      if (k->resident_clusters < 1)
+        throw Error(ErrorCode::Cuda, fmt::format("{}: no cluster of {} CTAs of {} threads and {} bytes of shared memory "
+                                                 "fits on this GPU",
+                                                 source.name, source.cluster_m, source.threads, source.smem_bytes));
+    }
     k->report.load_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   return k;
@@ -131,6 +146,7 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const compiler::KernelSourc
   k->report.arch = arch;
   k->report.threads = source.threads;
   k->report.cta_m = source.cta_m;
+  k->report.cluster_m = source.cluster_m;
   k->report.grid_y = source.grid_y;
   k->report.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - compile_ms;
   return k;

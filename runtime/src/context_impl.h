@@ -21,6 +21,10 @@ struct LoadedKernel {
   CUmodule module = nullptr;
   CUfunction function = nullptr;
   int ctas_per_sm = 1;  // CTAs of this kernel resident on one SM at once (the persistent grid's size)
+  // source.cluster_m > 1: the clusters of this kernel resident on the GPU at once (the persistent
+  // grid is that many clusters; a cluster's CTAs must share a GPC, so this can be less than
+  // SMs * ctas_per_sm / cluster_m).
+  int resident_clusters = 0;
   KernelReport report;
   ~LoadedKernel();
 };

@@ -38,6 +38,7 @@ namespace twell::detail {
   X(cuModuleGetFunction)                                                                             \
   X(cuFuncSetAttribute)                                                                              \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                                                     \
+  X(cuOccupancyMaxActiveClusters)                                                                    \
   X(cuLaunchKernel)                                                                                  \
   X(cuMemAlloc)                                                                                      \
   X(cuMemFree)                                                                                       \

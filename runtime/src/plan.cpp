@@ -218,21 +218,26 @@ void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t, bool g
 }
 
 // The TMA map of a row-major [rows, cols] 16-bit matrix with row stride `ld` elements, read in boxes of
-// box_rows x 64 columns (one 128-byte swizzle row each; gate_twell_wgmma.cuh): out-of-bounds elements
-// arrive as zeros (CUDA driver API, cuTensorMapEncodeTiled). check_operand_alignment has checked the
-// 16-byte alignment of the base and of the stride that the driver requires.
+// box_rows x box_cols (the gate's cta_k: 64 columns = one 128-byte swizzle row, 32 = one 64-byte row;
+// gate_twell_wgmma.cuh): out-of-bounds elements arrive as zeros (CUDA driver API,
+// cuTensorMapEncodeTiled). check_operand_alignment has checked the 16-byte alignment of the base and of
+// the stride that the driver requires.
 void encode_tma_map(device::TmaDescriptor& map, DType dtype, const void* base, int64_t rows, int64_t cols, int64_t ld,
-                    int box_rows, const char* what) {
+                    int box_rows, int box_cols, const char* what) {
   static_assert(sizeof(CUtensorMap) == sizeof(device::TmaDescriptor) && alignof(CUtensorMap) <= alignof(device::TmaDescriptor));
+  if (box_cols != 32 && box_cols != 64)
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("{}: the gate kernel's K step (cta_k) must be 32 or 64 for TMA, got {}", what, box_cols));
   const detail::Driver& d = detail::Driver::get();
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
-  const cuuint32_t box[2] = {64, static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t element_strides[2] = {1, 1};
   detail::check(d.cuTensorMapEncodeTiled(reinterpret_cast<CUtensorMap*>(&map),
                                          dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
                                          const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                                         box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
                 what);
 }
 
@@ -441,13 +446,20 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages 
     unsigned grid_x = static_cast<unsigned>((tokens + src.cta_m - 1) / src.cta_m);
     unsigned grid_y = static_cast<unsigned>(src.grid_y);
     if (src.tma_persistent) {
-      encode_tma_map(gate.x_map, s.dtype, gate.x, tokens, s.d_model, gate.ldx, src.cta_m, "FfnPlan::run: cuTensorMapEncodeTiled(x)");
-      encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n,
+      encode_tma_map(gate.x_map, s.dtype, gate.x, tokens, s.d_model, gate.ldx, src.cta_m, src.cta_k, "FfnPlan::run: cuTensorMapEncodeTiled(x)");
+      // A cluster's CTAs each load tile_n / cluster_m rows of the w_gate tile and multicast them.
+      encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n / src.cluster_m, src.cta_k,
                      "FfnPlan::run: cuTensorMapEncodeTiled(w_gate)");
     }
     if (src.kind == compiler::KernelKind::GatedDown && src.persistent)  // the warps claim rows from 0
       detail::check(d.cuMemsetD32Async(p.counter->get() + 4, 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(row counter)");
-    if (src.persistent) {
+    if (src.persistent && src.cluster_m > 1) {
+      // Work items of a cluster: cluster_m consecutive m-blocks times the d_ff tiles
+      // (gate_twell_wgmma.cuh); as many clusters as are resident at once, at most one per item.
+      const int64_t items = (int64_t{grid_x} + src.cluster_m - 1) / src.cluster_m * grid_y;
+      grid_x = static_cast<unsigned>(src.cluster_m * std::min<int64_t>(items, k->resident_clusters));
+      grid_y = 1;
+    } else if (src.persistent) {
       const int64_t tiles = int64_t{grid_x} * grid_y;
       grid_x = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{p.context->sm_count} * k->ctas_per_sm));
       grid_y = 1;

@@ -183,6 +183,13 @@ TEST(GpuFfn, LayoutsDtypesActivations) {
   expect_good(run_and_compare(make_random_ffn(s, 100, 0.05, 4)), "fp16 d_model 512");
   s.tile_n = 128;
   expect_good(run_and_compare(make_random_ffn(s, 100, 0.05, 4)), "fp16 d_model 512 tile_n 128");
+  // d_model % 64 != 0 but % 32 == 0: the wgmma gate at cta_k 32 (64-byte swizzle rows) on sm_90a,
+  // whole K steps (no TMA-filled K tail).
+  s.d_model = 544;
+  expect_good(run_and_compare(make_random_ffn(s, 300, 0.05, 8)), "fp16 d_model 544 tile_n 128");
+  s = odd_spec();
+  s.d_model = 544;
+  expect_good(run_and_compare(make_random_ffn(s, 1000, 0.02, 9)), "d_model 544");
   s = odd_spec();
   s.d_model = 2568;  // > 2048: the CTA-per-row consumer after the tensor-core gate
   expect_good(run_and_compare(make_random_ffn(s, 60, 0.05, 7)), "d_model 2568");
@@ -193,6 +200,43 @@ TEST(GpuFfn, LayoutsDtypesActivations) {
   s = odd_spec();
   s.threshold = 0.05f;
   expect_good(run_and_compare(make_random_ffn(s, 100, 0.1, 6)), "relu threshold 0.05");
+}
+
+// The sm_90a gate in clusters of 2 CTAs multicasting the w_gate tile (the default there) against the
+// same kernel without clusters: the same k16 chain, so the same bits of y and of the TwELL matrix,
+// and both against the CPU reference. Odd numbers of 128-row blocks leave the last cluster's second
+// CTA without rows (it still multicasts its half of the tile); d_model 544 takes cta_k 32.
+TEST(GpuFfn, ClusteredGateMatchesUnclustered) {
+  if (context().target().arch() != "sm_90a")
+    GTEST_SKIP() << "the clustered wgmma gate needs sm_90a, this context targets " << context().target().arch();
+  struct Case {
+    int64_t d_model, m;
+    int tile_n;
+  };
+  for (const Case& c : {Case{512, 1, 256}, Case{512, 129, 256}, Case{512, 1000, 256}, Case{2048, 3333, 256},
+                        Case{544, 700, 128}, Case{512, 515, 64}}) {
+    FfnSpec s = odd_spec();
+    s.d_model = c.d_model;
+    s.tile_n = c.tile_n;
+    s.slots = c.tile_n / 8 - 1;
+    const auto f = make_random_ffn(s, c.m, 0.02, static_cast<uint32_t>(c.m * 7 + c.d_model));
+    std::vector<uint16_t> y[2];
+    for (int cluster : {1, 2}) {
+      RandomFfn g = f;
+      g.spec.gate_cluster_m = cluster;
+      int gate_cluster = 0;
+      for (const KernelReport& k : context().plan(g.spec, c.m, sparse()).kernels())
+        if (k.kind == "gate_twell") gate_cluster = k.cluster_m;
+      EXPECT_EQ(gate_cluster, cluster);
+      const std::string what = fmt::format("d_model {}, M {}, tile_n {}, cluster_m {}", c.d_model, c.m, c.tile_n, cluster);
+      const Outcome o = run_and_compare(g, sparse(), false);
+      EXPECT_LT(o.err_twell, 1e-2) << what;
+      EXPECT_EQ(o.unwritten, 0u) << what;
+      EXPECT_TRUE(o.deterministic) << what;
+      y[cluster - 1] = o.y;
+    }
+    EXPECT_TRUE(y[0] == y[1]) << "d_model " << c.d_model << ", M " << c.m << ": y differs between cluster_m 1 and 2";
+  }
 }
 
 TEST(GpuFfn, PortableFeatureSetOnThisDevice) {

@@ -97,9 +97,9 @@ bool contains(const std::string& text, const std::string& part) { return text.fi
 
 }  // namespace
 
-// The gate kernel's main loop: on sm_90a, wgmma (TMA + wgmma, 384 threads, cta_m 128, cta_k 64, the
-// deepest ring of at most 6 stages of (128 + tile_n) * 128 bytes that fits 227 KiB beside the staging
-// area) wherever d_model % 64 == 0 and tile_n is 64, 128 or 256. Elsewhere, and on the other targets, mma_sync (tensor cores)
+// The gate kernel's main loop: on sm_90a, wgmma (TMA + wgmma, 384 threads, cta_m 128, cta_k 64 where
+// d_model % 64 == 0 else 32, the deepest ring of at most 6 stages of (128 + tile_n) * cta_k * 2 bytes
+// that fits 227 KiB beside the staging area) wherever d_model % 32 == 0 and tile_n is 64, 128 or 256. Elsewhere, and on the other targets, mma_sync (tensor cores)
 // wherever d_model % 8 == 0 and 64 <= tile_n <= 1024, with cta_m = min(128, 32768 / tile_n), cta_k = 32, the deepest pipeline of 4, 3, 2
 // stages whose max(stages * (cta_m + tile_n) * 80, cta_m * tile_n * 2) bytes fit 200 KiB; fma otherwise.
 TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
@@ -115,6 +115,8 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
       {4096, 512, 64, 4},    // 4 * 46080 = 184320 bytes
       {4096, 1024, 32, 2},   // 3 * 84480 = 253440 would not fit
       {520, 256, 128, 4},    // 520 % 8 == 0
+      {544, 256, 128, 4},    // 544 % 32 == 0: wgmma at cta_k 32 on sm_90a
+      {544, 128, 128, 4},
       {514, 256, 64, 0},     // 514 % 8 != 0: fma, cta_m = 16384 / tile_n
       {2048, 32, 512, 0},    // tile_n 32: fma
       {514, 1024, 16, 0},
@@ -129,7 +131,7 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
       ASSERT_EQ(gate.kind, compiler::KernelKind::GateTwell);
       ASSERT_EQ(down.kind, compiler::KernelKind::GatedDown);
       const bool mma = c.stages > 0;
-      const bool wgmma = mma && target.arch_specific && c.d_model % 64 == 0 &&
+      const bool wgmma = mma && target.arch_specific && c.d_model % 32 == 0 &&
                          (c.tile_n == 64 || c.tile_n == 128 || c.tile_n == 256);
       // The warp-per-row consumer keeps each warp's x row in dynamic shared memory.
       EXPECT_EQ(down.smem_bytes, down.cta_m == 8 ? 8 * ((c.d_model + 255) / 256 * 256) * 2 : 0);
@@ -139,20 +141,23 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
       // rows: persistent; the CTA-per-row one is not.
       EXPECT_EQ(down.persistent, down.cta_m == 8);
       if (wgmma) {
-        const int stages = c.tile_n == 256 ? 3 : c.tile_n == 128 ? 5 : 6;
+        const int cta_k = c.d_model % 64 == 0 ? 64 : 32;
+        const int stages = cta_k == 32 ? 6 : c.tile_n == 256 ? 3 : c.tile_n == 128 ? 5 : 6;
         EXPECT_EQ(gate.cta_m, 128);
+        EXPECT_EQ(gate.cta_k, cta_k);
+        EXPECT_EQ(gate.cluster_m, 2);  // sm_90a has multicast
         EXPECT_EQ(gate.threads, 384);
-        EXPECT_EQ(gate.smem_bytes, stages * ((128 + c.tile_n) * 128 + 16) + 128 * (c.tile_n + 8) * 2 + 1024 + 32);
+        EXPECT_EQ(gate.smem_bytes, stages * ((128 + c.tile_n) * cta_k * 2 + 16) + 128 * (c.tile_n + 8) * 2 + 1024 + 32);
         EXPECT_LE(gate.smem_bytes, 227 * 1024);
         EXPECT_EQ(gate.operand_alignment, 8);
         EXPECT_EQ(down.operand_alignment, 2);
-        EXPECT_TRUE(contains(gate.source, "static constexpr int cta_k = 64;\n")) << gate.source;
+        EXPECT_TRUE(contains(gate.source, fmt::format("static constexpr int cta_k = {};\n", cta_k))) << gate.source;
         EXPECT_TRUE(contains(gate.source, "static constexpr int mainloop = 2;")) << gate.source;
         EXPECT_TRUE(contains(gate.source, "__launch_bounds__(384, 1)")) << gate.source;
         EXPECT_TRUE(contains(gate.source, "const __grid_constant__ twell::device::GateParams p")) << gate.source;
         EXPECT_TRUE(contains(gate.source, fmt::format("static constexpr int stages = {};", stages))) << gate.source;
         EXPECT_TRUE(contains(down.source, "static constexpr int gate_mainloop = 2;")) << down.source;
-        EXPECT_TRUE(contains(down.source, "static constexpr int gate_cta_k = 64;\n")) << down.source;
+        EXPECT_TRUE(contains(down.source, fmt::format("static constexpr int gate_cta_k = {};\n", cta_k))) << down.source;
         EXPECT_TRUE(contains(gen.ir, "mainloop = wgmma")) << gen.ir;
         continue;
       }
@@ -190,7 +195,7 @@ TEST(Generator, SelectsTheTensorCoreMainLoopWhereAllowed) {
 }
 
 // The paper's shape, exactly: on sm_90a the wgmma kernel with 3 TMA stages of (128 + 256) * 128 bytes and
-// the epilogue's 128 x (256 + 8) staging area.
+// the epilogue's 128 x (256 + 8) staging area, in clusters of 2 CTAs sharing the w_gate tile.
 TEST(Generator, PaperShapeUsesFourTmaStagesOfWgmmaOnSm90a) {
   const auto gen = compiler::generateFfn(shape(2048, 5632, 256, 31), Target{90, true});
   EXPECT_EQ(gen.kernels[0].cta_m, 128);
@@ -200,7 +205,11 @@ TEST(Generator, PaperShapeUsesFourTmaStagesOfWgmmaOnSm90a) {
   EXPECT_EQ(gen.kernels[0].smem_bytes, 3 * (49152 + 16) + 128 * 264 * 2 + 1024 + 32);
   EXPECT_EQ(gen.kernels[0].operand_alignment, 8);
   EXPECT_EQ(gen.kernels[1].operand_alignment, 2);
-  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3>"))
+  EXPECT_EQ(gen.kernels[0].cta_k, 64);
+  EXPECT_EQ(gen.kernels[0].cluster_m, 2);
+  EXPECT_TRUE(contains(gen.kernels[0].source, "__cluster_dims__(2, 1, 1)")) << gen.kernels[0].source;
+  EXPECT_EQ(gen.kernels[1].cluster_m, 1);
+  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3, cluster_m = 2>"))
       << gen.ir;
   EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 1, threads = 256, mainloop = wgmma>")) << gen.ir;
 }
@@ -372,6 +381,26 @@ TEST(Generator, IllegalSpecsNameTheField) {
   s.slots = 31;
   s.threshold = -0.5f;
   EXPECT_NE(message(s).find("threshold"), std::string::npos) << message(s);
+  s.threshold = 0.0f;
+  s.gate_cluster_m = 3;
+  EXPECT_NE(message(s).find("spec.gate_cluster_m: expected 1 or 2"), std::string::npos) << message(s);
+}
+
+// spec.gate_cluster_m picks the sm_90a gate's cluster (unset: 2); the other main loops run none.
+TEST(Generator, GateClusterFollowsTheSpec) {
+  FfnSpec s;
+  s.d_model = 512;
+  s.d_ff = 1408;
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels[0].cluster_m, 2);
+  s.gate_cluster_m = 1;
+  const auto one = compiler::generateFfn(s, Target{90, true});
+  EXPECT_EQ(one.kernels[0].cluster_m, 1);
+  EXPECT_FALSE(contains(one.kernels[0].source, "__cluster_dims__")) << one.kernels[0].source;
+  s.gate_cluster_m = 2;
+  const auto two = compiler::generateFfn(s, Target{90, true});
+  EXPECT_TRUE(contains(two.kernels[0].source, "__cluster_dims__(2, 1, 1)")) << two.kernels[0].source;
+  EXPECT_NE(one.kernels[0].name, two.kernels[0].name);
+  EXPECT_EQ(compiler::generateFfn(s, Target{80, false}).kernels[0].cluster_m, 1);
 }
 
 TEST(Generator, FromMlirReportsParseErrorsWithLocation) {

@@ -26,7 +26,8 @@ const char* kEmitHelp =
     "  shape options: --tile-n T --slots S --threshold t --activation relu|silu --dtype bf16|f16\n"
     "                 --down-layout out_in|in_out\n"
     "                 --non-gated   y = act(x Wg^T) Wd^T (twell.ffn: no up projection)\n"
-    "                 --consumer rows|block   the consumer variant (block: the token block, gated, in_out)\n";
+    "                 --consumer rows|block   the consumer variant (block: the token block, gated, in_out)\n"
+    "                 --cluster-m 1|2   CTAs per cluster of the sm_90a gate (TMA multicast of w_gate; default 2)\n";
 
 twell::Target parse_target(const std::string& s) {
   // sm_<major><minor>[a]; the generator then checks that NVRTC can build for it.
@@ -41,7 +42,8 @@ twell::Target parse_target(const std::string& s) {
 }
 
 const std::vector<std::string> kShapeOptions = {"d-model", "d-ff",  "tile-n",      "slots",    "threshold",
-                                                "activation", "dtype", "down-layout", "non-gated", "consumer"};
+                                                "activation", "dtype", "down-layout", "non-gated", "consumer",
+                                                "cluster-m"};
 
 }  // namespace
 
@@ -49,7 +51,7 @@ int emit_command(const std::vector<std::string>& argv) {
   try {
     const Args args = parse_args(argv, {"help", "non-gated"},
                                  {"emit", "target", "out", "d-model", "d-ff", "tile-n", "slots", "threshold", "activation",
-                                  "dtype", "down-layout", "consumer"});
+                                  "dtype", "down-layout", "consumer", "cluster-m"});
     if (args.has("help")) {
       std::fputs(kEmitHelp, stdout);
       return 0;
@@ -93,6 +95,7 @@ int emit_command(const std::vector<std::string>& argv) {
           throw std::invalid_argument(fmt::format("--consumer: expected rows or block, got '{}'", consumer));
         spec.consumer = consumer == "rows" ? twell::ConsumerVariant::RowGather : twell::ConsumerVariant::TokenBlock;
       }
+      if (args.has("cluster-m")) spec.gate_cluster_m = static_cast<int>(args.get_int("cluster-m", 2, 1, 2));
       gen = twell::compiler::generateFfn(spec, target);
     } else {
       throw std::invalid_argument(fmt::format("expected at most one FILE.mlir, got {}", args.positional.size()));

@@ -46,6 +46,7 @@ struct KernelReport {
   size_t cubin_bytes = 0;
   std::string arch;       // "sm_90a"
   int threads = 0, cta_m = 0, grid_y = 0;
+  int cluster_m = 1;      // CTAs per thread-block cluster (the sm_90a gate multicasting w_gate: 2)
 };
 
 // Device pointers of one FFN call. Element type spec.dtype; row strides in elements (0 = dense:

@@ -66,6 +66,10 @@ struct FfnSpec {
   // bucket and keeps the faster (FfnPlan::run), one with Dispatch::Sparse runs RowGather (so that
   // two such plans give the same bits: the variants round h differently).
   std::optional<ConsumerVariant> consumer;
+  // The wgmma gate kernel's (sm_90a) thread-block cluster: 1 or 2 CTAs of neighbouring token blocks
+  // sharing each w_gate tile through TMA multicast (#twell.config cluster_m). Unset: the generator
+  // chooses (2 on sm_90a). Other main loops run no clusters and ignore it.
+  std::optional<int> gate_cluster_m;
 };
 
 // The GPU feature set kernels are generated for. sm_90a enables the Hopper-only features (wgmma, TMA,

@@ -426,6 +426,57 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 
 // -----
 
+// expected-error @+1 {{cluster_m must be between 1 and 8 (1 or omitted: no cluster), got 0}}
+func.func private @f() attributes {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3, cluster_m = 0>}
+
+// -----
+
+// Clusters: the wgmma gate shares its w_gate tile across 1 or 2 CTAs.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma shares the w_gate tile across cluster_m = 1 or 2 CTAs, got cluster_m = 4}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3, cluster_m = 4>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// Clusters multicast: only on a target with the multicast feature.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: cluster_m = 2 multicasts the w_gate tile: it needs a target with feature multicast, got #twell.target<"sm_90a", [wgmma, tma]>}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3, cluster_m = 2>,
+                                  target = #twell.target<"sm_90a", [wgmma, tma]>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// Clusters: the wgmma gate only.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: only mainloop wgmma runs in clusters (TMA multicast), cluster_m must be 1 (omitted), got #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4, cluster_m = 2>}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4, cluster_m = 2>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// Clusters: not the consumers.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
+             %wd: tensor<2048x5632xbf16>) {
+  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel runs no clusters, cluster_m must be omitted, got #twell.config<cta_m = 1, threads = 256, mainloop = wgmma, cluster_m = 2>}}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma, cluster_m = 2>}
+      : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
 // mainloop wgmma: only on a target with the wgmma and tma features.
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
@@ -452,7 +503,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 // mainloop wgmma: whole K steps.
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x514xbf16>, %wg: tensor<5632x514xbf16>) {
-  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs d_model % 64 == 0 (whole K steps of 64), got d_model 514}}
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs d_model % cta_k == 0 (whole K steps of 64), got d_model 514}}
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}
       : (tensor<?x514xbf16>, tensor<5632x514xbf16>) -> tensor<?x5632xbf16, #L>
   return
@@ -463,7 +514,7 @@ func.func @f(%x: tensor<?x514xbf16>, %wg: tensor<5632x514xbf16>) {
 // mainloop wgmma: fixed CTA shape.
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
-  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs cta_m = 128, cta_k = 64, threads = 384 (a producer and two consumer warpgroups), got #twell.config<cta_m = 64, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}}
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs cta_m = 128, cta_k = 32 or 64 (one 64- or 128-byte swizzle row), threads = 384 (a producer and two consumer warpgroups), got #twell.config<cta_m = 64, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}}
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
@@ -474,8 +525,30 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 // mainloop wgmma: the ring must fit shared memory (3 stages of 48 KiB and 66 KiB of staging at tile_n 256).
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
-  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a TMA ring of 2 to 3 stages at tile_n = 256 (at most 232448 bytes of shared memory), got stages = 4}}
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a TMA ring of 2 to 3 stages at tile_n = 256, cta_k = 64 (at most 232448 bytes of shared memory), got stages = 4}}
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// mainloop wgmma at cta_k 32 (64-byte swizzle rows): 24 KiB stages, at most 6 at tile_n 256.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a TMA ring of 2 to 6 stages at tile_n = 256, cta_k = 32 (at most 232448 bytes of shared memory), got stages = 7}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 384, mainloop = wgmma, stages = 7>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
+  return
+}
+
+// -----
+
+// mainloop wgmma: only the 64- and 128-byte swizzle rows.
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs cta_m = 128, cta_k = 32 or 64 (one 64- or 128-byte swizzle row), threads = 384 (a producer and two consumer warpgroups), got #twell.config<cta_m = 128, cta_k = 16, threads = 384, mainloop = wgmma, stages = 4>}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 16, threads = 384, mainloop = wgmma, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }
@@ -884,7 +957,7 @@ func.func @f(%x: tensor<?x514xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<56
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x520xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x520xbf16>,
              %wd: tensor<520x5632xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op config: mainloop wgmma (the gate's) needs d_model % 64 == 0 and tile_n 64, 128 or 256, got d_model 520, tile_n 256}}
+  // expected-error @+1 {{'twell.gated_down' op config: mainloop wgmma (the gate's) needs d_model % 32 == 0 and tile_n 64, 128 or 256, got d_model 520, tile_n 256}}
   %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>}
       : (tensor<?x520xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x520xbf16>, tensor<520x5632xbf16>) -> tensor<?x520xbf16>
   return

@@ -1,7 +1,10 @@
 // RUN: twell-opt %s -twell-select-config | FileCheck %s
 // RUN: twell-opt %s -twell-select-config=target=sm_80 | FileCheck %s --check-prefix=SM80
 // RUN: not twell-opt %s -twell-select-config=target=volta 2>&1 | FileCheck %s --check-prefix=BAD
+// RUN: twell-opt %s -twell-select-config=cluster-m=1 | FileCheck %s --check-prefix=C1
+// RUN: not twell-opt %s -twell-select-config=cluster-m=3 2>&1 | FileCheck %s --check-prefix=BADC
 
+// BADC: error: twell-select-config: cluster-m: expected 1 or 2 (or 0: the heuristic's), got 3
 // BAD: error: twell-select-config: target: arch must be of the form sm_<major><minor>[a] (e.g. "sm_90a"), got "volta"
 
 #L256 = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
@@ -9,14 +12,18 @@
 #L32 = #twell.layout<tile_n = 32, slots = 7, value = bf16, index = i16, activation = relu, threshold = 0.0>
 #L1024 = #twell.layout<tile_n = 1024, slots = 127, value = bf16, index = i16, activation = relu, threshold = 0.0>
 
-// Gate kernel: on sm_90a (features wgmma, tma) the wgmma main loop wherever it is allowed (d_model % 64 ==
-// 0, tile_n 64, 128 or 256): cta_m 128, cta_k 64, 384 threads, the deepest TMA ring (at most 6 stages)
-// that fits 227 KiB beside the epilogue's staging area. Else the mma_sync main loop wherever allowed (d_model % 8 == 0, 64 <= tile_n <=
+// Gate kernel: on sm_90a (features wgmma, tma) the wgmma main loop wherever it is allowed (d_model %
+// 32 == 0, tile_n 64, 128 or 256): cta_m 128, cta_k 64 (32 where d_model % 64 != 0), 384 threads, the
+// deepest TMA ring (at most 6 stages) that fits 227 KiB beside the epilogue's staging area, clusters of 2
+// CTAs multicasting the w_gate tile where the target has multicast. Else the mma_sync main loop wherever allowed (d_model % 8 == 0, 64 <= tile_n <=
 // 1024), on every target: cta_m = min(128, 32768 / tile_n), cta_k = 32, 512 threads, the deepest cp.async
 // pipeline (4, 3 or 2 stages) whose shared memory fits 200 KiB. Consumer: one row per CTA, 256 threads,
 // the main loop of its gate kernel.
+// cluster-m=1: the wgmma gate without clusters (cluster_m omitted: 1).
+// C1-LABEL: func.func @heuristic
+// C1: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3>, target
 // CHECK-LABEL: func.func @heuristic
-// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
+// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3, cluster_m = 2>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
 // CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
 // SM80-LABEL: func.func @heuristic
 // SM80: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
@@ -34,7 +41,7 @@ func.func @heuristic(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: 
 // tile_n = 128: wgmma with 5 stages of (128 + 128) * 128 bytes (sm_90a); mma_sync with cta_m = 128, 4
 // stages of (128 + 128) * 80 bytes (sm_80).
 // CHECK-LABEL: func.func @tile_128
-// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 5>
+// CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 5, cluster_m = 2>
 func.func @tile_128(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L128> {
   %h = twell.gate_matmul %x, %wg
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L128>

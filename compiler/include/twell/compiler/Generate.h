@@ -27,6 +27,12 @@ struct KernelSource {
   std::string source;  // CUDA C++; includes only "twell/device/*.cuh" (embedded in the runtime)
   int threads = 0;     // threads per CTA
   int cta_m = 0;       // token rows per CTA: grid.x = ceil(tokens / cta_m) (persistent: at most that)
+  int cta_k = 0;       // the K step of a GateTwell kernel (0: no K loop)
+  // CTAs per thread-block cluster (compiled in with __cluster_dims__): a tma_persistent kernel's
+  // clusters share the w_gate tile, whose TMA box is then {cta_k, tile_n / cluster_m}; grid.x must be
+  // a multiple of it, and the launcher sizes a persistent grid by the clusters resident at once
+  // (cuOccupancyMaxActiveClusters). 1: no cluster.
+  int cluster_m = 1;
   int grid_y = 1;      // grid.y (the number of N tiles for GateTwell)
   int smem_bytes = 0;  // dynamic shared memory per CTA; when > 0 the launcher must first set the
                        // kernel's CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES to it (the kernel
@@ -37,8 +43,9 @@ struct KernelSource {
   // GatedDown kernel after one (its overflow recompute reads 4-byte pairs), 1 otherwise.
   int operand_alignment = 1;
   // A GateTwell kernel with the wgmma main loop: it reads x and w_gate through the TMA maps of
-  // GateParams (x_map, w_map: box {64, cta_m} and {64, tile_n}, 128-byte swizzle), which the launcher
-  // encodes. It is also `persistent`.
+  // GateParams (x_map, w_map: box {cta_k, cta_m} and {cta_k, tile_n}, swizzled by the box row of
+  // cta_k 16-bit values: 128 bytes at cta_k 64, 64 at cta_k 32), which the launcher encodes. It is also
+  // `persistent`.
   bool tma_persistent = false;
   // A persistent kernel (the wgmma gate, the warp-per-row consumer): its CTAs loop over the work, so
   // the launcher starts min(ceil(tokens / cta_m) * grid_y, SMs x the CTAs resident per SM) CTAs on

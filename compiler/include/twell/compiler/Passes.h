@@ -15,7 +15,9 @@ namespace mlir::twell {
 // Adds, nested on every func.func of the module `pm` runs on: twell-split-gated-ffn,
 // twell-select-config{target=arch} and twell-specialize. After it every kernel op is explicit and
 // named, ready for emitCudaKernels (EmitCuda.h). `pm` must be anchored on builtin.module.
-void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::StringRef consumer = "rows");
+// `clusterM`: the wgmma gate's cluster_m (0: the heuristic's).
+void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::StringRef consumer = "rows",
+                              int64_t clusterM = 0);
 
 #define GEN_PASS_REGISTRATION
 #include "twell/compiler/Passes.h.inc"

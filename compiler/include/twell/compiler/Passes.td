@@ -40,7 +40,10 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
     256 threads and the mainloop of the gate kernel producing its h (a gate kernel without a config
     whose consumer has one follows that config's mainloop where allowed). With `consumer=block` the
     consumer takes 16 token rows per CTA on tensor cores (cta_m = 16, 256 threads, the deepest cp.async
-    ring of 6..3 stages that fits the target's shared memory) where the shape allows it.
+    ring of 6..3 stages that fits the target's shared memory) where the shape allows it. The wgmma
+    gate (sm_90a: wgmma, tma) takes cta_k 64 (32 where d_model % 64 != 0), the deepest TMA ring that
+    fits beside its staging area and `cluster-m` CTAs per cluster (default: 2 where the target has
+    multicast).
   }];
   let options = [
     Option<"target", "target", "std::string", /*default=*/"\"sm_90a\"",
@@ -48,6 +51,9 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
     Option<"consumer", "consumer", "std::string", /*default=*/"\"rows\"",
            "gated consumer variant: rows (one token row per warp or CTA) or block (16 rows on tensor cores, "
            "where the shape allows it)">,
+    Option<"clusterM", "cluster-m", "int64_t", /*default=*/"0",
+           "the wgmma gate's CTAs per cluster sharing the w_gate tile by TMA multicast: 1 or 2; 0 = 2 where "
+           "the target has multicast, else 1">,
   ];
   let dependentDialects = ["::mlir::twell::TwellDialect"];
 }

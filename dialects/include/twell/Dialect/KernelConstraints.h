@@ -130,51 +130,63 @@ static_assert(MmaSyncGateConstraints::ctaM(1024) == 32 && MmaSyncGateConstraints
 // Gate GEMM with the TwELL epilogue, main loop `wgmma` (#twell.config mainloop = wgmma; sm_90a with the
 // wgmma and tma features): a persistent, warp-specialized kernel of 384 threads, one producer warpgroup
 // issuing TMA loads and two consumer warpgroups of 64 rows each issuing wgmma m64nNk16 with N =
-// tile_n (so tile_n is 64, 128 or 256). K is consumed 64 values (one 128-byte swizzle row) at a time
-// through a `stages`-deep ring of (cta_m + tile_n) x 128-byte stages in dynamic shared memory, plus the
+// tile_n (so tile_n is 64, 128 or 256). K is consumed cta_k values at a time, one swizzle row of the
+// stage: cta_k 64 = 128-byte rows (128-byte swizzle), cta_k 32 = 64-byte rows (64-byte swizzle; half
+// the stage, so twice the stages in the same shared memory: a deeper prefetch). The ring holds
+// `stages` stages of (cta_m + tile_n) x cta_k 16-bit values in dynamic shared memory, beside the
 // epilogue's staging area (cta_m rows of tile_n + 8 16-bit values), 16 bytes of mbarriers per stage, 32
-// for the epilogue's and 1 KiB to align the ring. TMA needs 16-byte aligned rows, and d_model must be a multiple of the K step:
-// with a partial last K box (TMA zero-filling its tail) the f16 kernel returned wrong, run-to-run
-// different sums on the H200 (bench/README.md v9; not understood yet), so shapes with a K tail take the
-// mma_sync main loop.
+// for the epilogue's and 1 KiB to align the ring. TMA needs 16-byte aligned rows, and d_model must be a
+// multiple of the K step: with a partial last K box (TMA zero-filling its tail) the f16 kernel
+// returned wrong, run-to-run different sums on the H200 (bench/README.md v9; not understood yet), so
+// shapes with a K tail take the mma_sync main loop.
 struct WgmmaGateConstraints {
   static constexpr int64_t kCtaM = 128;
-  static constexpr int64_t kCtaK = 64;
+  static constexpr int64_t kDefaultCtaK = 64;
+  static constexpr int64_t kMinCtaK = 32;
+  static constexpr int64_t kDefaultClusterM = 2;  // where the target multicasts (bench/README.md v20)
   static constexpr int64_t kThreads = 384;
-  static constexpr int64_t kDModelMultiple = 64;    // the K step
   static constexpr int64_t kOperandAlignment = 8;  // elements (16 bytes)
   static constexpr int64_t kMinStages = 2;
   static constexpr int64_t kMaxStages = 6;
   static constexpr int64_t kMaxSharedBytes = 227 * 1024;  // the sm_90 per-CTA opt-in limit
 
   static constexpr bool tileNAllowed(int64_t tileN) { return tileN == 64 || tileN == 128 || tileN == 256; }
+  static constexpr bool ctaKAllowed(int64_t ctaK) { return ctaK == 32 || ctaK == 64; }
+  // CTAs per cluster sharing the w_gate tile (TMA multicast): each loads tile_n / cluster_m rows of it.
+  static constexpr bool clusterMAllowed(int64_t clusterM) { return clusterM == 1 || clusterM == 2; }
+  // The shape rules of some wgmma gate kernel (the smallest K step); a given cta_k also needs
+  // d_model % cta_k == 0.
   static constexpr bool allowed(int64_t dModel, int64_t tileN) {
-    return dModel > 0 && dModel % kDModelMultiple == 0 && tileNAllowed(tileN);
+    return dModel > 0 && dModel % kMinCtaK == 0 && tileNAllowed(tileN);
   }
-  static constexpr int64_t stageBytes(int64_t tileN) {
-    return detail::saturatingMul(detail::saturatingAdd(kCtaM, std::max<int64_t>(tileN, 0)), kCtaK * 2);
+  // The K step for d_model: the default where it divides d_model, else the smaller one.
+  static constexpr int64_t ctaKFor(int64_t dModel) { return dModel % kDefaultCtaK == 0 ? kDefaultCtaK : kMinCtaK; }
+  static constexpr int64_t stageBytes(int64_t tileN, int64_t ctaK) {
+    return detail::saturatingMul(detail::saturatingAdd(kCtaM, std::max<int64_t>(tileN, 0)),
+                                 std::max<int64_t>(ctaK, 0) * 2);
   }
   static constexpr int64_t stagingBytes(int64_t tileN) {
     return detail::saturatingMul(kCtaM, detail::saturatingMul(detail::saturatingAdd(std::max<int64_t>(tileN, 0), 8), 2));
   }
-  static constexpr int64_t sharedBytes(int64_t tileN, int64_t stages) {
+  static constexpr int64_t sharedBytes(int64_t tileN, int64_t ctaK, int64_t stages) {
     stages = std::max<int64_t>(stages, 0);
     using detail::saturatingAdd;
     // + 32 bytes: the epilogue's 4 mbarriers (staged, packed per consumer warpgroup).
-    return saturatingAdd(saturatingAdd(detail::saturatingMul(stages, saturatingAdd(stageBytes(tileN), 16)),
+    return saturatingAdd(saturatingAdd(detail::saturatingMul(stages, saturatingAdd(stageBytes(tileN, ctaK), 16)),
                                        stagingBytes(tileN)),
                          1024 + 32);
   }
   // The deepest ring (kMaxStages down to kMinStages) that fits kMaxSharedBytes; 0 if none does.
-  static constexpr int64_t maxStages(int64_t tileN) {
+  static constexpr int64_t maxStages(int64_t tileN, int64_t ctaK) {
     for (int64_t stages = kMaxStages; stages >= kMinStages; --stages)
-      if (sharedBytes(tileN, stages) <= kMaxSharedBytes) return stages;
+      if (sharedBytes(tileN, ctaK, stages) <= kMaxSharedBytes) return stages;
     return 0;
   }
 };
-// The paper's shape (tile_n = 256): 3 stages of 48 KiB and 66 KiB of staging.
-static_assert(WgmmaGateConstraints::maxStages(256) == 3 && WgmmaGateConstraints::maxStages(128) == 5 &&
-              WgmmaGateConstraints::maxStages(64) == 6);
+// The paper's shape (tile_n = 256): 3 stages of 48 KiB (cta_k 64) or 6 of 24 KiB (cta_k 32) beside
+// 66 KiB of staging.
+static_assert(WgmmaGateConstraints::maxStages(256, 64) == 3 && WgmmaGateConstraints::maxStages(128, 64) == 5 &&
+              WgmmaGateConstraints::maxStages(64, 64) == 6 && WgmmaGateConstraints::maxStages(256, 32) == 6);
 
 // The ranges #twell.config accepts (ConfigAttr::verify), checked before any arithmetic on the fields.
 // They are wide enough for any kernel configuration (a CTA has at most 1024 threads) and small enough
@@ -185,6 +197,7 @@ struct ConfigLimits {
   static constexpr int64_t kMinThreads = 32;
   static constexpr int64_t kMaxThreads = 1024;  // and a multiple of 32 (whole warps)
   static constexpr int64_t kMaxStages = 8;      // 0 = no pipeline (mainloop fma, the consumer)
+  static constexpr int64_t kMaxClusterM = 8;    // the portable cluster size limit
 };
 
 // The GPU architectures a #twell.target (and the generator's twell::Target) may name: those NVRTC 13.0

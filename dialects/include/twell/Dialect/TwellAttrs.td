@@ -180,18 +180,29 @@ def Twell_ConfigAttr : AttrDef<Twell_Dialect, "Config"> {
     gate kernel's shared-memory ring (cp.async for mma_sync, TMA for wgmma; 0, omitted, otherwise):
     `#twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>`,
     `#twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>`.
+    `cluster_m` (wgmma gate only; 1, omitted, otherwise) groups that many CTAs of consecutive M blocks
+    into a thread-block cluster that shares each w_gate tile: every CTA loads 1 / cluster_m of it and
+    TMA multicasts it to all (target feature `multicast`), which divides the w_gate bytes read from L2
+    by cluster_m: `#twell.config<cta_m = 128, cta_k = 32, threads = 384, mainloop = wgmma, stages = 6,
+    cluster_m = 2>`.
   }];
   let parameters = (ins
     "int64_t":$cta_m,
     DefaultValuedParameter<"int64_t", "0", "K step of the GEMM main loop; 0 = none">:$cta_k,
     "int64_t":$threads,
     Twell_MainloopParameter:$mainloop,
-    DefaultValuedParameter<"int64_t", "0", "cp.async pipeline stages (mma_sync gate); 0 = none">:$stages
+    DefaultValuedParameter<"int64_t", "0", "cp.async pipeline stages (mma_sync gate); 0 = none">:$stages,
+    DefaultValuedParameter<"int64_t", "1", "CTAs per cluster along M sharing the w_gate tile">:$cluster_m
   );
   let builders = [
     // An fma configuration (no pipeline).
     AttrBuilder<(ins "int64_t":$cta_m, "int64_t":$cta_k, "int64_t":$threads), [{
-      return $_get($_ctxt, cta_m, cta_k, threads, ::mlir::twell::Mainloop::Fma, 0);
+      return $_get($_ctxt, cta_m, cta_k, threads, ::mlir::twell::Mainloop::Fma, 0, 1);
+    }]>,
+    // Without clusters (cluster_m = 1).
+    AttrBuilder<(ins "int64_t":$cta_m, "int64_t":$cta_k, "int64_t":$threads, "::mlir::twell::Mainloop":$mainloop,
+                     "int64_t":$stages), [{
+      return $_get($_ctxt, cta_m, cta_k, threads, mainloop, stages, 1);
     }]>
   ];
   let assemblyFormat = "`<` struct(params) `>`";
