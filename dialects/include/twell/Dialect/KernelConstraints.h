@@ -246,7 +246,7 @@ struct GatedDownKernelConstraints {
   static constexpr int64_t kWarpRowOperandAlignment = 8;  // 16-byte x, Wu, Wd^T and y rows
   static constexpr int64_t kWarpRowThreads = 256;         // more warps per CTA only spill
   // A tensor-core gate's recompute reads 4-byte pairs of x and Wg: d_model % 8 == 0 (mma_sync) or
-  // % 64 == 0 (wgmma) as for the gate (the consumer's mainloop names the gate's).
+  // % 32 == 0 (wgmma) as for the gate (the consumer's mainloop names the gate's).
   static constexpr bool warpRowAllowed(bool tensorCoreGate, bool inOut, int64_t dModel, int64_t threads) {
     return tensorCoreGate && inOut && dModel > 0 && dModel % kWarpRowDModelMultiple == 0 &&
            dModel <= kWarpRowMaxDModel && threads == kWarpRowThreads;

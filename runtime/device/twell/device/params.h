@@ -41,8 +41,9 @@ struct GateParams {
   int64_t ldw;
   uint32_t backup_capacity;   // tile-rows the backup can hold
   uint32_t pad_;
-  // mainloop wgmma only (zeros otherwise): TMA maps of x ({d_model, M}, box {64, cta_m}) and w_gate
-  // ({d_model, d_ff}, box {64, tile_n}), 16-bit elements, 128-byte swizzle, out-of-bounds zero fill.
+  // mainloop wgmma only (zeros otherwise): TMA maps of x ({d_model, M}, box {cta_k, cta_m}) and w_gate
+  // ({d_model, d_ff}, box {cta_k, tile_n / cluster_m}), 16-bit elements, swizzled by the box row
+  // (128 bytes at cta_k 64, 64 at cta_k 32), out-of-bounds zero fill.
   TmaDescriptor x_map;
   TmaDescriptor w_map;
 };
