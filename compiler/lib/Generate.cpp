@@ -246,6 +246,12 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
       runPipeline(*module, target, spec.consumer.value_or(ConsumerVariant::RowGather), spec.gate_cluster_m.value_or(0));
   if (!result)
     throw Error(ErrorCode::Compile, "generateFfn: the twell pipeline failed: " + messages.take());
+  // Only the sm_90a wgmma gate runs in clusters: a cluster asked of another main loop cannot be had.
+  if (spec.gate_cluster_m && *spec.gate_cluster_m != result->kernels.front().cluster_m)
+    fail("spec.gate_cluster_m: " + std::to_string(*spec.gate_cluster_m) +
+         " CTAs per cluster needs the wgmma gate (target sm_90a, d_model % 32 == 0, tile_n 64, 128 or 256); target " +
+         target.arch() + ", d_model " + std::to_string(spec.d_model) + " and tile_n " +
+         std::to_string(spec.tile_n.value_or(256)) + " give a gate without clusters (leave it unset or 1)");
   return std::move(*result);
 }
 

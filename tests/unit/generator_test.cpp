@@ -400,7 +400,19 @@ TEST(Generator, GateClusterFollowsTheSpec) {
   const auto two = compiler::generateFfn(s, Target{90, true});
   EXPECT_TRUE(contains(two.kernels[0].source, "__cluster_dims__(2, 1, 1)")) << two.kernels[0].source;
   EXPECT_NE(one.kernels[0].name, two.kernels[0].name);
+  s.gate_cluster_m = 1;
   EXPECT_EQ(compiler::generateFfn(s, Target{80, false}).kernels[0].cluster_m, 1);
+  // A cluster asked of a gate that cannot have one (sm_80: mma_sync) is an error naming the field.
+  s.gate_cluster_m = 2;
+  try {
+    compiler::generateFfn(s, Target{80, false});
+    ADD_FAILURE() << "gate_cluster_m = 2 on sm_80 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("spec.gate_cluster_m: 2 CTAs per cluster needs the wgmma gate"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Generator, FromMlirReportsParseErrorsWithLocation) {

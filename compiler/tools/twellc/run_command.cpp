@@ -187,11 +187,12 @@ int run_command(const std::vector<std::string>& argv) {
                     warp_rows ? "row-per-warp" : "row-per-CTA", ms_since(t0)));
     nlohmann::json kernels = nlohmann::json::array();
     for (const auto& k : plan.kernels()) {
-      say(fmt::format("   {:<11} {:<52} cache {:<6} compile {:7.1f} ms  PTX {:6} B  cubin {:6} B  CTA {} rows x {} threads, grid.y {}",
-                      k.kind, k.name, k.cache, k.compile_ms, k.ptx_bytes, k.cubin_bytes, k.cta_m, k.threads, k.grid_y));
+      say(fmt::format("   {:<11} {:<52} cache {:<6} compile {:7.1f} ms  PTX {:6} B  cubin {:6} B  CTA {} rows x {} threads, grid.y {}{}",
+                      k.kind, k.name, k.cache, k.compile_ms, k.ptx_bytes, k.cubin_bytes, k.cta_m, k.threads, k.grid_y,
+                      k.cluster_m > 1 ? fmt::format(", clusters of {} CTAs", k.cluster_m) : std::string()));
       kernels.push_back({{"kind", k.kind}, {"name", k.name}, {"cache", k.cache}, {"compile_ms", k.compile_ms},
                          {"ptx_bytes", k.ptx_bytes}, {"cubin_bytes", k.cubin_bytes}, {"arch", k.arch},
-                         {"cta_m", k.cta_m}, {"threads", k.threads}, {"grid_y", k.grid_y}});
+                         {"cta_m", k.cta_m}, {"threads", k.threads}, {"grid_y", k.grid_y}, {"cluster_m", k.cluster_m}});
     }
     report["target"] = ctx.target().arch();
     report["kernels"] = kernels;
