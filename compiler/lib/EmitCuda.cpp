@@ -100,10 +100,15 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
     os << "// Launch (persistent, one token row per warp): any grid.x; p.row_counter points to a device uint32\n"
           "// zeroed before each launch (rows are claimed from it); "
        << kernel.dynamicSharedBytes() << " bytes of dynamic shared memory.\n";
-  // cluster_m > 1: clusters of consecutive CTAs share the w_gate tile (grid.x a multiple of cluster_m).
-  if (wgmma && kernel.config.getClusterM() > 1)
-    os << "// Launch: grid.x a multiple of " << kernel.config.getClusterM()
-       << " (the cluster); persistent, any number of clusters.\n";
+  // The wgmma gate's launch contract (FfnPlan::run keeps it; a launcher of its own must too).
+  if (wgmma) {
+    const int64_t clusterM = kernel.config.getClusterM(), ctaK = kernel.config.getCtaK();
+    os << "// Launch (persistent): grid.y 1, any grid.x" << (clusterM > 1 ? " that is a multiple of the cluster (" : "")
+       << (clusterM > 1 ? std::to_string(clusterM) + " CTAs)" : "") << "; " << kernel.dynamicSharedBytes()
+       << " bytes of dynamic shared memory;\n// p.x_map: box {" << ctaK << ", " << kernel.config.getCtaM()
+       << "}, p.w_map: box {" << ctaK << ", " << kernel.layout.getTileN() / clusterM << "}, both with "
+       << ctaK * 2 << "-byte swizzle and zero fill.\n";
+  }
   os << "extern \"C\" __global__ void ";
   if (wgmma && kernel.config.getClusterM() > 1) os << "__cluster_dims__(" << kernel.config.getClusterM() << ", 1, 1) ";
   os << "__launch_bounds__(" << kernel.config.getThreads()

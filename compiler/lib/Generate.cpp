@@ -191,6 +191,13 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
          "or leaves consumer unset, got token_block");
   if (spec.gate_cluster_m && *spec.gate_cluster_m != 1 && *spec.gate_cluster_m != 2)
     fail("spec.gate_cluster_m: expected 1 or 2 CTAs per cluster (or unset), got " + std::to_string(*spec.gate_cluster_m));
+  // Only the sm_90a wgmma gate (the one target whose default features include multicast) runs in
+  // clusters; select-config takes the wgmma main loop wherever these rules allow it.
+  if (spec.gate_cluster_m == 2 &&
+      !(target.arch() == "sm_90a" && tw::WgmmaGateConstraints::allowed(spec.d_model, spec.tile_n.value_or(256))))
+    fail("spec.gate_cluster_m: 2 CTAs per cluster needs the wgmma gate (target sm_90a, d_model % 32 == 0, tile_n 64, "
+         "128 or 256); target " + target.arch() + ", d_model " + std::to_string(spec.d_model) + " and tile_n " +
+         std::to_string(spec.tile_n.value_or(256)) + " give a gate without clusters (leave it unset or 1)");
   if (spec.down_layout != WeightLayout::OutIn && spec.down_layout != WeightLayout::InOut)
     fail("spec.down_layout: expected out_in or in_out, got " +
          std::to_string(static_cast<int>(spec.down_layout)));
@@ -246,12 +253,6 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
       runPipeline(*module, target, spec.consumer.value_or(ConsumerVariant::RowGather), spec.gate_cluster_m.value_or(0));
   if (!result)
     throw Error(ErrorCode::Compile, "generateFfn: the twell pipeline failed: " + messages.take());
-  // Only the sm_90a wgmma gate runs in clusters: a cluster asked of another main loop cannot be had.
-  if (spec.gate_cluster_m && *spec.gate_cluster_m != result->kernels.front().cluster_m)
-    fail("spec.gate_cluster_m: " + std::to_string(*spec.gate_cluster_m) +
-         " CTAs per cluster needs the wgmma gate (target sm_90a, d_model % 32 == 0, tile_n 64, 128 or 256); target " +
-         target.arch() + ", d_model " + std::to_string(spec.d_model) + " and tile_n " +
-         std::to_string(spec.tile_n.value_or(256)) + " give a gate without clusters (leave it unset or 1)");
   return std::move(*result);
 }
 

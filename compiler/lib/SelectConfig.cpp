@@ -127,6 +127,7 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
 
     // Gate kernels first: a consumer takes the main loop of the gate kernel feeding it. A gate kernel
     // whose consumer already has a config (kept) follows that config's main loop where it can.
+    bool failed = false;
     getOperation().walk([&](GateMatmulOp gate) {
       if (!gate.getTargetAttr()) gate.setTargetAttr(defaultTarget);
       if (gate.getConfigAttr()) return;
@@ -134,10 +135,20 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
       for (Operation* user : gate.getH().getUsers())
         if (llvm::isa<GatedDownOp, DownOp>(user))
           if (auto config = user->getAttrOfType<ConfigAttr>("config")) preferred = config.getMainloop();
-      gate.setConfigAttr(
-          gateConfig(context, dModelOf(gate), gate.getLayout(), gate.getTargetAttr(), preferred,
-                                     static_cast<int64_t>(clusterM)));
+      ConfigAttr config = gateConfig(context, dModelOf(gate), gate.getLayout(), gate.getTargetAttr(), preferred,
+                                     static_cast<int64_t>(clusterM));
+      // An explicit cluster-m = 2 only the sm_90a wgmma gate on a multicast target can honour.
+      if (clusterM == 2 && (config.getMainloop() != Mainloop::Wgmma ||
+                            !gate.getTargetAttr().hasFeature(Feature::Multicast))) {
+        gate.emitError() << "twell-select-config: cluster-m=2 needs the wgmma gate on a target with feature "
+                            "multicast (sm_90a, d_model % 32 == 0, tile_n 64, 128 or 256); this gate gets mainloop "
+                         << stringifyMainloop(config.getMainloop()) << " on " << gate.getTargetAttr();
+        failed = true;
+        return;
+      }
+      gate.setConfigAttr(config);
     });
+    if (failed) return signalPassFailure();
     auto configure = [&](auto down) {
       if (!down.getTargetAttr()) down.setTargetAttr(defaultTarget);
       if (down.getConfigAttr()) return;

@@ -266,13 +266,13 @@ LogicalResult verifyWgmmaGateConfig(Operation* op, ConfigAttr config, TargetAttr
   int64_t ctaK = config.getCtaK();
   if (dModel % ctaK != 0)
     return op->emitOpError() << "config: mainloop wgmma needs d_model % cta_k == 0 (whole K steps of "
-                             << ctaK << "), got d_model " << dModel;
+                             << ctaK << "; cta_k 32 takes d_model % 32 == 0), got d_model " << dModel;
   int64_t stages = config.getStages();
   int64_t maxStages = Wg::maxStages(tileN, ctaK);
   if (stages < Wg::kMinStages || stages > maxStages)
     return op->emitOpError() << "config: mainloop wgmma needs a TMA ring of " << Wg::kMinStages << " to "
                              << maxStages << " stages at tile_n = " << tileN << ", cta_k = " << ctaK
-                             << " (at most " << Wg::kMaxSharedBytes
+                             << " (at most " << Wg::kMaxStages << ", and at most " << Wg::kMaxSharedBytes
                              << " bytes of shared memory), got stages = " << stages;
   if (!Wg::clusterMAllowed(config.getClusterM()))
     return op->emitOpError() << "config: mainloop wgmma shares the w_gate tile across cluster_m = 1 or 2 CTAs, got "

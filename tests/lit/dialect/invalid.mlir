@@ -503,7 +503,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 // mainloop wgmma: whole K steps.
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x514xbf16>, %wg: tensor<5632x514xbf16>) {
-  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs d_model % cta_k == 0 (whole K steps of 64), got d_model 514}}
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs d_model % cta_k == 0 (whole K steps of 64; cta_k 32 takes d_model % 32 == 0), got d_model 514}}
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}
       : (tensor<?x514xbf16>, tensor<5632x514xbf16>) -> tensor<?x5632xbf16, #L>
   return
@@ -525,7 +525,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 // mainloop wgmma: the ring must fit shared memory (3 stages of 48 KiB and 66 KiB of staging at tile_n 256).
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
-  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a TMA ring of 2 to 3 stages at tile_n = 256, cta_k = 64 (at most 232448 bytes of shared memory), got stages = 4}}
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a TMA ring of 2 to 3 stages at tile_n = 256, cta_k = 64 (at most 6, and at most 232448 bytes of shared memory), got stages = 4}}
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
@@ -536,7 +536,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 // mainloop wgmma at cta_k 32 (64-byte swizzle rows): 24 KiB stages, at most 6 at tile_n 256.
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
-  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a TMA ring of 2 to 6 stages at tile_n = 256, cta_k = 32 (at most 232448 bytes of shared memory), got stages = 7}}
+  // expected-error @+1 {{'twell.gate_matmul' op config: mainloop wgmma needs a TMA ring of 2 to 6 stages at tile_n = 256, cta_k = 32 (at most 6, and at most 232448 bytes of shared memory), got stages = 7}}
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 384, mainloop = wgmma, stages = 7>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return

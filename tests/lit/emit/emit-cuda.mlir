@@ -25,7 +25,8 @@
 // CHECK-NEXT:   static constexpr int stages = 3;  // shared-memory ring depth (mma_sync: cp.async, wgmma: TMA)
 // CHECK-NEXT:   static constexpr int cluster_m = 2;  // CTAs per cluster sharing the w_gate tile (TMA multicast)
 // CHECK-NEXT: };
-// CHECK-NEXT: // Launch: grid.x a multiple of 2 (the cluster); persistent, any number of clusters.
+// CHECK-NEXT: // Launch (persistent): grid.y 1, any grid.x that is a multiple of the cluster (2 CTAs); 216144 bytes of dynamic shared memory;
+// CHECK-NEXT: // p.x_map: box {64, 128}, p.w_map: box {64, 128}, both with 128-byte swizzle and zero fill.
 // CHECK-NEXT: extern "C" __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(384, 1) twell_gate_k2048_n5632_t256_s31_relu_bf16_7264109f(const __grid_constant__ twell::device::GateParams p) {
 // CHECK-NEXT:   twell::device::gate_twell<twell_gate_k2048_n5632_t256_s31_relu_bf16_7264109f_config>(p);
 // CHECK-NEXT: }

@@ -3,8 +3,10 @@
 // RUN: not twell-opt %s -twell-select-config=target=volta 2>&1 | FileCheck %s --check-prefix=BAD
 // RUN: twell-opt %s -twell-select-config=cluster-m=1 | FileCheck %s --check-prefix=C1
 // RUN: not twell-opt %s -twell-select-config=cluster-m=3 2>&1 | FileCheck %s --check-prefix=BADC
+// RUN: not twell-opt %s -twell-select-config="target=sm_80 cluster-m=2" 2>&1 | FileCheck %s --check-prefix=NOCLUSTER
 
 // BADC: error: twell-select-config: cluster-m: expected 1 or 2 (or 0: the heuristic's), got 3
+// NOCLUSTER: error: twell-select-config: cluster-m=2 needs the wgmma gate on a target with feature multicast (sm_90a, d_model % 32 == 0, tile_n 64, 128 or 256); this gate gets mainloop mma_sync on #twell.target<"sm_80", [mma_sync, cp_async]>
 // BAD: error: twell-select-config: target: arch must be of the form sm_<major><minor>[a] (e.g. "sm_90a"), got "volta"
 
 #L256 = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>

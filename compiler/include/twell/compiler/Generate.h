@@ -43,13 +43,14 @@ struct KernelSource {
   // GatedDown kernel after one (its overflow recompute reads 4-byte pairs), 1 otherwise.
   int operand_alignment = 1;
   // A GateTwell kernel with the wgmma main loop: it reads x and w_gate through the TMA maps of
-  // GateParams (x_map, w_map: box {cta_k, cta_m} and {cta_k, tile_n}, swizzled by the box row of
-  // cta_k 16-bit values: 128 bytes at cta_k 64, 64 at cta_k 32), which the launcher encodes. It is also
-  // `persistent`.
+  // GateParams (x_map: box {cta_k, cta_m}; w_map: box {cta_k, tile_n / cluster_m}; both swizzled by
+  // the box row of cta_k 16-bit values, 128 bytes at cta_k 64, 64 at cta_k 32), which the launcher
+  // encodes. It is also `persistent`, launched with grid.y 1.
   bool tma_persistent = false;
   // A persistent kernel (the wgmma gate, the warp-per-row consumer): its CTAs loop over the work, so
   // the launcher starts min(ceil(tokens / cta_m) * grid_y, SMs x the CTAs resident per SM) CTAs on
-  // grid.x, grid.y 1 (any grid size is correct; that one fills the GPU once). A persistent GatedDown
+  // grid.x, grid.y 1 (any grid size is correct, a multiple of cluster_m; that one fills the GPU once;
+  // with clusters, the clusters resident at once times cluster_m). A persistent GatedDown
   // kernel claims rows from GatedDownParams::row_counter: a device uint32 the launcher zeroes before
   // every launch (FfnPlan::run does, stream-ordered).
   bool persistent = false;
