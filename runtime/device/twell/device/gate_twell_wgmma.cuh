@@ -109,8 +109,8 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
         const int tile = static_cast<int>(w_item % TILES_N);
         for (int w = 0; w < 2; ++w) {
           mbarrier_wait(&staged[w], n & 1);
-          pack_twell_tile_x8<Config, STAGE_STRIDE>(p, staging + w * 64 * STAGE_STRIDE, m0 + w * 64, tile, 64,
-                                                   tid / 32 - 1, 3);
+          pack_twell_tile<Config, STAGE_STRIDE>(p, staging + w * 64 * STAGE_STRIDE, m0 + w * 64, tile, 64,
+                                                tid / 32 - 1, 3);
           mbarrier_arrive(&packed[w]);
         }
       }
