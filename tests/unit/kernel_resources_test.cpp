@@ -104,6 +104,33 @@ TEST(KernelResources, Sm90aKernelsCompileWithoutSpills) {
       }
 }
 
+// The sm_90a gate with and without clusters, at both K steps (d_model 544: cta_k 32, 64-byte swizzle).
+TEST(KernelResources, Sm90aGateVariantsCompileWithoutSpills) {
+  for (DType dtype : {DType::BF16, DType::FP16})
+    for (int cluster : {1, 2})
+      for (int64_t d_model : {2048, 544})
+        for (int tile_n : {64, 256}) {
+          FfnSpec s;
+          s.d_model = d_model;
+          s.d_ff = 1408;
+          s.tile_n = tile_n;
+          s.slots = tile_n / 8 - 1;
+          s.dtype = dtype;
+          s.gate_cluster_m = cluster;
+          const compiler::GeneratedFfn gen = compiler::generateFfn(s, Target{90, true});
+          const compiler::KernelSource& k = gen.kernels.at(0);
+          ASSERT_TRUE(k.tma_persistent) << "expected the wgmma gate kernel";
+          ASSERT_EQ(k.cluster_m, cluster);
+          ASSERT_EQ(k.cta_k, d_model % 64 == 0 ? 64 : 32);
+          const std::string what =
+              fmt::format("{} (cluster_m {}, cta_k {}, tile_n {}, {})", k.name, cluster, k.cta_k, tile_n, to_string(dtype));
+          const detail::NvrtcOutput out =
+              detail::compileCuda(k.source, k.name + ".cu", "sm_90a", /*want_cubin=*/true, {"--ptxas-options=-v"});
+          EXPECT_FALSE(out.cubin.empty()) << what;
+          expect_no_spills(out.log, what);
+        }
+}
+
 TEST(KernelResources, TokenBlockConsumersCompileWithoutSpills) {
   // 128 fp32 outputs per thread at d_model 2048 leave little room: every stage shape (d_model 2048:
   // 8 Wd^T rows per stage; 1024 and 512: 16), tile width and value type, on both feature sets.
