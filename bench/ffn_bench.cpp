@@ -83,11 +83,13 @@ bool gpu_or_skip(benchmark::State& state) {
 // `consumer`: the consumer variant (FfnSpec::consumer); unset, the plan's first run times both.
 // The first time, it also counts the nonzeros that run made (each tile-row's header holds its true
 // count, overflowing or not).
-FfnPlan sized_plan(Problem& p, int64_t tokens, Stream stream, std::optional<ConsumerVariant> consumer = std::nullopt) {
+FfnPlan sized_plan(Problem& p, int64_t tokens, Stream stream, std::optional<ConsumerVariant> consumer = std::nullopt,
+                   std::optional<int> gate_cluster = std::nullopt) {
   PlanOptions twell_path;
   twell_path.dispatch = Dispatch::Sparse;
   FfnSpec spec = p.host.spec;
   spec.consumer = consumer;
+  spec.gate_cluster_m = gate_cluster;
   FfnPlan plan = context().plan(spec, tokens, twell_path);
   plan.run(stream, p.tensors(), tokens);
   plan.last_overflow(stream);
@@ -108,9 +110,10 @@ double useful_flops(int64_t tokens, double density) { return 2.0 * tokens * kDMo
 // TwELL kernels, not the dispatcher's choice) or cuBLASLt, the whole FFN or the gate GEMM alone;
 // `tflop` is the work counted per call. `automatic`: instead a Dispatch::Auto plan (the runtime's
 // default), after the first run() that times its paths (each consumer variant and dense) and keeps
-// the fastest.
+// the fastest. `gate_cluster`: FfnSpec::gate_cluster_m of the TwELL plan (unset: the generator's).
 void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflop, const char* counter,
-               std::optional<ConsumerVariant> consumer = std::nullopt, bool gated = true, bool automatic = false) {
+               std::optional<ConsumerVariant> consumer = std::nullopt, bool gated = true, bool automatic = false,
+               std::optional<int> gate_cluster = std::nullopt) {
   if (!gpu_or_skip(state)) return;
   Context& ctx = context();
   const int64_t tokens = state.range(0);
@@ -118,7 +121,7 @@ void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflo
   StreamHandle stream(ctx);
   std::unique_ptr<FfnPlan> plan;
   std::unique_ptr<DenseFfn> dense;
-  if (sparse) plan = std::make_unique<FfnPlan>(sized_plan(p, tokens, stream.get(), consumer));
+  if (sparse) plan = std::make_unique<FfnPlan>(sized_plan(p, tokens, stream.get(), consumer, gate_cluster));
   if (automatic) {
     plan = std::make_unique<FfnPlan>(ctx.plan(p.host.spec, tokens));  // Dispatch::Auto
     plan->run(stream.get(), p.tensors(), tokens);                      // calibrates this token bucket
@@ -155,9 +158,11 @@ void BM_NonGatedFfn(benchmark::State& state, bool sparse) {
 }
 
 // D2T alone (gate GEMM + activation + TwELL packing) against cuBLASLt's plain gate GEMM (bf16 out):
-// PERFORMANCE.md's target is >= 90% of cuBLAS throughput at M = 131072.
-void BM_Gate(benchmark::State& state, bool sparse) {
-  time_path(state, sparse, true, 2.0 * state.range(0) * kDModel * kDff / 1e12, "TFLOP/s");
+// PERFORMANCE.md's target is >= 90% of cuBLAS throughput at M = 131072. `cluster` 0: the generator's
+// choice (clusters of 2 on sm_90a), else FfnSpec::gate_cluster_m.
+void BM_Gate(benchmark::State& state, bool sparse, int cluster) {
+  time_path(state, sparse, true, 2.0 * state.range(0) * kDModel * kDff / 1e12, "TFLOP/s", std::nullopt, true, false,
+            cluster > 0 ? std::optional<int>(cluster) : std::nullopt);
 }
 
 void GateArgs(benchmark::internal::Benchmark* b) {
@@ -299,8 +304,9 @@ BENCHMARK_CAPTURE(BM_GatedFfn, twell_auto, true, -1)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false, 0)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_NonGatedFfn, twell, true)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_NonGatedFfn, dense_cublaslt, false)->Apply(FfnArgs);
-BENCHMARK_CAPTURE(BM_Gate, twell_d2t, true)->Apply(GateArgs);
-BENCHMARK_CAPTURE(BM_Gate, dense_cublaslt_gemm, false)->Apply(GateArgs);
+BENCHMARK_CAPTURE(BM_Gate, twell_d2t, true, 0)->Apply(GateArgs);
+BENCHMARK_CAPTURE(BM_Gate, twell_d2t_no_cluster, true, 1)->Apply(GateArgs);
+BENCHMARK_CAPTURE(BM_Gate, dense_cublaslt_gemm, false, 0)->Apply(GateArgs);
 BENCHMARK(BM_Consumer)->Apply(ConsumerArgs);
 BENCHMARK(BM_ConsumerRealPattern)->Apply(RealPatternArgs);
 BENCHMARK(BM_JitColdCompile)->Unit(benchmark::kMillisecond)->Iterations(3);
