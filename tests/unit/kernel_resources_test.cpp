@@ -34,6 +34,14 @@ void expect_no_spills(const std::string& log, const std::string& what) {
   EXPECT_GT(reports, 0) << what << ": no ptxas resource report in the NVRTC log:\n" << log;
 }
 
+// Compiles `k` to a cubin for `arch` through NVRTC with ptxas -v and checks that nothing spilled.
+void expect_compiles_without_spills(const compiler::KernelSource& k, const std::string& arch, const std::string& what) {
+  const detail::NvrtcOutput out =
+      detail::compileCuda(k.source, k.name + ".cu", arch, /*want_cubin=*/true, {"--ptxas-options=-v"});
+  EXPECT_FALSE(out.cubin.empty()) << what;
+  expect_no_spills(out.log, what);
+}
+
 TEST(KernelResources, PortableKernelsCompileWithoutSpills) {
   // The mma_sync gate (16 warps at 128 registers) and the consumer after it, built for sm_80.
   for (DType dtype : {DType::BF16, DType::FP16})
@@ -48,9 +56,7 @@ TEST(KernelResources, PortableKernelsCompileWithoutSpills) {
       const compiler::GeneratedFfn gen = compiler::generateFfn(s, Target{80, false});
       for (const compiler::KernelSource& k : gen.kernels) {
         const std::string what = fmt::format("{} (tile_n {}, {})", k.name, tile_n, to_string(dtype));
-        const detail::NvrtcOutput out = detail::compileCuda(k.source, k.name + ".cu", "sm_80", /*want_cubin=*/true,
-                                                            {"--ptxas-options=-v"});
-        expect_no_spills(out.log, what);
+        expect_compiles_without_spills(k, "sm_80", what);
       }
     }
 }
@@ -72,10 +78,7 @@ TEST(KernelResources, NonGatedConsumersCompileWithoutSpills) {
         const compiler::KernelSource& k = gen.kernels[1];
         ASSERT_EQ(k.cta_m, d_model <= 2048 ? 8 : 1);
         const std::string what = fmt::format("{} ({}, d_model {}, {})", k.name, target.arch(), d_model, to_string(dtype));
-        const detail::NvrtcOutput out =
-            detail::compileCuda(k.source, k.name + ".cu", target.arch(), /*want_cubin=*/true, {"--ptxas-options=-v"});
-        EXPECT_FALSE(out.cubin.empty()) << what;
-        expect_no_spills(out.log, what);
+        expect_compiles_without_spills(k, target.arch(), what);
       }
 }
 
@@ -96,10 +99,7 @@ TEST(KernelResources, Sm90aKernelsCompileWithoutSpills) {
         ASSERT_EQ(gen.kernels[1].cta_m, 8) << "expected the warp-per-row consumer";
         for (const compiler::KernelSource& k : gen.kernels) {
           const std::string what = fmt::format("{} (tile_n {}, d_ff {}, {})", k.name, tile_n, d_ff, to_string(dtype));
-          const detail::NvrtcOutput out = detail::compileCuda(k.source, k.name + ".cu", "sm_90a", /*want_cubin=*/true,
-                                                              {"--ptxas-options=-v"});
-          EXPECT_FALSE(out.cubin.empty()) << what;
-          expect_no_spills(out.log, what);
+          expect_compiles_without_spills(k, "sm_90a", what);
         }
       }
 }
@@ -124,10 +124,7 @@ TEST(KernelResources, Sm90aGateVariantsCompileWithoutSpills) {
           ASSERT_EQ(k.cta_k, d_model % 64 == 0 ? 64 : 32);
           const std::string what =
               fmt::format("{} (cluster_m {}, cta_k {}, tile_n {}, {})", k.name, cluster, k.cta_k, tile_n, to_string(dtype));
-          const detail::NvrtcOutput out =
-              detail::compileCuda(k.source, k.name + ".cu", "sm_90a", /*want_cubin=*/true, {"--ptxas-options=-v"});
-          EXPECT_FALSE(out.cubin.empty()) << what;
-          expect_no_spills(out.log, what);
+          expect_compiles_without_spills(k, "sm_90a", what);
         }
 }
 
@@ -152,10 +149,7 @@ TEST(KernelResources, TokenBlockConsumersCompileWithoutSpills) {
           ASSERT_EQ(k.cta_m, 16) << "expected the token-block consumer";
           const std::string what =
               fmt::format("{} ({}, d_model {}, tile_n {}, {})", k.name, target.arch(), d_model, tile_n, to_string(dtype));
-          const detail::NvrtcOutput out =
-              detail::compileCuda(k.source, k.name + ".cu", target.arch(), /*want_cubin=*/true, {"--ptxas-options=-v"});
-          EXPECT_FALSE(out.cubin.empty()) << what;
-          expect_no_spills(out.log, what);
+          expect_compiles_without_spills(k, target.arch(), what);
         }
 }
 
