@@ -191,10 +191,15 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
          "or leaves consumer unset, got token_block");
   if (spec.gate_cluster_m && *spec.gate_cluster_m != 1 && *spec.gate_cluster_m != 2)
     fail("spec.gate_cluster_m: expected 1 or 2 CTAs per cluster (or unset), got " + std::to_string(*spec.gate_cluster_m));
-  // Only the sm_90a wgmma gate (the one target whose default features include multicast) runs in
-  // clusters; select-config takes the wgmma main loop wherever these rules allow it.
-  if (spec.gate_cluster_m == 2 &&
-      !(target.arch() == "sm_90a" && tw::WgmmaGateConstraints::allowed(spec.d_model, spec.tile_n.value_or(256))))
+  // Only the wgmma gate on a target with multicast runs in clusters: the rule twell-select-config
+  // applies to the target's default features (TargetAttr::defaultFeatures), checked here so that the
+  // error names the spec's field.
+  const llvm::SmallVector<tw::Feature> features = tw::TargetAttr::defaultFeatures(target.arch());
+  const bool clusterable = llvm::is_contained(features, tw::Feature::Wgmma) &&
+                           llvm::is_contained(features, tw::Feature::Tma) &&
+                           llvm::is_contained(features, tw::Feature::Multicast) &&
+                           tw::WgmmaGateConstraints::allowed(spec.d_model, spec.tile_n.value_or(256));
+  if (spec.gate_cluster_m == 2 && !clusterable)
     fail("spec.gate_cluster_m: 2 CTAs per cluster needs the wgmma gate (target sm_90a, d_model % 32 == 0, tile_n 64, "
          "128 or 256); target " + target.arch() + ", d_model " + std::to_string(spec.d_model) + " and tile_n " +
          std::to_string(spec.tile_n.value_or(256)) + " give a gate without clusters (leave it unset or 1)");
