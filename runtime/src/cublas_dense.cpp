@@ -94,9 +94,9 @@ struct DenseFfn::Impl {
   }
 
   void gemm(CUstream stream, const void* a, int64_t lda, const void* b, int64_t ldb, bool b_is_n_by_k, void* c, int64_t ldc,
-            int64_t m, int64_t n, int64_t k) {
+            int64_t m, int64_t n, int64_t k, float beta = 0.0f) {
     const GemmPlan& plan = gemm_plan(lda, ldb, b_is_n_by_k, ldc, m, n, k);
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f;
     check_lt(cublasLtMatmul(handle, plan.desc, &alpha, b, plan.layout_b, a, plan.layout_a, &beta, c, plan.layout_c, c,
                             plan.layout_c, &plan.algo, reinterpret_cast<void*>(workspace->get()), kWorkspaceBytes,
                             reinterpret_cast<cudaStream_t>(stream)),
@@ -145,7 +145,7 @@ void DenseFfn::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) {
          reinterpret_cast<void*>(p.g->get()), s.d_ff, tokens, s.d_ff, s.d_model);
 }
 
-void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens) {
+void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens, bool accumulate) {
   Impl& p = *impl_;
   const FfnSpec& s = p.spec;
   p.context->make_current();
@@ -165,7 +165,9 @@ void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens) {
   const int64_t blocks = std::min<int64_t>((tokens * s.d_ff + 255) / 256, 65535);
   detail::check(detail::Driver::get().cuLaunchKernel(p.gated_mul->function, static_cast<unsigned>(blocks), 1, 1, 256, 1, 1, 0, cu, args, nullptr),
                 "DenseFfn::run: launching the gated multiply");
-  p.gemm(cu, g, s.d_ff, t.w_down, t.ld_down ? t.ld_down : (in_out ? s.d_model : s.d_ff), !in_out, t.y, ldy, tokens, s.d_model, s.d_ff);
+  // accumulate: cuBLASLt's D = H Wd^T + beta C with C = D = y (same layout, in place).
+  p.gemm(cu, g, s.d_ff, t.w_down, t.ld_down ? t.ld_down : (in_out ? s.d_model : s.d_ff), !in_out, t.y, ldy, tokens, s.d_model, s.d_ff,
+         accumulate ? 1.0f : 0.0f);
 }
 
 }  // namespace twell

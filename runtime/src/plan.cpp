@@ -1,5 +1,5 @@
 // FfnPlan: generated + compiled kernels of one gated FFN, its workspace, and the launch sequence
-//   memset(overflow counter) -> gate_twell (D2T) -> gated_down
+//   memset(overflow counter) -> gate_twell (D2T) -> gated_down [-> dense neurons, y += (cuBLASLt)]
 // all on the caller's stream, with no host synchronization.
 #include <algorithm>
 #include <bit>
@@ -18,7 +18,12 @@ namespace twell {
 
 struct FfnPlan::Impl {
   std::shared_ptr<Context::Impl> context;
-  FfnSpec spec;
+  FfnSpec spec;         // as the user gave it: what run() checks the tensors against
+  // The TwELL part: spec with d_ff - dense_neurons neurons (all of them without a split). The kernels,
+  // the TwELL matrix and the transposed Wd cover these neurons only.
+  FfnSpec sparse_spec;
+  int64_t dense_neurons = 0;
+  std::unique_ptr<DenseFfn> hot;  // the first dense_neurons neurons (PlanOptions::dense_neurons), y +=
   TwellLayout layout;
   Target target;
   int64_t max_tokens = 0;
@@ -56,12 +61,38 @@ struct FfnPlan::Impl {
 
 namespace {
 
-void check_spec(const FfnSpec& s, int64_t max_tokens) {
+void check_spec(const FfnSpec& s, int64_t max_tokens, const PlanOptions& options) {
   auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, m); };
   if (s.d_model <= 0 || s.d_model > 65536) bad(fmt::format("FfnSpec::d_model: expected 1..65536, got {}", s.d_model));
   if (s.d_ff <= 0 || s.d_ff > (int64_t{1} << 24)) bad(fmt::format("FfnSpec::d_ff: expected 1..16777216, got {}", s.d_ff));
   if (max_tokens < 1 || max_tokens > (int64_t{1} << 31) - 1)
     bad(fmt::format("max_tokens: expected 1..2147483647 (one CTA row per token in the grid), got {}", max_tokens));
+  const int64_t k = options.dense_neurons;
+  if (k < 0 || k % 64 != 0 || k >= s.d_ff)
+    bad(fmt::format("PlanOptions::dense_neurons: expected a multiple of 64 in 0..{} (below d_ff = {}: at least one neuron "
+                    "stays on TwELL), got {}", (s.d_ff - 1) / 64 * 64, s.d_ff, k));
+}
+
+// The two parts of a split FFN's tensors (PlanOptions::dense_neurons = k): the dense part's weights
+// are the first k neurons, the TwELL part's the others; both keep the full row strides.
+FfnTensors neuron_slice(const FfnSpec& s, const FfnTensors& t, int64_t first) {
+  FfnTensors c = t;
+  // A null pointer stays null, for the argument checks to name.
+  auto at = [](const void* p, int64_t elements) { return p ? static_cast<const uint16_t*>(p) + elements : nullptr; };
+  c.ld_gate = t.ld_gate ? t.ld_gate : s.d_model;
+  c.w_gate = at(t.w_gate, first * c.ld_gate);
+  if (t.w_up != nullptr) {
+    c.ld_up = t.ld_up ? t.ld_up : s.d_model;
+    c.w_up = at(t.w_up, first * c.ld_up);
+  }
+  if (s.down_layout == WeightLayout::InOut) {
+    c.ld_down = t.ld_down ? t.ld_down : s.d_model;
+    c.w_down = at(t.w_down, first * c.ld_down);
+  } else {
+    c.ld_down = t.ld_down ? t.ld_down : s.d_ff;
+    c.w_down = at(t.w_down, first);
+  }
+  return c;
 }
 
 // Limits that depend on the generated layout.
@@ -123,23 +154,30 @@ void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors&
 
 FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options) {
   const std::shared_ptr<Context::Impl> ctx = context_impl(*this);  // throws for a moved-from context
-  check_spec(spec, max_tokens);
+  check_spec(spec, max_tokens, options);
   FfnPlan plan;
   plan.impl_ = std::make_unique<FfnPlan::Impl>();
   FfnPlan::Impl& p = *plan.impl_;
   p.context = ctx;
   p.spec = spec;
+  p.dense_neurons = options.dense_neurons;
+  p.sparse_spec = spec;
+  p.sparse_spec.d_ff = spec.d_ff - options.dense_neurons;
   p.max_tokens = max_tokens;
   const bool transpose_down = spec.down_layout == WeightLayout::OutIn;
-  FfnSpec kernel_spec = spec;
+  FfnSpec kernel_spec = p.sparse_spec;
   kernel_spec.down_layout = WeightLayout::InOut;  // what the consumer reads after normalization
   compiler::GeneratedFfn generated = compiler::generateFfn(kernel_spec, ctx->target);
   p.layout = generated.layout;
-  check_tiles(p.layout, spec.d_ff, max_tokens);
+  check_tiles(p.layout, p.sparse_spec.d_ff, max_tokens);
   p.target = generated.target;
   p.ir = (transpose_down ? std::string("// FfnPlan: w_down (out_in, nn.Linear) is transposed on the stream to in_out "
                                        "before the consumer.\n")
                          : std::string()) +
+         (p.dense_neurons > 0 ? fmt::format("// FfnPlan: neurons 0..{} run dense (cuBLASLt, y +=); the kernels below take "
+                                            "neurons {}..{} (d_ff {}).\n", p.dense_neurons - 1, p.dense_neurons, spec.d_ff - 1,
+                                            p.sparse_spec.d_ff)
+                              : std::string()) +
          std::move(generated.ir);
   if (transpose_down) {
     compiler::KernelSource t;
@@ -169,12 +207,18 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
   }
   if (ctx->gpu) {
     ctx->make_current();
-    p.twell = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * p.layout.words_per_row(spec.d_ff) * 4);
+    const int64_t sparse_d_ff = p.sparse_spec.d_ff;
+    p.twell = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * p.layout.words_per_row(sparse_d_ff) * 4);
     p.counter = std::make_unique<detail::DeviceBuffer>(8);  // the overflow count, the consumer's row counter
-    if (transpose_down) p.w_down_t = std::make_unique<detail::DeviceBuffer>(size_t(spec.d_ff) * spec.d_model * 2);
-    const int64_t tile_rows = max_tokens * p.layout.tiles(spec.d_ff);
+    if (transpose_down) p.w_down_t = std::make_unique<detail::DeviceBuffer>(size_t(sparse_d_ff) * spec.d_model * 2);
+    const int64_t tile_rows = max_tokens * p.layout.tiles(sparse_d_ff);
     p.dispatch = options.dispatch;
     if (p.dispatch != Dispatch::Sparse) p.dense = std::make_unique<DenseFfn>(*this, spec, max_tokens);
+    if (p.dense_neurons > 0) {
+      FfnSpec hot = spec;
+      hot.d_ff = p.dense_neurons;
+      p.hot = std::make_unique<DenseFfn>(*this, hot, max_tokens);
+    }
     p.allocate_backup(options.backup_capacity.value_or(
         static_cast<uint32_t>(std::clamp<int64_t>(tile_rows / 16, 256, int64_t{1} << 24))));
   }
@@ -257,6 +301,7 @@ const FfnSpec& FfnPlan::spec() const { return checked(impl_, "spec").spec; }
 const TwellLayout& FfnPlan::layout() const { return checked(impl_, "layout").layout; }
 const Target& FfnPlan::target() const { return checked(impl_, "target").target; }
 int64_t FfnPlan::max_tokens() const { return checked(impl_, "max_tokens").max_tokens; }
+int64_t FfnPlan::dense_neurons() const { return checked(impl_, "dense_neurons").dense_neurons; }
 const std::vector<KernelReport>& FfnPlan::kernels() const { return checked(impl_, "kernels").reports; }
 const std::string& FfnPlan::ir() const { return checked(impl_, "ir").ir; }
 namespace {
@@ -291,9 +336,15 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
     p.last_path = "dense";
     return;
   }
+  // The TwELL path: the kernels over the TwELL neurons, then the dense neurons added onto y.
+  auto run_twell = [&] {
+    launch(stream, t, tokens, Stages::All);
+    if (p.hot && tokens > 0) p.hot->run(stream, neuron_slice(p.spec, t, 0), tokens, /*accumulate=*/true);
+  };
   std::vector<Path> candidates{Path::Rows};
   // Only Auto chooses among consumers (the variants round h differently: Sparse stays reproducible).
-  if (p.dispatch == Dispatch::Auto && p.block_consumer && tokens > 0 && p.context->gpu && block_operands_aligned(p.spec, t))
+  if (p.dispatch == Dispatch::Auto && p.block_consumer && tokens > 0 && p.context->gpu &&
+      block_operands_aligned(p.sparse_spec, neuron_slice(p.spec, t, p.dense_neurons)))
     candidates.push_back(Path::Block);
   if (p.dispatch == Dispatch::Auto && tokens > 0 && p.context->gpu) candidates.push_back(Path::Dense);
   Path path = Path::Rows;
@@ -307,7 +358,7 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
       for (Path c : candidates) {
         p.use_block = c == Path::Block;
         const auto ms = c == Path::Dense ? time_on_stream(stream, [&] { p.dense->run(stream, t, tokens); }, 1, 3)
-                                         : time_on_stream(stream, [&] { launch(stream, t, tokens, Stages::All); }, 1, 3);
+                                         : time_on_stream(stream, run_twell, 1, 3);
         if (c == Path::Rows || ms[1] < best) {
           best = ms[1];
           fastest = c;
@@ -325,7 +376,7 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
     return;
   }
   p.use_block = path == Path::Block;
-  launch(stream, t, tokens, Stages::All);
+  run_twell();
 }
 
 std::string FfnPlan::last_path() const { return checked(impl_, "last_path").last_path; }
@@ -355,7 +406,9 @@ void FfnPlan::upload_twell(Stream stream, const TwellMatrix& m) {
       m.layout.activation != l.activation || m.layout.threshold != l.threshold)
     bad(fmt::format("m.layout: expected the plan's (tile_n {}, slots {}), got tile_n {}, slots {} (or another value type, "
                     "activation or threshold)", l.tile_n, l.slots, m.layout.tile_n, m.layout.slots));
-  if (m.d_ff != p.spec.d_ff) bad(fmt::format("m.d_ff: expected {}, got {}", p.spec.d_ff, m.d_ff));
+  if (m.d_ff != p.sparse_spec.d_ff)
+    bad(fmt::format("m.d_ff: expected {} (the plan's TwELL neurons{}), got {}", p.sparse_spec.d_ff,
+                    p.dense_neurons > 0 ? fmt::format(": d_ff {} minus dense_neurons {}", p.spec.d_ff, p.dense_neurons) : "", m.d_ff));
   if (m.rows < 0 || m.rows > p.max_tokens) bad(fmt::format("m.rows: expected 0..{} (max_tokens), got {}", p.max_tokens, m.rows));
   p.context->make_current();
   const detail::Driver& d = detail::Driver::get();
@@ -370,7 +423,7 @@ void FfnPlan::upload_twell(Stream stream, const TwellMatrix& m) {
   p.matrix_capacity = m.backup_capacity;
 }
 
-void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages stages) {
+void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t tokens, Stages stages) {
   const bool gate_only = stages == Stages::GateOnly;
   const bool consumer_only = stages == Stages::ConsumerOnly;
   const char* who = gate_only ? "FfnPlan::run_gate" : consumer_only ? "FfnPlan::run_consumer" : "FfnPlan::run";
@@ -378,10 +431,12 @@ void FfnPlan::launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages 
   if (!p.context->gpu)
     throw Error(ErrorCode::NoDevice, fmt::format("{}: this plan was made without a GPU ({})", who, p.context->no_gpu_reason));
   p.context->make_current();
-  check_run_arguments(who, p.spec, t, tokens, p.max_tokens, !gate_only);
+  check_run_arguments(who, p.spec, user_tensors, tokens, p.max_tokens, !gate_only);
+  // From here on the TwELL part: its neurons' slices of the weights, its spec.
+  const FfnTensors t = p.dense_neurons > 0 ? neuron_slice(p.spec, user_tensors, p.dense_neurons) : user_tensors;
   check_operand_alignment(p, t, gate_only);
   const detail::Driver& d = detail::Driver::get();
-  const FfnSpec& s = p.spec;
+  const FfnSpec& s = p.sparse_spec;
   const bool in_out = s.down_layout == WeightLayout::InOut;
   auto u16 = [](const void* ptr) { return static_cast<const uint16_t*>(ptr); };
   auto cu = reinterpret_cast<CUstream>(stream);
@@ -500,7 +555,7 @@ TwellMatrix FfnPlan::download_twell(Stream stream) const {
   TwellMatrix m;
   m.layout = p.layout;
   m.rows = p.last_tokens;
-  m.d_ff = p.spec.d_ff;
+  m.d_ff = p.sparse_spec.d_ff;
   m.backup_capacity = p.matrix_capacity;
   m.words.resize(size_t(m.rows) * p.layout.words_per_row(m.d_ff));
   if (!m.words.empty()) detail::check(d.cuMemcpyDtoH(m.words.data(), p.twell->get(), m.words.size() * 4), "cuMemcpyDtoH(twell)");

@@ -15,6 +15,7 @@
 #include "twell/device_memory.h"
 #include "twell/error.h"
 #include "twell/layer_data.h"
+#include "twell/neuron_order.h"
 
 using namespace twell;
 using namespace twell::testing;
@@ -607,6 +608,98 @@ TEST(GpuFfn, BadArgumentsAreNamedAndHarmless) {
   EXPECT_LT(relative_error(y, reference_gated_ffn(f.spec, f.x, f.tokens, f.weights())), 1e-2);
 }
 
+
+namespace {
+// The hot/cold split (PlanOptions::dense_neurons) end to end: calibrate the activity with a TwELL run,
+// order the weights hot-first on the host, then for several splits (and the cost model's choice) run
+// the split plan on the permuted weights and compare y with the CPU reference of the ORIGINAL weights
+// (the permutation must not change the function), the TwELL part's matrix with the CPU packing of the
+// sparse neurons' columns, y bit for bit across two runs, and no poisoned element left.
+void check_split(const RandomFfn& original, std::vector<int64_t> splits, const std::string& what) {
+  Context& ctx = context();
+  StreamHandle stream(ctx);
+  const FfnSpec& s = original.spec;
+  const int64_t tokens = original.tokens, count = tokens * s.d_model;
+  const auto ref = reference_gated_ffn(s, original.x, tokens, original.weights());
+  std::vector<uint64_t> activity;
+  {
+    DeviceFfn dev(ctx, original);
+    FfnPlan calibration = ctx.plan(s, tokens, sparse());
+    calibration.run(stream.get(), dev.tensors(), tokens);
+    calibration.last_overflow(stream.get());
+    calibration.run(stream.get(), dev.tensors(), tokens);  // with the backup grown to fit: every count known
+    activity = neuron_activity(calibration.download_twell(stream.get()));
+  }
+  const std::vector<int64_t> order = hot_first_order(activity);
+  std::vector<uint64_t> sorted(activity.size());
+  for (size_t i = 0; i < order.size(); ++i) sorted[i] = activity[order[i]];
+  RandomFfn f = original;
+  permute_neurons(s, order, f.w_gate, f.w_up, f.w_down);
+  SplitCostModel model;
+  model.granularity = 64;
+  const int64_t chosen = choose_dense_neurons(s, tokens, sorted, tokens, model);
+  splits.push_back(chosen);
+  const std::vector<uint16_t> gate = reference_gate(s, f.x, tokens, f.w_gate);  // permuted: hot first
+  DeviceFfn dev(ctx, f);
+  for (int64_t k : splits) {
+    for (Dispatch d : {Dispatch::Sparse, Dispatch::Auto}) {
+      PlanOptions o;
+      o.dispatch = d;
+      o.dense_neurons = k;
+      FfnPlan plan = ctx.plan(s, tokens, o);
+      const std::string label = fmt::format("{}, dense_neurons {}{}, {}", what, k, k == chosen ? " (the cost model's)" : "",
+                                            d == Dispatch::Sparse ? "Sparse" : "Auto");
+      dev.y.fill(0xFF);
+      plan.run(stream.get(), dev.tensors(), tokens);
+      stream.synchronize();
+      const auto bits = dev.y.download_vector<uint16_t>(count);
+      EXPECT_EQ(std::count(bits.begin(), bits.end(), uint16_t{0xFFFF}), 0) << label;
+      const double err = relative_error(to_float(s.dtype, bits), ref);
+      EXPECT_LT(err, 1e-2) << label;
+      dev.y.fill(0xFF);
+      plan.run(stream.get(), dev.tensors(), tokens);
+      stream.synchronize();
+      EXPECT_EQ(dev.y.download_vector<uint16_t>(count), bits) << label << ": not bit-identical across runs";
+      if (d == Dispatch::Sparse) {
+        plan.last_overflow(stream.get());
+        const TwellMatrix h = plan.download_twell(stream.get());
+        EXPECT_EQ(h.d_ff, s.d_ff - k) << label;
+        EXPECT_NO_THROW(validate_twell(h)) << label;
+        std::vector<uint16_t> cold(tokens * (s.d_ff - k));
+        for (int64_t r = 0; r < tokens; ++r)
+          std::copy_n(gate.begin() + r * s.d_ff + k, s.d_ff - k, cold.begin() + r * (s.d_ff - k));
+        expect_same_twell(h, pack_twell(plan.layout(), cold, tokens, s.d_ff - k, UINT32_MAX));
+      }
+      std::fprintf(stderr, "[ split ] %s: rel. error %.3e, path %s\n", label.c_str(), err, plan.last_path().c_str());
+    }
+  }
+}
+}  // namespace
+
+// A layer whose every sixth neuron fires for about half the tokens and the rest for 1%: the split moves
+// the hot ones to cuBLASLt. bf16 out_in, fp16 in_out, and a non-gated layer.
+TEST(GpuFfn, DenseNeuronsSplit) {
+  struct Case {
+    DType dtype;
+    WeightLayout down;
+    bool gated;
+  };
+  for (const Case c : {Case{DType::BF16, WeightLayout::OutIn, true}, Case{DType::FP16, WeightLayout::InOut, true},
+                       Case{DType::BF16, WeightLayout::OutIn, false}}) {
+    FfnSpec s;
+    s.d_model = 512;
+    s.d_ff = 1408;
+    s.dtype = c.dtype;
+    s.down_layout = c.down;
+    s.gated = c.gated;
+    RandomFfn f = make_random_ffn(s, 777, 0.01, 31);
+    const RandomFfn hot = make_random_ffn(s, 777, 0.5, 31);  // the same weights but for the shift column
+    for (int64_t j = 0; j < s.d_ff; j += 6) f.w_gate[j * s.d_model] = hot.w_gate[j * s.d_model];  // (an in_out w_down
+    // holds the same random values read as [d_ff, d_model]: any values do)
+    check_split(f, {64, 256, 1344}, fmt::format("{} {} {}", to_string(c.dtype), to_string(c.down), c.gated ? "gated" : "non-gated"));
+  }
+}
+
 namespace {
 void check_real_layer(const std::vector<SafeTensors>& files, int layer, bool random_up_down, int64_t max_rows, int slots,
                       ConsumerVariant consumer = ConsumerVariant::RowGather) {
@@ -655,6 +748,29 @@ TEST(GpuFfnRealData, PaperLayer1) {
                                        SafeTensors::read(dir / "paper_l1_x.safetensors")};
   check_real_layer(files, 1, true, 1024, 31);
   check_real_layer(files, 1, true, 1024, 31, ConsumerVariant::TokenBlock);
+}
+
+// The split on real layers: the activity of real x and Wg picks the dense neurons.
+TEST(GpuFfnRealData, DenseNeuronsSplitOnRealLayers) {
+  const auto split = [](const std::vector<SafeTensors>& files, int layer, bool random_up_down, std::vector<int64_t> splits) {
+    const LayerData d = load_layer(files, layer, random_up_down);
+    RandomFfn f;
+    f.spec.d_model = d.d_model;
+    f.spec.d_ff = d.d_ff;
+    f.tokens = std::min<int64_t>(d.tokens, 512);
+    f.x.assign(d.x.begin(), d.x.begin() + f.tokens * d.d_model);
+    f.w_gate = d.w_gate;
+    f.w_up = d.w_up;
+    f.w_down = d.w_down;
+    check_split(f, std::move(splits), fmt::format("real layer {} ({}, {} tokens)", layer, d.sources.front(), f.tokens));
+  };
+  split({SafeTensors::read(sample_path())}, 1, false, {128, 640});
+  const auto dir = shared_data_dir();
+  for (const char* n : {"paper_l1_gate_a.safetensors", "paper_l1_gate_b.safetensors", "paper_l1_x.safetensors"})
+    if (!std::filesystem::exists(dir / n)) GTEST_SKIP() << "real data not found: " << (dir / n).string();
+  split({SafeTensors::read(dir / "paper_l1_gate_a.safetensors"), SafeTensors::read(dir / "paper_l1_gate_b.safetensors"),
+         SafeTensors::read(dir / "paper_l1_x.safetensors")},
+        1, true, {1024, 4096});
 }
 
 int main(int argc, char** argv) {

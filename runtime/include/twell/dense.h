@@ -20,8 +20,10 @@ class DenseFfn {
   ~DenseFfn();
   DenseFfn(DenseFfn&&) noexcept;
 
-  // y = FFN(x), stream-ordered; the same argument rules as FfnPlan::run.
-  void run(Stream stream, const FfnTensors& t, int64_t tokens);
+  // y = FFN(x), stream-ordered; the same argument rules as FfnPlan::run. accumulate: y += FFN(x) instead
+  // (the down GEMM adds the y it finds, in fp32, and rounds once: how FfnPlan adds the dense neurons
+  // of PlanOptions::dense_neurons to the TwELL part).
+  void run(Stream stream, const FfnTensors& t, int64_t tokens, bool accumulate = false);
 
   // Only the gate GEMM g = x Wg^T into the object's workspace (the dense baseline of D2T).
   void run_gate(Stream stream, const FfnTensors& t, int64_t tokens);

@@ -33,6 +33,16 @@ struct PlanOptions {
   // exact whatever the capacity (a full backup makes the consumer recompute); it only costs time.
   std::optional<uint32_t> backup_capacity;
   Dispatch dispatch = Dispatch::Auto;
+  // The hot/cold split (twell/neuron_order.h): the first `dense_neurons` neurons of d_ff (rows
+  // 0..dense_neurons-1 of w_gate and w_up, the same columns of an out_in w_down, rows of an in_out one)
+  // run on the dense path (cuBLASLt GEMMs), the others through TwELL, and run() adds the two parts
+  // into y. Worth it where a few neurons hold most nonzeros (real layers; choose_dense_neurons predicts
+  // it) once the weights are ordered hot-first (hot_first_order, permute_neurons). The TwELL matrix
+  // (run_gate, run_consumer, download_twell, upload_twell, last_overflow) then covers neurons
+  // dense_neurons..d_ff-1 only: its d_ff is d_ff - dense_neurons. 0 (default): every neuron through TwELL.
+  // Must be a multiple of 64 (the slices of the weights stay 128-byte aligned) and below d_ff, else
+  // Context::plan throws Error(InvalidArgument) naming this field.
+  int64_t dense_neurons = 0;
 };
 
 // How one kernel was obtained.
@@ -89,13 +99,17 @@ class FfnPlan {
   // Calls on one plan must be ordered (one stream, or synchronized): they share the workspace.
   void run(Stream stream, const FfnTensors& t, int64_t tokens);
 
-  // The path the last run() took: "twell" or "dense" ("" before the first run).
+  // The path the last run() took: "twell" (with the dense neurons of PlanOptions::dense_neurons, if
+  // any) or "dense" ("" before the first run).
   std::string last_path() const;
 
   // Dispatch::Auto decides once per token bucket, on the inputs of that bucket's first run(). This
   // forgets every decision: the next run() of each bucket times the paths again. Call it when the
   // layer's activation density has moved (new data, a fine-tuned model) so that the choice follows.
   void recalibrate();
+
+  // PlanOptions::dense_neurons of this plan (0: none).
+  int64_t dense_neurons() const;
 
   // Only the D2T kernel (gate GEMM + TwELL epilogue): fills the plan's TwELL matrix (see
   // download_twell) without the consumer; y is not written and may be null. Same checks as run().

@@ -1,0 +1,67 @@
+// Hot and cold neurons: the split of d_ff between the dense path and TwELL (PlanOptions::dense_neurons).
+//
+// Real sparsity-trained layers are far from uniform (../shared/data/README.md): a few hundred neurons
+// of d_ff fire for most tokens while the rest fire rarely. On paper layer 3 (3.2% density) the 2048
+// most active of 5632 neurons hold 94% of the nonzeros. A per-token gather moves one Wu row and one Wd
+// row (2 x d_model x 2 bytes) per nonzero, so a hot neuron costs as much as it would in a dense GEMM
+// many times over; the dense path (cuBLASLt) computes it at tensor-core rate instead. The FFN is a sum
+// over neurons, y = sum_j h_j Wd(:, j), so it is invariant under a permutation of d_ff: order the
+// weights hot-first once (as a model loader does with any layout change), then let a plan compute the
+// first `dense_neurons` densely and the rest through TwELL, and add the two.
+//
+//   1. activity = neuron_activity(plan.download_twell(stream))   // calibration tokens, Dispatch::Sparse
+//   2. order    = hot_first_order(activity)
+//   3. permute_neurons(spec, order, w_gate, w_up, w_down)        // host copies, once
+//   4. options.dense_neurons = choose_dense_neurons(spec, tokens, sorted activity, SplitCostModel{})
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "twell/format.h"
+#include "twell/spec.h"
+
+namespace twell {
+
+// activity[j] = the number of rows of `m` in which neuron j (0 <= j < m.d_ff) is active, counting
+// stored entries and the active values of backup rows. Throws Error(InvalidArgument) for a matrix that
+// fails validate_twell or holds a tile-row that overflowed a full backup (kBackupMissing: its
+// nonzeros are unknown; grow the backup, FfnPlan::last_overflow, and run again).
+std::vector<uint64_t> neuron_activity(const TwellMatrix& m);
+
+// The neurons by descending activity, ties by ascending index (deterministic): order[i] is the old
+// index of the neuron that moves to position i.
+std::vector<int64_t> hot_first_order(std::span<const uint64_t> activity);
+
+// Reorders the neurons of host weights (dtype bits, dense row-major, spec's layouts): new neuron i is
+// old neuron order[i] (rows of w_gate and w_up, columns of an OutIn w_down, rows of an InOut one). The
+// FFN computes the same function afterwards (up to the fp32 summation order). w_up is empty for a
+// non-gated spec. Throws Error(InvalidArgument) naming the argument when `order` is not a permutation
+// of 0..d_ff-1 or a weight has the wrong size.
+void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::vector<uint16_t>& w_gate,
+                     std::vector<uint16_t>& w_up, std::vector<uint16_t>& w_down);
+
+// Throughputs of the three parts of a split FFN, in TFLOP/s (dense) or TB/s (gather). The defaults were
+// measured on the H200 at the paper's shape, M = 16384 (bench/README.md v23): cuBLASLt's whole gated
+// FFN 1.84 ms (616 TFLOP/s), the D2T gate 0.64 ms (590 TFLOP/s), and the row-gather consumer streaming
+// its Wu/Wd rows at 6.8-8.4 TB/s (7 used). Measure your own with ffn_bench where they differ.
+struct SplitCostModel {
+  double dense_tflops = 616;   // the dense FFN (gate, up and down GEMMs + elementwise) on dense neurons
+  double gate_tflops = 590;    // the D2T gate GEMM over the sparse neurons
+  double gather_tbps = 7.0;    // the consumer's weight rows per nonzero of the sparse neurons
+  double dense_overhead_ms = 0.02;  // the dense part's 4 extra launches (3 GEMMs + elementwise)
+  int64_t granularity = 256;   // candidate splits: multiples of this (a multiple of 64; 256 = a TwELL tile)
+};
+
+// Predicted milliseconds of a `tokens`-row FFN whose first `dense_neurons` neurons run dense and the rest
+// through TwELL, given `activity` over `rows` calibration rows sorted descending (hot_first order).
+double predict_split_ms(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
+                        int64_t dense_neurons, const SplitCostModel& model = {});
+
+// The split with the least predicted time among 0, granularity, 2 granularity, ... below d_ff (0 = all
+// sparse). Throws Error(InvalidArgument) when sorted_activity's size is not spec.d_ff, it is not
+// sorted descending, rows < 1, tokens < 1 or granularity is not a multiple of 64, naming the argument.
+int64_t choose_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
+                             const SplitCostModel& model = {});
+
+}  // namespace twell

@@ -1,0 +1,133 @@
+// Hot and cold neurons (twell/neuron_order.h): activity counts, the hot-first order, the permutation of
+// host weights and the cost model that picks PlanOptions::dense_neurons.
+#include "twell/neuron_order.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include <fmt/format.h>
+
+#include "twell/error.h"
+
+namespace twell {
+
+std::vector<uint64_t> neuron_activity(const TwellMatrix& m) {
+  validate_twell(m);  // every index below is then in range
+  const TwellLayout& l = m.layout;
+  const int64_t tiles = l.tiles(m.d_ff), wpr = l.words_per_row(m.d_ff);
+  std::vector<uint64_t> activity(m.d_ff, 0);
+  for (int64_t r = 0; r < m.rows; ++r) {
+    for (int64_t t = 0; t < tiles; ++t) {
+      const uint32_t* w = &m.words[r * wpr + t * (l.slots + 1)];
+      const int64_t n0 = t * l.tile_n, valid = std::min<int64_t>(l.tile_n, m.d_ff - n0);
+      if (w[0] <= static_cast<uint32_t>(l.slots)) {
+        for (uint32_t e = 0; e < w[0]; ++e) ++activity[n0 + (w[1 + e] & 0xFFFFu)];
+      } else if (w[1] == kBackupMissing) {
+        throw Error(ErrorCode::InvalidArgument,
+                    fmt::format("neuron_activity: m: row {}, tile {} overflowed a full backup, so its nonzeros are unknown; "
+                                "grow the backup (FfnPlan::last_overflow) and run again", r, t));
+      } else {
+        const uint16_t* row = &m.backup[static_cast<size_t>(w[1]) * l.tile_n];
+        for (int64_t c = 0; c < valid; ++c) activity[n0 + c] += is_active(l, row[c]) ? 1 : 0;
+      }
+    }
+  }
+  return activity;
+}
+
+std::vector<int64_t> hot_first_order(std::span<const uint64_t> activity) {
+  std::vector<int64_t> order(activity.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return activity[a] > activity[b]; });
+  return order;
+}
+
+void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::vector<uint16_t>& w_gate,
+                     std::vector<uint16_t>& w_up, std::vector<uint16_t>& w_down) {
+  auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, "permute_neurons: " + m); };
+  const int64_t n = spec.d_ff, k = spec.d_model;
+  if (n <= 0 || k <= 0) bad(fmt::format("spec: expected d_model, d_ff >= 1, got {}, {}", k, n));
+  if (static_cast<int64_t>(order.size()) != n) bad(fmt::format("order: expected {} entries (d_ff), got {}", n, order.size()));
+  std::vector<char> seen(n, 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i] < 0 || order[i] >= n) bad(fmt::format("order[{}]: expected a neuron 0..{}, got {}", i, n - 1, order[i]));
+    if (seen[order[i]]++) bad(fmt::format("order[{}]: neuron {} appears twice (order must be a permutation)", i, order[i]));
+  }
+  const size_t size = static_cast<size_t>(n * k);
+  if (w_gate.size() != size) bad(fmt::format("w_gate: expected {} elements (d_ff x d_model), got {}", size, w_gate.size()));
+  if (spec.gated && w_up.size() != size) bad(fmt::format("w_up: expected {} elements (d_ff x d_model), got {}", size, w_up.size()));
+  if (!spec.gated && !w_up.empty()) bad(fmt::format("w_up: expected empty (a non-gated spec), got {} elements", w_up.size()));
+  if (w_down.size() != size) bad(fmt::format("w_down: expected {} elements (d_model x d_ff), got {}", size, w_down.size()));
+  auto permute_rows = [&](std::vector<uint16_t>& w) {  // [d_ff, d_model]
+    std::vector<uint16_t> out(w.size());
+    for (int64_t i = 0; i < n; ++i) std::copy_n(w.begin() + order[i] * k, k, out.begin() + i * k);
+    w = std::move(out);
+  };
+  permute_rows(w_gate);
+  if (spec.gated) permute_rows(w_up);
+  if (spec.down_layout == WeightLayout::InOut) {
+    permute_rows(w_down);
+  } else {  // [d_model, d_ff]: permute the columns of every row
+    std::vector<uint16_t> out(w_down.size());
+    for (int64_t r = 0; r < k; ++r)
+      for (int64_t i = 0; i < n; ++i) out[r * n + i] = w_down[r * n + order[i]];
+    w_down = std::move(out);
+  }
+}
+
+namespace {
+void check_activity(const char* who, const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> a, int64_t rows) {
+  auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
+  if (static_cast<int64_t>(a.size()) != spec.d_ff)
+    bad(fmt::format("sorted_activity: expected {} entries (d_ff), got {}", spec.d_ff, a.size()));
+  if (!std::is_sorted(a.begin(), a.end(), std::greater<>()))
+    bad("sorted_activity: expected descending counts (the activity in hot_first_order)");
+  if (rows < 1) bad(fmt::format("rows: expected the calibration row count >= 1, got {}", rows));
+  if (tokens < 1) bad(fmt::format("tokens: expected >= 1, got {}", tokens));
+  if (spec.d_model < 1) bad(fmt::format("spec.d_model: expected >= 1, got {}", spec.d_model));
+}
+
+// The model's three terms: dense GEMMs over the dense neurons, the D2T gate over the others, and the
+// consumer's Wu/Wd rows per remaining nonzero.
+double split_ms(const FfnSpec& spec, int64_t tokens, uint64_t cold_nnz, int64_t rows, int64_t dense, const SplitCostModel& m) {
+  const double t = static_cast<double>(tokens), d_model = static_cast<double>(spec.d_model);
+  const double dense_flops = (spec.gated ? 6.0 : 4.0) * t * d_model * static_cast<double>(dense);
+  const double gate_flops = 2.0 * t * d_model * static_cast<double>(spec.d_ff - dense);
+  const double entry_bytes = (spec.gated ? 2.0 : 1.0) * d_model * 2.0;
+  const double gather_bytes = t * static_cast<double>(cold_nnz) / static_cast<double>(rows) * entry_bytes;
+  return dense_flops / (m.dense_tflops * 1e9) + gate_flops / (m.gate_tflops * 1e9) + gather_bytes / (m.gather_tbps * 1e9) +
+         (dense > 0 ? m.dense_overhead_ms : 0.0);
+}
+}  // namespace
+
+double predict_split_ms(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
+                        int64_t dense_neurons, const SplitCostModel& model) {
+  check_activity("predict_split_ms", spec, tokens, sorted_activity, rows);
+  if (dense_neurons < 0 || dense_neurons >= spec.d_ff)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("predict_split_ms: dense_neurons: expected 0..{} (below d_ff), got {}",
+                                                        spec.d_ff - 1, dense_neurons));
+  const uint64_t cold = std::accumulate(sorted_activity.begin() + dense_neurons, sorted_activity.end(), uint64_t{0});
+  return split_ms(spec, tokens, cold, rows, dense_neurons, model);
+}
+
+int64_t choose_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
+                             const SplitCostModel& model) {
+  check_activity("choose_dense_neurons", spec, tokens, sorted_activity, rows);
+  if (model.granularity < 64 || model.granularity % 64 != 0)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("choose_dense_neurons: model.granularity: expected a positive multiple of 64 "
+                                                        "(what PlanOptions::dense_neurons takes), got {}", model.granularity));
+  uint64_t cold = std::accumulate(sorted_activity.begin(), sorted_activity.end(), uint64_t{0});
+  int64_t best = 0;
+  double best_ms = split_ms(spec, tokens, cold, rows, 0, model);
+  for (int64_t k = model.granularity; k < spec.d_ff; k += model.granularity) {
+    for (int64_t j = k - model.granularity; j < k; ++j) cold -= sorted_activity[j];
+    const double ms = split_ms(spec, tokens, cold, rows, k, model);
+    if (ms < best_ms) {
+      best_ms = ms;
+      best = k;
+    }
+  }
+  return best;
+}
+
+}  // namespace twell
