@@ -19,6 +19,8 @@
 #include "twell/dense.h"
 #include "twell/device_memory.h"
 #include "twell/format.h"
+#include "twell/layer_data.h"
+#include "twell/neuron_order.h"
 #include "twell/safetensors.h"
 
 using namespace twell;
@@ -262,6 +264,214 @@ void RealPatternArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"layer", "M", "consumer"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 
+// The real patterns of layer `layer` as dense activated rows [tokens, d_ff] (the 1477 rows repeated),
+// and each neuron's activity over the first `calibration_rows` source rows. False (and the state
+// skipped, saying why) when the file is missing or malformed.
+bool real_pattern(benchmark::State& state, int layer, int64_t tokens, int64_t calibration_rows, std::vector<uint16_t>& dense,
+                  std::vector<uint64_t>& activity, int64_t& nnz) {
+  const auto file = testing::shared_data_dir() / "paper_patterns.safetensors";
+  if (!std::filesystem::exists(file)) {
+    state.SkipWithError(("missing " + file.string()).c_str());
+    return false;
+  }
+  const SafeTensors st = SafeTensors::read(file);
+  const std::string prefix = "layers." + std::to_string(layer) + ".";
+  const TensorView row_ptr = st.at(prefix + "row_ptr"), col = st.at(prefix + "col"), val = st.at(prefix + "val");
+  if (row_ptr.dtype != "I32" || col.dtype != "I16" || val.dtype != "BF16" || row_ptr.shape.size() != 1) {
+    state.SkipWithError((prefix + "{row_ptr, col, val}: expected I32, I16, BF16 vectors").c_str());
+    return false;
+  }
+  const int64_t rows = row_ptr.shape.at(0) - 1;
+  std::vector<int32_t> ptr(rows + 1);
+  std::memcpy(ptr.data(), row_ptr.data.data(), ptr.size() * 4);
+  dense.assign(tokens * kDff, 0);
+  activity.assign(kDff, 0);
+  nnz = 0;
+  for (int64_t r = 0; r < std::max(tokens, rows); ++r) {
+    const int64_t src = r % rows;
+    for (int32_t e = ptr[src]; e < ptr[src + 1]; ++e) {
+      int16_t c;
+      uint16_t v;
+      std::memcpy(&c, col.data.data() + 2 * e, 2);
+      std::memcpy(&v, val.data.data() + 2 * e, 2);
+      if (c < 0 || c >= kDff) {
+        state.SkipWithError((prefix + "col: an index outside 0.." + std::to_string(kDff - 1)).c_str());
+        return false;
+      }
+      if (r < tokens) {
+        dense[r * kDff + c] = v;
+        ++nnz;
+      }
+      if (r < calibration_rows) ++activity[c];
+    }
+  }
+  return true;
+}
+
+// The hot/cold split (PlanOptions::dense_neurons) on the real patterns of one paper layer, M = 16384:
+// the neurons ordered by their activity over the first half of the 1477 held-out tokens (so the split
+// is judged on tokens it was not chosen on, too), the split from the cost model (third argument -1)
+// or given. Timed in one process, each a median: the D2T over the TwELL neurons (run_gate; its time
+// does not depend on the pattern), the consumer over the real pattern of those neurons (uploaded),
+// the dense neurons through cuBLASLt (y +=), and cuBLASLt's whole dense FFN. The layer's time is the
+// sum of the three parts (these layers' x and Wg are not in the data, so the parts cannot run as one
+// call on the real pattern); the counters show each.
+void BM_RealLayerSplit(benchmark::State& state) {
+  if (!gpu_or_skip(state)) return;
+  Context& ctx = context();
+  const int layer = static_cast<int>(state.range(0));
+  const int64_t tokens = state.range(1);
+  std::vector<uint16_t> dense;
+  std::vector<uint64_t> activity;
+  int64_t nnz = 0;
+  if (!real_pattern(state, layer, tokens, 1477 / 2, dense, activity, nnz)) return;
+  const std::vector<int64_t> order = hot_first_order(activity);
+  std::vector<uint64_t> sorted(kDff);
+  for (int64_t i = 0; i < kDff; ++i) sorted[i] = activity[order[i]];
+  Problem& p = problem(tokens, 5);
+  const int64_t k = state.range(2) >= 0 ? state.range(2) : choose_dense_neurons(p.host.spec, tokens, sorted, 1477 / 2);
+  // The TwELL neurons' columns of the pattern, hot-first order.
+  const int64_t cold = kDff - k;
+  std::vector<uint16_t> pattern(tokens * cold);
+  int64_t cold_nnz = 0;
+  for (int64_t r = 0; r < tokens; ++r)
+    for (int64_t i = 0; i < cold; ++i) {
+      pattern[r * cold + i] = dense[r * kDff + order[k + i]];
+      cold_nnz += pattern[r * cold + i] != 0;
+    }
+  StreamHandle stream(ctx);
+  PlanOptions o;
+  o.dispatch = Dispatch::Sparse;
+  o.dense_neurons = k;
+  FfnPlan plan = ctx.plan(p.host.spec, tokens, o);
+  const TwellMatrix h = pack_twell(plan.layout(), pattern, tokens, cold, UINT32_MAX);
+  std::unique_ptr<DenseFfn> hot;
+  if (k > 0) {
+    FfnSpec hs = p.host.spec;
+    hs.d_ff = k;
+    hot = std::make_unique<DenseFfn>(ctx, hs, tokens);
+  }
+  DenseFfn whole(ctx, p.host.spec, tokens);
+  const FfnTensors t = p.tensors();
+  FfnTensors hot_t = t;  // the first k neurons of the (random) weights, full row strides
+  hot_t.ld_gate = hot_t.ld_up = kDModel;
+  hot_t.ld_down = kDff;
+  auto median = [](std::vector<double> v) { return v[v.size() / 2]; };
+  double gate_ms = 0, consumer_ms = 0, hot_ms = 0, dense_ms = 0;
+  for (auto _ : state) {
+    gate_ms = median(time_on_stream(stream.get(), [&] { plan.run_gate(stream.get(), t, tokens); }, 2, 5));
+    plan.upload_twell(stream.get(), h);
+    consumer_ms = median(time_on_stream(stream.get(), [&] { plan.run_consumer(stream.get(), t, tokens); }, 2, 5));
+    if (hot) hot_ms = median(time_on_stream(stream.get(), [&] { hot->run(stream.get(), hot_t, tokens, true); }, 2, 5));
+    dense_ms = median(time_on_stream(stream.get(), [&] { whole.run(stream.get(), t, tokens); }, 2, 5));
+    state.SetIterationTime((gate_ms + consumer_ms + hot_ms) / 1e3);
+  }
+  state.counters["dense_neurons"] = static_cast<double>(k);
+  state.counters["nnz/row"] = static_cast<double>(nnz) / tokens;
+  state.counters["TwELL nnz/row"] = static_cast<double>(cold_nnz) / tokens;
+  state.counters["gate ms"] = gate_ms;
+  state.counters["consumer ms"] = consumer_ms;
+  state.counters["dense part ms"] = hot_ms;
+  state.counters["dense FFN ms"] = dense_ms;
+  state.counters["predicted ms"] = predict_split_ms(p.host.spec, tokens, sorted, 1477 / 2, k);
+  state.counters["x dense"] = dense_ms / (gate_ms + consumer_ms + hot_ms);
+}
+
+void RealLayerSplitArgs(benchmark::internal::Benchmark* b) {
+  for (int layer = 0; layer < 4; ++layer) b->Args({layer, 16384, -1});
+  for (int64_t k : {0, 1024, 2048, 3072, 4096, 4608}) b->Args({1, 16384, k});
+  for (int64_t k : {0, 1024, 2048, 3072}) b->Args({3, 16384, k});
+  b->ArgNames({"layer", "M", "dense_neurons"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
+}
+
+// Paper layer 1 end to end on its real x and gate weight (../shared/data paper_l1_*; random Wu, Wd as
+// the files hold none): 1024 tokens repeated to M, the activity of the first 512 picks the hot-first
+// order and the split (cost model), then one FfnPlan::run with the split (Sparse), without it, with
+// Dispatch::Auto over the split plan, and cuBLASLt's dense FFN; argument 1: 0 dense, 1 TwELL without
+// split, 2 split, 3 Auto over the split.
+void BM_PaperLayer1(benchmark::State& state) {
+  if (!gpu_or_skip(state)) return;
+  const auto dir = testing::shared_data_dir();
+  for (const char* n : {"paper_l1_gate_a.safetensors", "paper_l1_gate_b.safetensors", "paper_l1_x.safetensors"})
+    if (!std::filesystem::exists(dir / n)) {
+      state.SkipWithError(("missing " + (dir / n).string()).c_str());
+      return;
+    }
+  static std::unique_ptr<testing::RandomFfn> f;  // permuted hot-first, x repeated to 16384 rows
+  static int64_t split = 0;
+  Context& ctx = context();
+  StreamHandle stream(ctx);
+  const int64_t tokens = state.range(0);
+  if (!f || f->tokens != tokens) {
+    const LayerData d = load_layer({SafeTensors::read(dir / "paper_l1_gate_a.safetensors"),
+                                    SafeTensors::read(dir / "paper_l1_gate_b.safetensors"), SafeTensors::read(dir / "paper_l1_x.safetensors")},
+                                   1, true);
+    f = std::make_unique<testing::RandomFfn>();
+    f->spec.d_model = d.d_model;
+    f->spec.d_ff = d.d_ff;
+    f->tokens = tokens;
+    f->x.resize(tokens * d.d_model);
+    for (int64_t r = 0; r < tokens; ++r) std::copy_n(d.x.begin() + (r % d.tokens) * d.d_model, d.d_model, f->x.begin() + r * d.d_model);
+    f->w_gate = d.w_gate;
+    f->w_up = d.w_up;
+    f->w_down = d.w_down;
+    // The activity of the first 512 real tokens.
+    const int64_t calibration = 512;
+    DeviceMemory x(ctx, calibration * d.d_model * 2), wg(ctx, d.w_gate.size() * 2), wu(ctx, d.w_up.size() * 2), wd(ctx, d.w_down.size() * 2),
+        y(ctx, calibration * d.d_model * 2);
+    x.upload(std::vector<uint16_t>(d.x.begin(), d.x.begin() + calibration * d.d_model));
+    wg.upload(d.w_gate);
+    wu.upload(d.w_up);
+    wd.upload(d.w_down);
+    PlanOptions o;
+    o.dispatch = Dispatch::Sparse;
+    FfnPlan calib = ctx.plan(f->spec, calibration, o);
+    const FfnTensors ct{x.data(), wg.data(), wu.data(), wd.data(), y.data()};
+    calib.run(stream.get(), ct, calibration);
+    calib.last_overflow(stream.get());
+    calib.run(stream.get(), ct, calibration);
+    const std::vector<uint64_t> activity = neuron_activity(calib.download_twell(stream.get()));
+    const std::vector<int64_t> order = hot_first_order(activity);
+    std::vector<uint64_t> sorted(order.size());
+    for (size_t i = 0; i < order.size(); ++i) sorted[i] = activity[order[i]];
+    split = choose_dense_neurons(f->spec, tokens, sorted, calibration);
+    permute_neurons(f->spec, order, f->w_gate, f->w_up, f->w_down);
+  }
+  auto up = [&](const std::vector<uint16_t>& v) {
+    auto m = std::make_unique<DeviceMemory>(ctx, v.size() * 2);
+    m->upload(v);
+    return m;
+  };
+  auto x = up(f->x), wg = up(f->w_gate), wu = up(f->w_up), wd = up(f->w_down);
+  DeviceMemory y(ctx, tokens * f->spec.d_model * 2);
+  const FfnTensors t{x->data(), wg->data(), wu->data(), wd->data(), y.data()};
+  const int mode = static_cast<int>(state.range(1));
+  std::unique_ptr<FfnPlan> plan;
+  std::unique_ptr<DenseFfn> dense;
+  if (mode == 0) {
+    dense = std::make_unique<DenseFfn>(ctx, f->spec, tokens);
+  } else {
+    PlanOptions o;
+    o.dispatch = mode == 3 ? Dispatch::Auto : Dispatch::Sparse;
+    o.dense_neurons = mode >= 2 ? split : 0;
+    plan = std::make_unique<FfnPlan>(ctx.plan(f->spec, tokens, o));
+    plan->run(stream.get(), t, tokens);  // Auto: calibrates; Sparse: sizes the backup
+    if (mode != 3) plan->last_overflow(stream.get());
+    if (mode == 3) state.SetLabel("picked " + plan->last_path());
+  }
+  auto call = [&] { plan ? plan->run(stream.get(), t, tokens) : dense->run(stream.get(), t, tokens); };
+  for (auto _ : state) {
+    const auto ms = time_on_stream(stream.get(), call, 2, 5);
+    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
+  }
+  state.counters["dense_neurons"] = mode >= 2 ? static_cast<double>(split) : 0.0;
+}
+
+void PaperLayer1Args(benchmark::internal::Benchmark* b) {
+  for (int mode : {0, 1, 2, 3}) b->Args({16384, mode});
+  b->ArgNames({"M", "path"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+}
+
 void BM_JitColdCompile(benchmark::State& state) {
   FfnSpec s;
   s.d_model = kDModel;
@@ -309,6 +519,8 @@ BENCHMARK_CAPTURE(BM_Gate, twell_d2t_no_cluster, true, 1)->Apply(GateArgs);
 BENCHMARK_CAPTURE(BM_Gate, dense_cublaslt_gemm, false, 0)->Apply(GateArgs);
 BENCHMARK(BM_Consumer)->Apply(ConsumerArgs);
 BENCHMARK(BM_ConsumerRealPattern)->Apply(RealPatternArgs);
+BENCHMARK(BM_RealLayerSplit)->Apply(RealLayerSplitArgs);
+BENCHMARK(BM_PaperLayer1)->Apply(PaperLayer1Args);
 BENCHMARK(BM_JitColdCompile)->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK(BM_JitWarmHit)->Unit(benchmark::kMicrosecond);
 
