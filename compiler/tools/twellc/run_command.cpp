@@ -17,6 +17,7 @@
 #include "twell/error.h"
 #include "twell/half.h"
 #include "twell/layer_data.h"
+#include "twell/neuron_order.h"
 #include "twell/reference.h"
 
 extern "C" const unsigned char twell_sample_begin[];
@@ -38,6 +39,8 @@ const char* kRunHelp =
     "  --threshold t      sparsity threshold (default 0: relu(g) > 0)\n"
     "  --random-up-down   draw missing up/down weights at random (seeded) instead of failing\n"
     "  --reps R           timed repetitions per path (default 20; median reported)\n"
+    "  --dense-neurons N  the hot/cold split (PlanOptions::dense_neurons): N most active neurons run dense,\n"
+    "                     a multiple of 64 below d_ff; 'auto' (default): the cost model's choice; 0: none\n"
     "  --json             print one JSON document instead of the report\n";
 
 struct Stats {
@@ -100,7 +103,7 @@ std::vector<float> download_y(twell::DeviceMemory& y, int64_t count, size_t* poi
 int run_command(const std::vector<std::string>& argv) {
   Args args;
   try {
-    args = parse_args(argv, {"json", "random-up-down", "help"}, {"layer", "tile-n", "slots", "threshold", "reps"});
+    args = parse_args(argv, {"json", "random-up-down", "help"}, {"layer", "tile-n", "slots", "threshold", "reps", "dense-neurons"});
   } catch (const std::invalid_argument& e) {
     std::fprintf(stderr, "twellc run: %s\n%s", e.what(), kRunHelp);
     return 2;
@@ -163,6 +166,33 @@ int run_command(const std::vector<std::string>& argv) {
                           {"tile_nnz_p99", st.tile_p99}, {"tile_nnz_max", st.tile_max},
                           {"rows_overflowing", st.rows_overflowing}, {"tile_rows_overflowing", st.tile_rows_overflowing},
                           {"tile_rows", tile_rows}};
+    // The hot/cold split: neuron activity over these tokens, the hot-first order, the cost model's split.
+    std::vector<uint64_t> activity(d.d_ff, 0);
+    for (int64_t r = 0; r < d.tokens; ++r)
+      for (int64_t j = 0; j < d.d_ff; ++j) activity[j] += twell::is_active(layout, a[r * d.d_ff + j]) ? 1 : 0;
+    const std::vector<int64_t> order = twell::hot_first_order(activity);
+    std::vector<uint64_t> sorted(order.size());
+    for (size_t i = 0; i < order.size(); ++i) sorted[i] = activity[order[i]];
+    const std::string split_arg = args.get("dense-neurons", "auto");
+    int64_t split = 0;
+    if (split_arg == "auto") {
+      split = twell::choose_dense_neurons(spec, d.tokens, sorted, d.tokens);
+    } else {
+      split = args.get_int("dense-neurons", 0, 0, d.d_ff - 1);
+      if (split % 64 != 0)
+        throw std::invalid_argument(fmt::format("--dense-neurons: expected 'auto' or a multiple of 64 below d_ff ({}), got {}", d.d_ff, split));
+    }
+    uint64_t total = 0, covered = 0;
+    for (size_t i = 0; i < sorted.size(); ++i) (static_cast<int64_t>(i) < split ? covered : total) += sorted[i];
+    total += covered;
+    const double predicted_split = twell::predict_split_ms(spec, d.tokens, sorted, d.tokens, split);
+    const double predicted_twell = twell::predict_split_ms(spec, d.tokens, sorted, d.tokens, 0);
+    say(fmt::format("   hot/cold split: dense_neurons {} ({}) hold {:.1f}% of the nonzeros; cost model (H200 rates): "
+                    "{:.3f} ms split vs {:.3f} ms all TwELL",
+                    split, split_arg == "auto" ? "the cost model's choice" : "given", total ? 100.0 * covered / total : 0.0,
+                    predicted_split, predicted_twell));
+    report["split"] = {{"dense_neurons", split}, {"nonzeros_covered", total ? double(covered) / total : 0.0},
+                       {"predicted_ms", predicted_split}, {"predicted_ms_all_twell", predicted_twell}};
     report["layout"] = {{"tile_n", layout.tile_n}, {"slots", layout.slots}, {"value", "bf16"}, {"index_bits", layout.index_bits},
                         {"activation", twell::to_string(layout.activation)}, {"threshold", layout.threshold}};
 
@@ -247,6 +277,35 @@ int run_command(const std::vector<std::string>& argv) {
     const double err_dense = twell::relative_error(download_y(y, y_count, &poisoned_dense), y_ref);
     const std::vector<double> t_dense = twell::time_on_stream(stream.get(), [&] { dense.run(stream.get(), tensors, d.tokens); }, 3, reps);
 
+    // The split: the weights ordered hot-first (the same function), the first `split` neurons dense.
+    double err_split = 0, med_split = 0;
+    size_t poisoned_split = 0;
+    bool deterministic_split = true;
+    if (split > 0) {
+      twell::FfnSpec ps = spec;
+      std::vector<uint16_t> pg = d.w_gate, pu = d.w_up, pd = d.w_down;
+      twell::permute_neurons(ps, order, pg, pu, pd);
+      twell::DeviceMemory pwg = upload(pg), pwu = upload(pu), pwd = upload(pd);
+      const twell::FfnTensors pt{x.data(), pwg.data(), pwu.data(), pwd.data(), y.data()};
+      twell::PlanOptions so = options;
+      so.dense_neurons = split;
+      twell::FfnPlan split_plan = ctx.plan(spec, d.tokens, so);
+      split_plan.run(stream.get(), pt, d.tokens);
+      split_plan.last_overflow(stream.get());  // grows the backup for the next run if needed (never wrong)
+      y.fill(0xFF);
+      split_plan.run(stream.get(), pt, d.tokens);
+      stream.synchronize();
+      const std::vector<float> y_split = download_y(y, y_count, &poisoned_split);
+      err_split = twell::relative_error(y_split, y_ref);  // against the reference of the original weights
+      y.fill(0xFF);
+      split_plan.run(stream.get(), pt, d.tokens);
+      stream.synchronize();
+      size_t again = 0;
+      deterministic_split = download_y(y, y_count, &again) == y_split && again == poisoned_split;
+      const auto t_split = twell::time_on_stream(stream.get(), [&] { split_plan.run(stream.get(), pt, d.tokens); }, 3, reps);
+      med_split = t_split[t_split.size() / 2];
+    }
+
     const double med_twell = t_twell[t_twell.size() / 2], med_dense = t_dense[t_dense.size() / 2];
     say(fmt::format("== GPU: {} ({} SMs)", ctx.device_name(), ctx.sm_count()));
     say(fmt::format("   TwELL FFN   rel. error vs CPU reference {:.3e}  unwritten outputs {}  bitwise deterministic {}  "
@@ -254,18 +313,26 @@ int run_command(const std::vector<std::string>& argv) {
                     err_twell, poisoned, deterministic ? "yes" : "NO", med_twell, reps));
     say(fmt::format("   dense FFN   rel. error vs CPU reference {:.3e}  unwritten outputs {}  (cuBLASLt)  median {:.3f} ms",
                     err_dense, poisoned_dense, med_dense));
+    if (split > 0)
+      say(fmt::format("   split FFN   rel. error vs CPU reference {:.3e}  unwritten outputs {}  bitwise deterministic {}  "
+                      "median {:.3f} ms  ({} neurons dense, weights ordered hot-first)",
+                      err_split, poisoned_split, deterministic_split ? "yes" : "NO", med_split, split));
     say(fmt::format("   overflow: {} tile-rows reported by the gate kernel (CPU: {}), backup capacity {}{}",
                     overflow.overflowing_tile_rows, st.tile_rows_overflowing, overflow.backup_capacity,
                     overflow.recomputed ? " (full: the rest were recomputed by the consumer)" : ""));
     say(fmt::format("   speed: TwELL takes {:.2f}x the dense time{}", med_twell / med_dense,
                     med_twell < med_dense ? "" : " (Dispatch::Auto, the default of the runtime API, would pick dense here)"));
-    const bool ok = err_twell < 1e-2 && err_dense < 1e-2 && poisoned == 0 && poisoned_dense == 0 && deterministic;
-    say(ok ? "== PASS: TwELL and dense agree with the CPU reference (rel. error < 1e-2)" : "== FAIL: see above");
+    const bool ok = err_twell < 1e-2 && err_dense < 1e-2 && poisoned == 0 && poisoned_dense == 0 && deterministic &&
+                    err_split < 1e-2 && poisoned_split == 0 && deterministic_split;
+    say(ok ? fmt::format("== PASS: TwELL{} and dense agree with the CPU reference (rel. error < 1e-2)", split > 0 ? ", split" : "")
+           : std::string("== FAIL: see above"));
     report["gpu"] = {{"present", true}, {"device", ctx.device_name()}, {"sm_count", ctx.sm_count()},
                      {"twell", {{"rel_error", err_twell}, {"unwritten", poisoned}, {"deterministic", deterministic},
                                 {"median_ms", med_twell}, {"overflow_tile_rows", overflow.overflowing_tile_rows},
                                 {"backup_capacity", overflow.backup_capacity}}},
                      {"dense", {{"rel_error", err_dense}, {"unwritten", poisoned_dense}, {"median_ms", med_dense}}},
+                     {"split", {{"dense_neurons", split}, {"rel_error", err_split}, {"unwritten", poisoned_split},
+                                {"deterministic", deterministic_split}, {"median_ms", med_split}}},
                      {"reps", reps}, {"pass", ok}};
     if (json_out) std::printf("%s\n", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return ok ? 0 : 1;
