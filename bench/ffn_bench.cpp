@@ -468,7 +468,8 @@ void BM_PaperLayer1(benchmark::State& state) {
 }
 
 void PaperLayer1Args(benchmark::internal::Benchmark* b) {
-  for (int mode : {0, 1, 2, 3}) b->Args({16384, mode});
+  for (int64_t m : {16384, 131072})  // 131072: PERFORMANCE.md's real-data anchor (dense 14.0 ms, reference 38.1)
+    for (int mode : {0, 1, 2, 3}) b->Args({m, mode});
   b->ArgNames({"M", "path"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 

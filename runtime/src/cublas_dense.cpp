@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -22,6 +23,26 @@ void check_lt(cublasStatus_t s, const char* what) {
 }
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+// The alignment cuBLASLt may assume for an operand: the largest power of two (at most 256, its
+// default assumption) dividing both the address and the row stride in bytes. Without telling it,
+// the heuristic assumes 256 and may pick a kernel that rejects an offset view (a slice of x, y).
+uint32_t operand_alignment(const void* ptr, int64_t ld) {
+  const uint64_t bits = reinterpret_cast<uintptr_t>(ptr) | static_cast<uint64_t>(ld) * 2 | 256;
+  return static_cast<uint32_t>(bits & (~bits + 1));
+}
+
+// One GEMM of the FFN: row-major C[m, n] = A[m, k] * op(B), B stored [n, k] (b_is_n_by_k) or [k, n].
+struct Gemm {
+  const void* a;
+  int64_t lda;
+  const void* b;
+  int64_t ldb;
+  bool b_is_n_by_k;
+  void* c;
+  int64_t ldc;
+  int64_t m, n, k;
+};
 
 }  // namespace
 
@@ -49,8 +70,9 @@ struct DenseFfn::Impl {
   std::shared_ptr<LoadedKernel> gated_mul;
   cublasLtHandle_t handle = nullptr;
   std::unique_ptr<detail::DeviceBuffer> workspace, g, u;
-  // Keyed by (m, n, k, lda, ldb, ldc, b_is_n_by_k).
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>, std::unique_ptr<GemmPlan>> gemm_plans;
+  // Keyed by (m, n, k, lda, ldb, ldc, b_is_n_by_k, alignments of A, B, C).
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t>, std::unique_ptr<GemmPlan>>
+      gemm_plans;
 
   ~Impl() {
     gemm_plans.clear();  // descriptors before the handle
@@ -59,8 +81,12 @@ struct DenseFfn::Impl {
 
   // Row-major C[m, n] = A[m, k] * op(B) where B is stored row-major as [n, k] (transposed = true,
   // nn.Linear) or [k, n]. cuBLASLt is column-major: compute C^T = op(B)^T-as-stored * A^T.
-  const GemmPlan& gemm_plan(int64_t lda, int64_t ldb, bool b_is_n_by_k, int64_t ldc, int64_t m, int64_t n, int64_t k) {
-    auto& slot = gemm_plans[{m, n, k, lda, ldb, ldc, b_is_n_by_k}];
+  const GemmPlan& gemm_plan(const Gemm& g) {
+    const auto [a_ptr, lda, b_ptr, ldb, b_is_n_by_k, c_ptr, ldc, m, n, k] = g;
+    // The column-major product's first operand is B as stored, its second A (see below).
+    const uint32_t align_first = operand_alignment(b_ptr, ldb), align_second = operand_alignment(a_ptr, lda),
+                   align_c = operand_alignment(c_ptr, ldc);
+    auto& slot = gemm_plans[{m, n, k, lda, ldb, ldc, b_is_n_by_k, align_first, align_second, align_c}];
     if (slot) return *slot;
     auto plan = std::make_unique<GemmPlan>();
     const cudaDataType_t type = spec.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -80,24 +106,30 @@ struct DenseFfn::Impl {
     const uint64_t ws = kWorkspaceBytes;
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
-    const cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_first}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_second},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c}};
+    for (const auto& [attribute, bytes] : alignments)
+      if (set == CUBLAS_STATUS_SUCCESS) set = cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof(bytes));
     const cublasStatus_t got = set != CUBLAS_STATUS_SUCCESS ? set
                                : cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->layout_b, plan->layout_a, plan->layout_c,
                                                                 plan->layout_c, pref, 1, &heuristic, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    check_lt(set, "workspace pref");
+    check_lt(set, "matmul preferences (workspace, alignments)");
     check_lt(got, "cublasLtMatmulAlgoGetHeuristic");
-    if (found == 0) throw Error(ErrorCode::Cuda, fmt::format("DenseFfn: cuBLASLt has no algorithm for m={} n={} k={}", m, n, k));
+    if (found == 0)
+      throw Error(ErrorCode::Unsupported, fmt::format("DenseFfn: cuBLASLt has no algorithm for m={} n={} k={} with operands aligned to "
+                                                      "{} / {} / {} bytes", m, n, k, align_second, align_first, align_c));
     plan->algo = heuristic.algo;
     slot = std::move(plan);
     return *slot;
   }
 
-  void gemm(CUstream stream, const void* a, int64_t lda, const void* b, int64_t ldb, bool b_is_n_by_k, void* c, int64_t ldc,
-            int64_t m, int64_t n, int64_t k, float beta = 0.0f) {
-    const GemmPlan& plan = gemm_plan(lda, ldb, b_is_n_by_k, ldc, m, n, k);
+  void gemm(CUstream stream, const Gemm& g, float beta = 0.0f) {
+    const GemmPlan& plan = gemm_plan(g);
     const float alpha = 1.0f;
-    check_lt(cublasLtMatmul(handle, plan.desc, &alpha, b, plan.layout_b, a, plan.layout_a, &beta, c, plan.layout_c, c,
+    check_lt(cublasLtMatmul(handle, plan.desc, &alpha, g.b, plan.layout_b, g.a, plan.layout_a, &beta, g.c, plan.layout_c, g.c,
                             plan.layout_c, &plan.algo, reinterpret_cast<void*>(workspace->get()), kWorkspaceBytes,
                             reinterpret_cast<cudaStream_t>(stream)),
              "cublasLtMatmul");
@@ -135,29 +167,51 @@ DenseFfn::DenseFfn(Context& context, const FfnSpec& spec, int64_t max_tokens) : 
 DenseFfn::~DenseFfn() = default;
 DenseFfn::DenseFfn(DenseFfn&&) noexcept = default;
 
+namespace {
+// The FFN's GEMMs for these tensors: gate, up (gated), down; g and u are the object's workspaces.
+std::vector<Gemm> ffn_gemms(const DenseFfn::Impl& p, const FfnTensors& t, int64_t tokens) {
+  const FfnSpec& s = p.spec;
+  const int64_t ldx = t.ld_x ? t.ld_x : s.d_model, ldy = t.ld_y ? t.ld_y : s.d_model;
+  const bool in_out = s.down_layout == WeightLayout::InOut;
+  void* g = reinterpret_cast<void*>(p.g->get());
+  std::vector<Gemm> gemms{{t.x, ldx, t.w_gate, t.ld_gate ? t.ld_gate : s.d_model, true, g, s.d_ff, tokens, s.d_ff, s.d_model}};
+  if (s.gated)
+    gemms.push_back({t.x, ldx, t.w_up, t.ld_up ? t.ld_up : s.d_model, true, reinterpret_cast<void*>(p.u->get()), s.d_ff, tokens,
+                     s.d_ff, s.d_model});
+  gemms.push_back({g, s.d_ff, t.w_down, t.ld_down ? t.ld_down : (in_out ? s.d_model : s.d_ff), !in_out, t.y, ldy, tokens,
+                   s.d_model, s.d_ff});
+  return gemms;
+}
+}  // namespace
+
 void DenseFfn::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) {
   Impl& p = *impl_;
-  const FfnSpec& s = p.spec;
   p.context->make_current();
-  check_run_arguments("DenseFfn::run_gate", s, t, tokens, p.max_tokens, /*needs_output=*/false);
+  check_run_arguments("DenseFfn::run_gate", p.spec, t, tokens, p.max_tokens, /*needs_output=*/false);
   if (tokens == 0) return;
-  p.gemm(reinterpret_cast<CUstream>(stream), t.x, t.ld_x ? t.ld_x : s.d_model, t.w_gate, t.ld_gate ? t.ld_gate : s.d_model, true,
-         reinterpret_cast<void*>(p.g->get()), s.d_ff, tokens, s.d_ff, s.d_model);
+  const FfnSpec& s = p.spec;
+  p.gemm(reinterpret_cast<CUstream>(stream), Gemm{t.x, t.ld_x ? t.ld_x : s.d_model, t.w_gate, t.ld_gate ? t.ld_gate : s.d_model, true,
+                                                  reinterpret_cast<void*>(p.g->get()), s.d_ff, tokens, s.d_ff, s.d_model});
+}
+
+void DenseFfn::prepare(const FfnTensors& t, int64_t tokens) {
+  Impl& p = *impl_;
+  p.context->make_current();
+  check_run_arguments("DenseFfn::run", p.spec, t, tokens, p.max_tokens);
+  if (tokens == 0) return;
+  for (const Gemm& g : ffn_gemms(p, t, tokens)) p.gemm_plan(g);
 }
 
 void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens, bool accumulate) {
   Impl& p = *impl_;
   const FfnSpec& s = p.spec;
-  p.context->make_current();
-  check_run_arguments("DenseFfn::run", s, t, tokens, p.max_tokens);
+  prepare(t, tokens);  // every check and algorithm choice before the first launch
   if (tokens == 0) return;
   auto cu = reinterpret_cast<CUstream>(stream);
-  const int64_t ldx = t.ld_x ? t.ld_x : s.d_model, ldy = t.ld_y ? t.ld_y : s.d_model;
-  const bool in_out = s.down_layout == WeightLayout::InOut;
+  const std::vector<Gemm> gemms = ffn_gemms(p, t, tokens);
+  for (size_t i = 0; i + 1 < gemms.size(); ++i) p.gemm(cu, gemms[i]);  // g = x Wg^T (and u = x Wu^T)
   void* g = reinterpret_cast<void*>(p.g->get());
   void* u = s.gated ? reinterpret_cast<void*>(p.u->get()) : nullptr;  // non-gated: h = act(g)
-  p.gemm(cu, t.x, ldx, t.w_gate, t.ld_gate ? t.ld_gate : s.d_model, true, g, s.d_ff, tokens, s.d_ff, s.d_model);
-  if (s.gated) p.gemm(cu, t.x, ldx, t.w_up, t.ld_up ? t.ld_up : s.d_model, true, u, s.d_ff, tokens, s.d_ff, s.d_model);
   device::GatedMulParams mul{static_cast<const uint16_t*>(g), static_cast<const uint16_t*>(u), static_cast<uint16_t*>(g),
                              tokens, s.d_ff, s.d_ff};
   float threshold = s.threshold;
@@ -166,8 +220,7 @@ void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens, bool accu
   detail::check(detail::Driver::get().cuLaunchKernel(p.gated_mul->function, static_cast<unsigned>(blocks), 1, 1, 256, 1, 1, 0, cu, args, nullptr),
                 "DenseFfn::run: launching the gated multiply");
   // accumulate: cuBLASLt's D = H Wd^T + beta C with C = D = y (same layout, in place).
-  p.gemm(cu, g, s.d_ff, t.w_down, t.ld_down ? t.ld_down : (in_out ? s.d_model : s.d_ff), !in_out, t.y, ldy, tokens, s.d_model, s.d_ff,
-         accumulate ? 1.0f : 0.0f);
+  p.gemm(cu, gemms.back(), accumulate ? 1.0f : 0.0f);
 }
 
 }  // namespace twell

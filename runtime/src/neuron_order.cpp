@@ -3,6 +3,7 @@
 #include "twell/neuron_order.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -46,7 +47,9 @@ void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::v
                      std::vector<uint16_t>& w_up, std::vector<uint16_t>& w_down) {
   auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, "permute_neurons: " + m); };
   const int64_t n = spec.d_ff, k = spec.d_model;
-  if (n <= 0 || k <= 0) bad(fmt::format("spec: expected d_model, d_ff >= 1, got {}, {}", k, n));
+  // The limits of FfnSpec (Context::plan): n * k cannot overflow.
+  if (k < 1 || k > 65536) bad(fmt::format("spec.d_model: expected 1..65536, got {}", k));
+  if (n < 1 || n > (int64_t{1} << 24)) bad(fmt::format("spec.d_ff: expected 1..16777216, got {}", n));
   if (static_cast<int64_t>(order.size()) != n) bad(fmt::format("order: expected {} entries (d_ff), got {}", n, order.size()));
   std::vector<char> seen(n, 0);
   for (size_t i = 0; i < order.size(); ++i) {
@@ -58,31 +61,42 @@ void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::v
   if (spec.gated && w_up.size() != size) bad(fmt::format("w_up: expected {} elements (d_ff x d_model), got {}", size, w_up.size()));
   if (!spec.gated && !w_up.empty()) bad(fmt::format("w_up: expected empty (a non-gated spec), got {} elements", w_up.size()));
   if (w_down.size() != size) bad(fmt::format("w_down: expected {} elements (d_model x d_ff), got {}", size, w_down.size()));
-  auto permute_rows = [&](std::vector<uint16_t>& w) {  // [d_ff, d_model]
+  // All three results first, then swapped in: a failed allocation leaves every weight as it was.
+  auto permute_rows = [&](const std::vector<uint16_t>& w) {  // [d_ff, d_model]
     std::vector<uint16_t> out(w.size());
     for (int64_t i = 0; i < n; ++i) std::copy_n(w.begin() + order[i] * k, k, out.begin() + i * k);
-    w = std::move(out);
+    return out;
   };
-  permute_rows(w_gate);
-  if (spec.gated) permute_rows(w_up);
+  std::vector<uint16_t> gate = permute_rows(w_gate), up = spec.gated ? permute_rows(w_up) : std::vector<uint16_t>{}, down;
   if (spec.down_layout == WeightLayout::InOut) {
-    permute_rows(w_down);
+    down = permute_rows(w_down);
   } else {  // [d_model, d_ff]: permute the columns of every row
-    std::vector<uint16_t> out(w_down.size());
+    down.resize(w_down.size());
     for (int64_t r = 0; r < k; ++r)
-      for (int64_t i = 0; i < n; ++i) out[r * n + i] = w_down[r * n + order[i]];
-    w_down = std::move(out);
+      for (int64_t i = 0; i < n; ++i) down[r * n + i] = w_down[r * n + order[i]];
   }
+  w_gate.swap(gate);
+  if (spec.gated) w_up.swap(up);
+  w_down.swap(down);
 }
 
 namespace {
-void check_activity(const char* who, const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> a, int64_t rows) {
+void check_activity(const char* who, const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> a, int64_t rows,
+                    const SplitCostModel& model) {
   auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
+  if (spec.d_ff < 1 || spec.d_ff > (int64_t{1} << 24)) bad(fmt::format("spec.d_ff: expected 1..16777216, got {}", spec.d_ff));
   if (static_cast<int64_t>(a.size()) != spec.d_ff)
     bad(fmt::format("sorted_activity: expected {} entries (d_ff), got {}", spec.d_ff, a.size()));
   if (!std::is_sorted(a.begin(), a.end(), std::greater<>()))
     bad("sorted_activity: expected descending counts (the activity in hot_first_order)");
   if (rows < 1) bad(fmt::format("rows: expected the calibration row count >= 1, got {}", rows));
+  if (!a.empty() && a.front() > static_cast<uint64_t>(rows))
+    bad(fmt::format("sorted_activity: a neuron active in {} rows, more than the {} calibration rows (rows)", a.front(), rows));
+  for (const auto& [name, rate] : {std::pair{"model.dense_tflops", model.dense_tflops}, std::pair{"model.gate_tflops", model.gate_tflops},
+                                   std::pair{"model.gather_tbps", model.gather_tbps}})
+    if (!(rate > 0) || !std::isfinite(rate)) bad(fmt::format("{}: expected a positive finite rate, got {}", name, rate));
+  if (!(model.dense_overhead_ms >= 0) || !std::isfinite(model.dense_overhead_ms))
+    bad(fmt::format("model.dense_overhead_ms: expected a finite value >= 0, got {}", model.dense_overhead_ms));
   if (tokens < 1) bad(fmt::format("tokens: expected >= 1, got {}", tokens));
   if (spec.d_model < 1) bad(fmt::format("spec.d_model: expected >= 1, got {}", spec.d_model));
 }
@@ -102,7 +116,7 @@ double split_ms(const FfnSpec& spec, int64_t tokens, uint64_t cold_nnz, int64_t 
 
 double predict_split_ms(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
                         int64_t dense_neurons, const SplitCostModel& model) {
-  check_activity("predict_split_ms", spec, tokens, sorted_activity, rows);
+  check_activity("predict_split_ms", spec, tokens, sorted_activity, rows, model);
   if (dense_neurons < 0 || dense_neurons >= spec.d_ff)
     throw Error(ErrorCode::InvalidArgument, fmt::format("predict_split_ms: dense_neurons: expected 0..{} (below d_ff), got {}",
                                                         spec.d_ff - 1, dense_neurons));
@@ -112,7 +126,7 @@ double predict_split_ms(const FfnSpec& spec, int64_t tokens, std::span<const uin
 
 int64_t choose_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
                              const SplitCostModel& model) {
-  check_activity("choose_dense_neurons", spec, tokens, sorted_activity, rows);
+  check_activity("choose_dense_neurons", spec, tokens, sorted_activity, rows, model);
   if (model.granularity < 64 || model.granularity % 64 != 0)
     throw Error(ErrorCode::InvalidArgument, fmt::format("choose_dense_neurons: model.granularity: expected a positive multiple of 64 "
                                                         "(what PlanOptions::dense_neurons takes), got {}", model.granularity));

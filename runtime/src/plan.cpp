@@ -128,6 +128,11 @@ void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors&
   auto check_ld = [&](const char* name, int64_t ld, int64_t row) {
     if (ld != 0 && ld < row) bad(fmt::format("{}: expected a row stride >= {} elements (or 0 = dense), got {}", name, row, ld));
   };
+  // Strides beyond 2^36 elements cannot address real memory (and would overflow offset arithmetic).
+  for (const auto& [name, ld] : {std::pair{"ld_x", t.ld_x}, std::pair{"ld_gate", t.ld_gate}, std::pair{"ld_up", t.ld_up},
+                                 std::pair{"ld_down", t.ld_down}, std::pair{"ld_y", t.ld_y}})
+    if (ld < 0 || ld > (int64_t{1} << 36))
+      bad(fmt::format("{}: expected a row stride in 0..2^36 elements (0 = dense), got {}", name, ld));
   check_ptr("x", t.x);
   check_ptr("w_gate", t.w_gate);
   check_ld("ld_x", t.ld_x, spec.d_model);
@@ -214,7 +219,7 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
     const int64_t tile_rows = max_tokens * p.layout.tiles(sparse_d_ff);
     p.dispatch = options.dispatch;
     if (p.dispatch != Dispatch::Sparse) p.dense = std::make_unique<DenseFfn>(*this, spec, max_tokens);
-    if (p.dense_neurons > 0) {
+    if (p.dense_neurons > 0 && p.dispatch != Dispatch::Dense) {
       FfnSpec hot = spec;
       hot.d_ff = p.dense_neurons;
       p.hot = std::make_unique<DenseFfn>(*this, hot, max_tokens);
@@ -338,6 +343,13 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
   }
   // The TwELL path: the kernels over the TwELL neurons, then the dense neurons added onto y.
   auto run_twell = [&] {
+    if (p.hot && tokens > 0 && p.context->gpu) {
+      // Everything that can fail before y is written: the arguments, then cuBLASLt's algorithms for
+      // the dense neurons' operands.
+      p.context->make_current();
+      check_run_arguments("FfnPlan::run", p.spec, t, tokens, p.max_tokens, true);
+      p.hot->prepare(neuron_slice(p.spec, t, 0), tokens);
+    }
     launch(stream, t, tokens, Stages::All);
     if (p.hot && tokens > 0) p.hot->run(stream, neuron_slice(p.spec, t, 0), tokens, /*accumulate=*/true);
   };
@@ -433,8 +445,10 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
   p.context->make_current();
   check_run_arguments(who, p.spec, user_tensors, tokens, p.max_tokens, !gate_only);
   // From here on the TwELL part: its neurons' slices of the weights, its spec.
+  // (The slices start 128-byte multiples past the user's pointers: the same alignment, so the
+  // user's pointers are checked, and named in the errors.)
+  check_operand_alignment(p, user_tensors, gate_only);
   const FfnTensors t = p.dense_neurons > 0 ? neuron_slice(p.spec, user_tensors, p.dense_neurons) : user_tensors;
-  check_operand_alignment(p, t, gate_only);
   const detail::Driver& d = detail::Driver::get();
   const FfnSpec& s = p.sparse_spec;
   const bool in_out = s.down_layout == WeightLayout::InOut;

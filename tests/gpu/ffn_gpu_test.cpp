@@ -555,6 +555,82 @@ TEST(GpuFfn, StridedTensors) {
   EXPECT_LT(relative_error(to_float(DType::BF16, y), reference_gated_ffn(f.spec, f.x, f.tokens, f.weights())), 1e-2);
 }
 
+// The split with every operand strided and offset 16 bytes into its allocation (cuBLASLt must be told
+// the alignment: its default assumption is 256 bytes), inputs' padding poisoned with NaN, y's padding
+// checked untouched; zero tokens; the TwELL part alone (run_gate + run_consumer: y is the TwELL
+// neurons' part, checked against the CPU reference of those neurons); a matrix of the wrong d_ff.
+TEST(GpuFfn, DenseNeuronsSplitStridedAndPartial) {
+  FfnSpec s;
+  s.d_model = 512;
+  s.d_ff = 1408;
+  RandomFfn f = make_random_ffn(s, 300, 0.02, 41);
+  const RandomFfn hot = make_random_ffn(s, 300, 0.4, 41);
+  for (int64_t j = 0; j < 256; ++j) f.w_gate[j * s.d_model] = hot.w_gate[j * s.d_model];  // neurons 0..255 hot
+  const int64_t k = 256, K = s.d_model, N = s.d_ff, off = 8;  // 8 elements = 16 bytes
+  Context& ctx = context();
+  StreamHandle stream(ctx);
+  const uint16_t nan = 0x7FC0;
+  auto strided = [&](const std::vector<uint16_t>& v, int64_t rows, int64_t cols, int64_t ld) {
+    std::vector<uint16_t> out(off + rows * ld, nan);
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(&v[r * cols], cols, &out[off + r * ld]);
+    DeviceMemory m(ctx, out.size() * 2);
+    m.upload(out);
+    return m;
+  };
+  const int64_t ldx = K + 8, ldg = K + 16, ldu = K + 24, ldd = N + 8, ldy = K + 32;
+  DeviceMemory x = strided(f.x, f.tokens, K, ldx), wg = strided(f.w_gate, N, K, ldg), wu = strided(f.w_up, N, K, ldu),
+               wd = strided(f.w_down, K, N, ldd), y(ctx, (off + f.tokens * ldy) * 2);
+  auto at = [&](const DeviceMemory& m) { return static_cast<uint16_t*>(m.data()) + off; };
+  const FfnTensors t{at(x), at(wg), at(wu), at(wd), at(y), ldx, ldg, ldu, ldd, ldy};
+  auto read_y = [&] {
+    const auto all = y.download_vector<uint16_t>(off + f.tokens * ldy);
+    std::vector<uint16_t> out(f.tokens * K);
+    int64_t outside = 0;
+    for (int64_t i = 0; i < off; ++i) outside += all[i] != 0xFFFF;
+    for (int64_t r = 0; r < f.tokens; ++r) {
+      std::copy_n(&all[off + r * ldy], K, &out[r * K]);
+      for (int64_t i = K; i < ldy; ++i) outside += all[off + r * ldy + i] != 0xFFFF;
+    }
+    EXPECT_EQ(outside, 0) << "wrote outside the rows of y";
+    return to_float(DType::BF16, out);
+  };
+  for (Dispatch d : {Dispatch::Sparse, Dispatch::Auto}) {
+    PlanOptions o;
+    o.dispatch = d;
+    o.dense_neurons = k;
+    FfnPlan plan = ctx.plan(s, f.tokens, o);
+    y.fill(0xFF);
+    plan.run(stream.get(), t, f.tokens);
+    plan.run(stream.get(), t, 0);  // zero tokens: a no-op
+    stream.synchronize();
+    EXPECT_LT(relative_error(read_y(), reference_gated_ffn(s, f.x, f.tokens, f.weights())), 1e-2) << static_cast<int>(d);
+    if (d != Dispatch::Sparse) continue;
+    // The TwELL part alone: neurons k..N-1.
+    FfnSpec cold = s;
+    cold.d_ff = N - k;
+    std::vector<uint16_t> cg(f.w_gate.begin() + k * K, f.w_gate.end()), cu(f.w_up.begin() + k * K, f.w_up.end()), cd(K * (N - k));
+    for (int64_t r = 0; r < K; ++r) std::copy_n(&f.w_down[r * N + k], N - k, &cd[r * (N - k)]);
+    y.fill(0xFF);
+    plan.run_gate(stream.get(), t, f.tokens);
+    plan.run_consumer(stream.get(), t, f.tokens);
+    stream.synchronize();
+    EXPECT_LT(relative_error(read_y(), reference_gated_ffn(cold, f.x, f.tokens, HostFfnWeights{cg, cu, cd})), 1e-2);
+    TwellMatrix m = plan.download_twell(stream.get());
+    EXPECT_EQ(m.d_ff, N - k);
+    m.d_ff = N;  // a valid matrix (every tile-row empty) over all the neurons
+    m.words.assign(f.tokens * m.layout.words_per_row(N), 0u);
+    m.backup.clear();
+    m.overflow_count = 0;
+    try {
+      plan.upload_twell(stream.get(), m);
+      ADD_FAILURE() << "accepted a TwELL matrix over all d_ff neurons";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("m.d_ff: expected 1152 (the plan's TwELL neurons: d_ff 1408 minus dense_neurons 256)"),
+                std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(GpuFfn, BadArgumentsAreNamedAndHarmless) {
   const auto f = make_random_ffn(odd_spec(), 10, 0.05, 16);
   Context& ctx = context();

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -178,19 +179,29 @@ int run_command(const std::vector<std::string>& argv) {
     if (split_arg == "auto") {
       split = twell::choose_dense_neurons(spec, d.tokens, sorted, d.tokens);
     } else {
-      split = args.get_int("dense-neurons", 0, 0, d.d_ff - 1);
-      if (split % 64 != 0)
-        throw std::invalid_argument(fmt::format("--dense-neurons: expected 'auto' or a multiple of 64 below d_ff ({}), got {}", d.d_ff, split));
+      size_t used = 0;
+      try {
+        split = std::stoll(split_arg, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != split_arg.size() || split < 0 || split % 64 != 0 || split >= d.d_ff)
+        throw std::invalid_argument(fmt::format("--dense-neurons: expected 'auto' or a multiple of 64 in 0..{} (below d_ff = {}), "
+                                                "got '{}'", (d.d_ff - 1) / 64 * 64, d.d_ff, split_arg));
     }
     uint64_t total = 0, covered = 0;
     for (size_t i = 0; i < sorted.size(); ++i) (static_cast<int64_t>(i) < split ? covered : total) += sorted[i];
     total += covered;
     const double predicted_split = twell::predict_split_ms(spec, d.tokens, sorted, d.tokens, split);
     const double predicted_twell = twell::predict_split_ms(spec, d.tokens, sorted, d.tokens, 0);
-    say(fmt::format("   hot/cold split: dense_neurons {} ({}) hold {:.1f}% of the nonzeros; cost model (H200 rates): "
-                    "{:.3f} ms split vs {:.3f} ms all TwELL",
-                    split, split_arg == "auto" ? "the cost model's choice" : "given", total ? 100.0 * covered / total : 0.0,
-                    predicted_split, predicted_twell));
+    if (split > 0)
+      say(fmt::format("   hot/cold split: the {} most active neurons ({}) hold {:.1f}% of the nonzeros and run dense; cost "
+                      "model (H200 rates): {:.3f} ms split vs {:.3f} ms all TwELL",
+                      split, split_arg == "auto" ? "the cost model's choice" : "given", total ? 100.0 * covered / total : 0.0,
+                      predicted_split, predicted_twell));
+    else
+      say(fmt::format("   hot/cold split: none ({}; cost model, H200 rates: {:.3f} ms all TwELL)",
+                      split_arg == "auto" ? "the cost model keeps every neuron on TwELL" : "given", predicted_twell));
     report["split"] = {{"dense_neurons", split}, {"nonzeros_covered", total ? double(covered) / total : 0.0},
                        {"predicted_ms", predicted_split}, {"predicted_ms_all_twell", predicted_twell}};
     report["layout"] = {{"tile_n", layout.tile_n}, {"slots", layout.slots}, {"value", "bf16"}, {"index_bits", layout.index_bits},
@@ -226,6 +237,18 @@ int run_command(const std::vector<std::string>& argv) {
     }
     report["target"] = ctx.target().arch();
     report["kernels"] = kernels;
+    // The split plan's kernels: the TwELL part, d_ff - split neurons (the dense ones go to cuBLASLt).
+    std::optional<twell::FfnPlan> split_plan;
+    if (split > 0) {
+      twell::PlanOptions so = options;
+      so.dense_neurons = split;
+      t0 = Clock::now();
+      split_plan.emplace(ctx.plan(spec, d.tokens, so));
+      for (const auto& k : split_plan->kernels())
+        if (k.kind != "transpose")
+          say(fmt::format("   split: {:<11} {:<52} cache {:<6} compile {:7.1f} ms  (TwELL part: {} neurons)", k.kind, k.name, k.cache,
+                          k.compile_ms, d.d_ff - split));
+    }
 
     // 4. CPU reference.
     t0 = Clock::now();
@@ -287,22 +310,19 @@ int run_command(const std::vector<std::string>& argv) {
       twell::permute_neurons(ps, order, pg, pu, pd);
       twell::DeviceMemory pwg = upload(pg), pwu = upload(pu), pwd = upload(pd);
       const twell::FfnTensors pt{x.data(), pwg.data(), pwu.data(), pwd.data(), y.data()};
-      twell::PlanOptions so = options;
-      so.dense_neurons = split;
-      twell::FfnPlan split_plan = ctx.plan(spec, d.tokens, so);
-      split_plan.run(stream.get(), pt, d.tokens);
-      split_plan.last_overflow(stream.get());  // grows the backup for the next run if needed (never wrong)
+      split_plan->run(stream.get(), pt, d.tokens);
+      split_plan->last_overflow(stream.get());  // grows the backup for the next run if needed (never wrong)
       y.fill(0xFF);
-      split_plan.run(stream.get(), pt, d.tokens);
+      split_plan->run(stream.get(), pt, d.tokens);
       stream.synchronize();
       const std::vector<float> y_split = download_y(y, y_count, &poisoned_split);
       err_split = twell::relative_error(y_split, y_ref);  // against the reference of the original weights
       y.fill(0xFF);
-      split_plan.run(stream.get(), pt, d.tokens);
+      split_plan->run(stream.get(), pt, d.tokens);
       stream.synchronize();
       size_t again = 0;
       deterministic_split = download_y(y, y_count, &again) == y_split && again == poisoned_split;
-      const auto t_split = twell::time_on_stream(stream.get(), [&] { split_plan.run(stream.get(), pt, d.tokens); }, 3, reps);
+      const auto t_split = twell::time_on_stream(stream.get(), [&] { split_plan->run(stream.get(), pt, d.tokens); }, 3, reps);
       med_split = t_split[t_split.size() / 2];
     }
 
@@ -331,8 +351,10 @@ int run_command(const std::vector<std::string>& argv) {
                                 {"median_ms", med_twell}, {"overflow_tile_rows", overflow.overflowing_tile_rows},
                                 {"backup_capacity", overflow.backup_capacity}}},
                      {"dense", {{"rel_error", err_dense}, {"unwritten", poisoned_dense}, {"median_ms", med_dense}}},
-                     {"split", {{"dense_neurons", split}, {"rel_error", err_split}, {"unwritten", poisoned_split},
-                                {"deterministic", deterministic_split}, {"median_ms", med_split}}},
+                     {"split", split > 0 ? nlohmann::json{{"dense_neurons", split}, {"rel_error", err_split},
+                                                          {"unwritten", poisoned_split}, {"deterministic", deterministic_split},
+                                                          {"median_ms", med_split}}
+                                         : nlohmann::json(nullptr)},
                      {"reps", reps}, {"pass", ok}};
     if (json_out) std::printf("%s\n", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return ok ? 0 : 1;

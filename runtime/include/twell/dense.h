@@ -20,10 +20,15 @@ class DenseFfn {
   ~DenseFfn();
   DenseFfn(DenseFfn&&) noexcept;
 
-  // y = FFN(x), stream-ordered; the same argument rules as FfnPlan::run. accumulate: y += FFN(x) instead
-  // (the down GEMM adds the y it finds, in fp32, and rounds once: how FfnPlan adds the dense neurons
-  // of PlanOptions::dense_neurons to the TwELL part).
+  // y = FFN(x), stream-ordered; the same argument rules as FfnPlan::run. accumulate: y += FFN(x)
+  // instead: the down GEMM adds the y it finds (already rounded to the dtype) in fp32 and rounds the
+  // sum, so y is rounded twice (how FfnPlan adds its dense neurons to the TwELL part's y).
   void run(Stream stream, const FfnTensors& t, int64_t tokens, bool accumulate = false);
+
+  // run()'s argument checks and cuBLASLt algorithm choices for these operands (their alignment
+  // included), without launching: what can fail before any launch fails here. run() calls it first;
+  // FfnPlan calls it for its dense neurons before its TwELL kernels write y.
+  void prepare(const FfnTensors& t, int64_t tokens);
 
   // Only the gate GEMM g = x Wg^T into the object's workspace (the dense baseline of D2T).
   void run_gate(Stream stream, const FfnTensors& t, int64_t tokens);

@@ -59,8 +59,11 @@ double predict_split_ms(const FfnSpec& spec, int64_t tokens, std::span<const uin
                         int64_t dense_neurons, const SplitCostModel& model = {});
 
 // The split with the least predicted time among 0, granularity, 2 granularity, ... below d_ff (0 = all
-// sparse). Throws Error(InvalidArgument) when sorted_activity's size is not spec.d_ff, it is not
-// sorted descending, rows < 1, tokens < 1 or granularity is not a multiple of 64, naming the argument.
+// sparse). `tokens`: the batch size the plan will mostly run (the terms scale with it, all but the
+// dense part's launch overhead, so the choice settles above ~1024 tokens). Throws
+// Error(InvalidArgument), naming the argument, when sorted_activity's size is not spec.d_ff, it is not
+// sorted descending or holds a count above rows, rows < 1, tokens < 1, a rate of the model is not
+// positive and finite, or granularity is not a multiple of 64.
 int64_t choose_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
                              const SplitCostModel& model = {});
 

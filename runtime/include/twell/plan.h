@@ -39,7 +39,10 @@ struct PlanOptions {
   // into y. Worth it where a few neurons hold most nonzeros (real layers; choose_dense_neurons predicts
   // it) once the weights are ordered hot-first (hot_first_order, permute_neurons). The TwELL matrix
   // (run_gate, run_consumer, download_twell, upload_twell, last_overflow) then covers neurons
-  // dense_neurons..d_ff-1 only: its d_ff is d_ff - dense_neurons. 0 (default): every neuron through TwELL.
+  // dense_neurons..d_ff-1 only: its d_ff is d_ff - dense_neurons, and run_consumer() writes only their
+  // part of y. y is rounded twice: the TwELL part's y (dtype), then that plus the dense neurons' fp32
+  // sum (cuBLASLt, beta = 1). The dense part holds [max_tokens, dense_neurons] g and u workspaces
+  // (dtype) besides Dispatch::Auto's [max_tokens, d_ff] ones. 0 (default): every neuron through TwELL.
   // Must be a multiple of 64 (the slices of the weights stay 128-byte aligned) and below d_ff, else
   // Context::plan throws Error(InvalidArgument) naming this field.
   int64_t dense_neurons = 0;
@@ -113,6 +116,7 @@ class FfnPlan {
 
   // Only the D2T kernel (gate GEMM + TwELL epilogue): fills the plan's TwELL matrix (see
   // download_twell) without the consumer; y is not written and may be null. Same checks as run().
+  // With PlanOptions::dense_neurons, over the TwELL neurons only.
   void run_gate(Stream stream, const FfnTensors& t, int64_t tokens);
 
   // Only the consumer (gated up + down projection; the variant the last run() chose, else RowGather)
@@ -120,6 +124,7 @@ class FfnPlan {
   // last run()/run_gate() wrote, or upload_twell() set. `tokens` must equal that matrix's row count
   // (Error(InvalidArgument) otherwise, or when there is none); x and w_gate are still read for the
   // overflow recompute. For benchmarks of the consumer alone and for TwELL inputs made elsewhere.
+  // With PlanOptions::dense_neurons, y is the TwELL neurons' part alone (the dense ones not added).
   void run_consumer(Stream stream, const FfnTensors& t, int64_t tokens);
 
   // Makes `m` the plan's TwELL matrix (synchronous copies; the backup grows to hold m's). m must pass
