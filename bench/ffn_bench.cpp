@@ -151,6 +151,28 @@ void BM_GatedFfn(benchmark::State& state, bool sparse, int variant) {
             variant < 0 ? std::nullopt : std::optional(static_cast<ConsumerVariant>(variant)), true, variant < 0);
 }
 
+// The dense path with twell's fused gated-up kernel (DenseKernels::FusedGatedUp: g, u and h = act(g) * u
+// in one wgmma kernel, then cuBLASLt's down GEMM), the path Dispatch::Auto and the dense neurons of a
+// split plan take, beside cuBLASLt's three GEMMs + elementwise (BM_GatedFfn/dense_cublaslt).
+void BM_DenseFused(benchmark::State& state) {
+  if (!gpu_or_skip(state)) return;
+  Context& ctx = context();
+  const int64_t tokens = state.range(0);
+  Problem& p = problem(tokens, static_cast<int>(state.range(1)));
+  StreamHandle stream(ctx);
+  DenseFfn dense(ctx, p.host.spec, tokens, DenseKernels::FusedGatedUp);
+  if (!dense.fused()) {
+    state.SkipWithError("the fused gated-up kernel does not apply here (sm_90a only)");
+    return;
+  }
+  for (auto _ : state) {
+    const auto ms = time_on_stream(stream.get(), [&] { dense.run(stream.get(), p.tensors(), tokens); }, 2, 5);
+    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
+  }
+  state.counters["TFLOP/s(dense)"] =
+      benchmark::Counter(6.0 * tokens * kDModel * kDff / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // The non-gated FFN (y = act(x Wg^T) Wd^T: twell.ffn) against cuBLASLt's two GEMMs. Useful FLOPs:
 // the first GEMM plus the down projection of the active neurons.
 void BM_NonGatedFfn(benchmark::State& state, bool sparse) {
@@ -313,7 +335,7 @@ bool real_pattern(benchmark::State& state, int layer, int64_t tokens, int64_t ca
 // is judged on tokens it was not chosen on, too), the split from the cost model (third argument -1)
 // or given. Timed in one process, each a median: the D2T over the TwELL neurons (run_gate; its time
 // does not depend on the pattern), the consumer over the real pattern of those neurons (uploaded),
-// the dense neurons through cuBLASLt (y +=), and cuBLASLt's whole dense FFN. The layer's time is the
+// the dense neurons (y +=, the plan's DenseKernels::FusedGatedUp), and cuBLASLt's whole dense FFN. The layer's time is the
 // sum of the three parts (these layers' x and Wg are not in the data, so the parts cannot run as one
 // call on the real pattern); the counters show each.
 void BM_RealLayerSplit(benchmark::State& state) {
@@ -349,7 +371,7 @@ void BM_RealLayerSplit(benchmark::State& state) {
   if (k > 0) {
     FfnSpec hs = p.host.spec;
     hs.d_ff = k;
-    hot = std::make_unique<DenseFfn>(ctx, hs, tokens);
+    hot = std::make_unique<DenseFfn>(ctx, hs, tokens, DenseKernels::FusedGatedUp);  // as the plan's dense neurons
   }
   DenseFfn whole(ctx, p.host.spec, tokens);
   const FfnTensors t = p.tensors();
@@ -513,6 +535,7 @@ BENCHMARK_CAPTURE(BM_GatedFfn, twell_rows, true, 0)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, twell_block, true, 1)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, twell_auto, true, -1)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false, 0)->Apply(FfnArgs);
+BENCHMARK(BM_DenseFused)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_NonGatedFfn, twell, true)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_NonGatedFfn, dense_cublaslt, false)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_Gate, twell_d2t, true, 0)->Apply(GateArgs);

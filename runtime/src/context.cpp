@@ -138,7 +138,8 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const compiler::KernelSourc
   k->report.kind = source.kind == compiler::KernelKind::GateTwell   ? "gate_twell"
                    : source.kind == compiler::KernelKind::GatedDown ? (source.gated ? "gated_down" : "down")
                    : source.kind == compiler::KernelKind::WeightTranspose ? "transpose"
-                                                                    : "dense_gated_mul";
+                   : source.kind == compiler::KernelKind::DenseGatedUp    ? "dense_gated_up"
+                                                                          : "dense_gated_mul";
   k->report.cache = result.hit == detail::CacheHit::Memory ? "memory" : result.hit == detail::CacheHit::Disk ? "disk" : "miss";
   k->report.compile_ms = compile_ms;
   k->report.ptx_bytes = result.entry->ptx.size();

@@ -13,6 +13,7 @@
 #include "twell/device_memory.h"
 #include "twell/error.h"
 #include "twell/reference.h"
+#include "tma_map.h"
 
 namespace twell {
 
@@ -218,11 +219,12 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
     if (transpose_down) p.w_down_t = std::make_unique<detail::DeviceBuffer>(size_t(sparse_d_ff) * spec.d_model * 2);
     const int64_t tile_rows = max_tokens * p.layout.tiles(sparse_d_ff);
     p.dispatch = options.dispatch;
-    if (p.dispatch != Dispatch::Sparse) p.dense = std::make_unique<DenseFfn>(*this, spec, max_tokens);
+    // The dense path and the dense neurons: cuBLASLt, with the fused gated-up kernel where it applies.
+    if (p.dispatch != Dispatch::Sparse) p.dense = std::make_unique<DenseFfn>(*this, spec, max_tokens, DenseKernels::FusedGatedUp);
     if (p.dense_neurons > 0 && p.dispatch != Dispatch::Dense) {
       FfnSpec hot = spec;
       hot.d_ff = p.dense_neurons;
-      p.hot = std::make_unique<DenseFfn>(*this, hot, max_tokens);
+      p.hot = std::make_unique<DenseFfn>(*this, hot, max_tokens, DenseKernels::FusedGatedUp);
     }
     p.allocate_backup(options.backup_capacity.value_or(
         static_cast<uint32_t>(std::clamp<int64_t>(tile_rows / 16, 256, int64_t{1} << 24))));
@@ -264,30 +266,6 @@ void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t, bool g
   for (const auto& k : p.kernels)
     if (k->source.kind == compiler::KernelKind::GatedDown && k->source.operand_alignment >= 8)
       check("y", t.y, "ld_y", t.ld_y ? t.ld_y : s.d_model);
-}
-
-// The TMA map of a row-major [rows, cols] 16-bit matrix with row stride `ld` elements, read in boxes of
-// box_rows x box_cols (the gate's cta_k: 64 columns = one 128-byte swizzle row, 32 = one 64-byte row;
-// gate_twell_wgmma.cuh): out-of-bounds elements arrive as zeros (CUDA driver API,
-// cuTensorMapEncodeTiled). check_operand_alignment has checked the 16-byte alignment of the base and of
-// the stride that the driver requires.
-void encode_tma_map(device::TmaDescriptor& map, DType dtype, const void* base, int64_t rows, int64_t cols, int64_t ld,
-                    int box_rows, int box_cols, const char* what) {
-  static_assert(sizeof(CUtensorMap) == sizeof(device::TmaDescriptor) && alignof(CUtensorMap) <= alignof(device::TmaDescriptor));
-  if (box_cols != 32 && box_cols != 64)
-    throw Error(ErrorCode::Unsupported,
-                fmt::format("{}: the gate kernel's K step (cta_k) must be 32 or 64 for TMA, got {}", what, box_cols));
-  const detail::Driver& d = detail::Driver::get();
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * 2};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  detail::check(d.cuTensorMapEncodeTiled(reinterpret_cast<CUtensorMap*>(&map),
-                                         dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                         const_cast<void*>(base), dims, strides, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                         box_cols == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
-                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-                what);
 }
 
 // A default-constructed or moved-from plan has no Impl: every use is a clear error, not a crash.
@@ -515,9 +493,9 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
     unsigned grid_x = static_cast<unsigned>((tokens + src.cta_m - 1) / src.cta_m);
     unsigned grid_y = static_cast<unsigned>(src.grid_y);
     if (src.tma_persistent) {
-      encode_tma_map(gate.x_map, s.dtype, gate.x, tokens, s.d_model, gate.ldx, src.cta_m, src.cta_k, "FfnPlan::run: cuTensorMapEncodeTiled(x)");
+      detail::encode_tma_map(gate.x_map, s.dtype, gate.x, tokens, s.d_model, gate.ldx, src.cta_m, src.cta_k, "FfnPlan::run: cuTensorMapEncodeTiled(x)");
       // A cluster's CTAs each load tile_n / cluster_m rows of the w_gate tile and multicast them.
-      encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n / src.cluster_m, src.cta_k,
+      detail::encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n / src.cluster_m, src.cta_k,
                      "FfnPlan::run: cuTensorMapEncodeTiled(w_gate)");
     }
     if (src.kind == compiler::KernelKind::GatedDown && src.persistent)  // the warps claim rows from 0

@@ -631,6 +631,82 @@ TEST(GpuFfn, DenseNeuronsSplitStridedAndPartial) {
   }
 }
 
+// The dense path's fused gated-up kernel (DenseKernels::FusedGatedUp) against the CPU reference and the
+// cuBLASLt path: token counts that leave partial 128-row blocks and odd cluster pairs, d_ff that is not
+// a multiple of its 128-column tile, both dtypes, SiLU with a threshold, accumulate onto y, bit-identical
+// runs, poisoned outputs; unaligned operands take the cuBLASLt kernels.
+TEST(GpuFfn, DenseFusedGatedUp) {
+  struct Case {
+    int64_t d_model, d_ff, m;
+    DType dtype;
+    Activation act;
+  };
+  Context& ctx = context();
+  StreamHandle stream(ctx);
+  for (const Case c : {Case{512, 1408, 1, DType::BF16, Activation::ReLU}, Case{512, 1400, 300, DType::BF16, Activation::ReLU},
+                       Case{2048, 5632, 1000, DType::BF16, Activation::ReLU}, Case{512, 1408, 777, DType::FP16, Activation::ReLU},
+                       Case{1024, 2816, 513, DType::BF16, Activation::SiLU}}) {
+    FfnSpec s;
+    s.d_model = c.d_model;
+    s.d_ff = c.d_ff;
+    s.dtype = c.dtype;
+    s.activation = c.act;
+    s.threshold = c.act == Activation::SiLU ? 0.02f : 0.0f;
+    const RandomFfn f = make_random_ffn(s, c.m, 0.3, 51);  // dense-ish: every part of h matters
+    const std::string what = fmt::format("d_model {} d_ff {} M {} {} {}", c.d_model, c.d_ff, c.m, to_string(c.dtype), to_string(c.act));
+    const auto ref = reference_gated_ffn(s, f.x, f.tokens, f.weights());
+    DeviceFfn dev(ctx, f);
+    DenseFfn fused(ctx, s, c.m, DenseKernels::FusedGatedUp), plain(ctx, s, c.m);
+    EXPECT_TRUE(fused.fused()) << what;
+    EXPECT_FALSE(plain.fused()) << what;
+    const size_t count = c.m * c.d_model;
+    dev.y.fill(0xFF);
+    fused.run(stream.get(), dev.tensors(), c.m);
+    stream.synchronize();
+    const auto bits = dev.y.download_vector<uint16_t>(count);
+    EXPECT_EQ(std::count(bits.begin(), bits.end(), uint16_t{0xFFFF}), 0) << what;
+    const auto y_fused = to_float(c.dtype, bits);
+    EXPECT_LT(relative_error(y_fused, ref), 1e-2) << what;
+    dev.y.fill(0xFF);
+    fused.run(stream.get(), dev.tensors(), c.m);
+    stream.synchronize();
+    EXPECT_EQ(dev.y.download_vector<uint16_t>(count), bits) << what << ": not bit-identical across runs";
+    dev.y.fill(0xFF);
+    plain.run(stream.get(), dev.tensors(), c.m);
+    stream.synchronize();
+    const auto y_plain = to_float(c.dtype, dev.y.download_vector<uint16_t>(count));
+    EXPECT_LT(relative_error(y_plain, ref), 1e-2) << what;
+    // The two paths agree about as closely as each agrees with the reference.
+    EXPECT_LT(relative_error(y_fused, y_plain), 2e-2) << what;
+    // accumulate: y += FFN(x) on top of the y just written (2 FFN(x) up to the rounding).
+    fused.run(stream.get(), dev.tensors(), c.m, /*accumulate=*/true);
+    stream.synchronize();
+    std::vector<float> twice(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) twice[i] = 2 * ref[i];
+    EXPECT_LT(relative_error(to_float(c.dtype, dev.y.download_vector<uint16_t>(count)), twice), 1e-2) << what;
+    std::fprintf(stderr, "[ fused ] %s: rel. error fused %.3e, cuBLASLt %.3e\n", what.c_str(), relative_error(y_fused, ref),
+                 relative_error(y_plain, ref));
+  }
+  // x 2-byte aligned only: the cuBLASLt kernels take it (the fused one needs 16 bytes), same function.
+  FfnSpec s;
+  s.d_model = 512;
+  s.d_ff = 1408;
+  const RandomFfn f = make_random_ffn(s, 64, 0.3, 53);
+  std::vector<uint16_t> shifted(f.x.size() + 1);
+  std::copy(f.x.begin(), f.x.end(), shifted.begin() + 1);
+  DeviceMemory xs(ctx, shifted.size() * 2);
+  xs.upload(shifted);
+  DeviceFfn dev(ctx, f);
+  FfnTensors t = dev.tensors();
+  t.x = static_cast<const uint16_t*>(xs.data()) + 1;
+  DenseFfn fused(ctx, s, 64, DenseKernels::FusedGatedUp);
+  dev.y.fill(0xFF);
+  fused.run(stream.get(), t, 64);
+  stream.synchronize();
+  EXPECT_LT(relative_error(to_float(DType::BF16, dev.y.download_vector<uint16_t>(64 * 512)),
+                           reference_gated_ffn(s, f.x, f.tokens, f.weights())), 1e-2);
+}
+
 TEST(GpuFfn, BadArgumentsAreNamedAndHarmless) {
   const auto f = make_random_ffn(odd_spec(), 10, 0.05, 16);
   Context& ctx = context();

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "dense_kernels.h"
 #include "nvrtc_compiler.h"
 #include "twell/compiler/Generate.h"
 
@@ -151,6 +152,23 @@ TEST(KernelResources, TokenBlockConsumersCompileWithoutSpills) {
               fmt::format("{} ({}, d_model {}, tile_n {}, {})", k.name, target.arch(), d_model, tile_n, to_string(dtype));
           expect_compiles_without_spills(k, target.arch(), what);
         }
+}
+
+// The dense path's fused gated-up kernel (two accumulator sets of 64 per thread: the gate's 128 at
+// tile_n 256) at the paper's shape and a small one, both dtypes and activations.
+TEST(KernelResources, FusedGatedUpCompilesWithoutSpills) {
+  for (DType dtype : {DType::BF16, DType::FP16})
+    for (Activation act : {Activation::ReLU, Activation::SiLU})
+      for (int64_t d_model : {512, 2048}) {
+        FfnSpec s;
+        s.d_model = d_model;
+        s.d_ff = d_model == 2048 ? 5632 : 1408;
+        s.dtype = dtype;
+        s.activation = act;
+        s.threshold = act == Activation::SiLU ? 0.01f : 0.0f;
+        const compiler::KernelSource k = detail::fused_gated_up_source(s);
+        expect_compiles_without_spills(k, "sm_90a", fmt::format("{} ({}, {})", k.name, to_string(dtype), to_string(act)));
+      }
 }
 
 }  // namespace

@@ -12,11 +12,25 @@ namespace twell {
 
 class Context;
 
+// Which kernels compute g = x Wg^T, u = x Wu^T and h = act(g) * u (the down GEMM is cuBLASLt's).
+enum class DenseKernels {
+  // Two cuBLASLt GEMMs and an elementwise kernel, as a dense framework runs the layer: the baseline
+  // of the benchmarks and tests.
+  CuBlasLt,
+  // One twell kernel (gate_twell_wgmma.cuh with GatedUp: persistent, TMA + wgmma, clusters of 2, both
+  // weight tiles in each ring stage, h = act(g) * u in the epilogue with the same roundings), so x is
+  // read once and g and u never reach memory. Where it applies: a gated spec on sm_90a, d_model % 64
+  // == 0, d_ff % 8 == 0, and per call 16-byte aligned x, w_gate, w_up with row strides that are
+  // multiples of 8 elements; elsewhere run() takes the CuBlasLt kernels. What FfnPlan's dense path
+  // and its dense neurons (PlanOptions::dense_neurons) use.
+  FusedGatedUp,
+};
+
 class DenseFfn {
  public:
-  // Compiles (or loads from the cache) the elementwise kernel and creates the cuBLASLt handle.
-  // Throws Error(NoDevice) without a GPU, Error(InvalidArgument) for an illegal spec.
-  DenseFfn(Context& context, const FfnSpec& spec, int64_t max_tokens);
+  // Compiles (or loads from the cache) the elementwise kernel (and the fused kernel) and creates the
+  // cuBLASLt handle. Throws Error(NoDevice) without a GPU, Error(InvalidArgument) for an illegal spec.
+  DenseFfn(Context& context, const FfnSpec& spec, int64_t max_tokens, DenseKernels kernels = DenseKernels::CuBlasLt);
   ~DenseFfn();
   DenseFfn(DenseFfn&&) noexcept;
 
@@ -32,6 +46,9 @@ class DenseFfn {
 
   // Only the gate GEMM g = x Wg^T into the object's workspace (the dense baseline of D2T).
   void run_gate(Stream stream, const FfnTensors& t, int64_t tokens);
+
+  // Whether the fused gated-up kernel was built for this spec and target (DenseKernels::FusedGatedUp).
+  bool fused() const;
 
   struct Impl;
 

@@ -25,7 +25,8 @@ enum class Dispatch {
   Auto,
   // Always the TwELL kernels, with the consumer FfnSpec::consumer names (RowGather when unset).
   Sparse,
-  Dense,   // always cuBLASLt (DenseFfn)
+  Dense,   // always the dense path: DenseFfn with DenseKernels::FusedGatedUp (cuBLASLt GEMMs, the gate
+           // and up GEMMs fused into one twell kernel where it applies; dense.h)
 };
 
 struct PlanOptions {
@@ -35,7 +36,7 @@ struct PlanOptions {
   Dispatch dispatch = Dispatch::Auto;
   // The hot/cold split (twell/neuron_order.h): the first `dense_neurons` neurons of d_ff (rows
   // 0..dense_neurons-1 of w_gate and w_up, the same columns of an out_in w_down, rows of an in_out one)
-  // run on the dense path (cuBLASLt GEMMs), the others through TwELL, and run() adds the two parts
+  // run on the dense path (DenseFfn, DenseKernels::FusedGatedUp), the others through TwELL, and run() adds the two parts
   // into y. Worth it where a few neurons hold most nonzeros (real layers; choose_dense_neurons predicts
   // it) once the weights are ordered hot-first (hot_first_order, permute_neurons). The TwELL matrix
   // (run_gate, run_consumer, download_twell, upload_twell, last_overflow) then covers neurons
@@ -51,7 +52,7 @@ struct PlanOptions {
 // How one kernel was obtained.
 struct KernelReport {
   std::string name;
-  std::string kind;       // "gate_twell" | "gated_down" | "down" (the non-gated consumer)
+  std::string kind;       // "gate_twell" | "gated_down" | "down" (the non-gated consumer) | "transpose"
   std::string cache;      // "memory" | "disk" | "miss" (compiled now)
   double compile_ms = 0;  // NVRTC time (0 on a cache hit)
   double load_ms = 0;     // cache lookup or module load time

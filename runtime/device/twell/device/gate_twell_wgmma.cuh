@@ -28,12 +28,20 @@
 //
 // Arithmetic: each output is the K-ordered chain of k16 tensor-core steps (zero-filled past K), the
 // chain the consumer's overflow recompute (gated_down.cuh) repeats with mma.sync.
+//
+// GatedUp = true: the dense path's fused gate and up GEMMs (the dense neurons of a split plan, and
+// the dense fallback; runtime/src/cublas_dense.cpp). Each stage also holds the Wu tile (u_map), each
+// consumer warpgroup keeps a second set of accumulators, and the epilogue stages h = act(g) * u with
+// the dense path's roundings (g and u rounded to the dtype, the sparsity predicate applied, the
+// product rounded: dense_ops.cuh's gated_mul) instead of the activation; the packer warps then copy
+// the slab to p.h with 16-byte stores instead of packing it. x is read once for both GEMMs, and g and
+// u never leave the SM.
 #pragma once
 #include "twell/device/hopper_primitives.cuh"
 
 namespace twell::device {
 
-template <class Config>
+template <class Config, bool GatedUp = false>
 __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   using Value = typename Config::Value;
   constexpr int K = Config::d_model;
@@ -53,7 +61,8 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   static_assert(STAGES >= 2, "the TMA ring needs at least 2 stages");
   constexpr int A_BYTES = CTA_M * CTA_K * 2;
   constexpr int B_BYTES = TILE_N * CTA_K * 2;
-  constexpr int STAGE_BYTES = A_BYTES + B_BYTES;  // multiple of 1024: every tile stays swizzle-aligned
+  constexpr int OPERANDS = GatedUp ? 2 : 1;  // weight tiles per stage: Wg (and Wu)
+  constexpr int STAGE_BYTES = A_BYTES + OPERANDS * B_BYTES;  // multiple of 1024: every tile stays swizzle-aligned
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "operand tiles must keep the ring swizzle-aligned");
   constexpr int KT = (K + CTA_K - 1) / CTA_K;
   constexpr int TILES_N = (N + TILE_N - 1) / TILE_N;
@@ -84,6 +93,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   if (tid == 0) {
     tma_prefetch_descriptor(&p.x_map);
     tma_prefetch_descriptor(&p.w_map);
+    if constexpr (GatedUp) tma_prefetch_descriptor(&p.u_map);
     for (int s = 0; s < STAGES; ++s) {
       mbarrier_init(&full[s], 1);
       mbarrier_init(&empty[s], 8 * CLUSTER_M);  // every consumer warp of every CTA reading the stage
@@ -109,8 +119,22 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
         const int tile = static_cast<int>(w_item % TILES_N);
         for (int w = 0; w < 2; ++w) {
           mbarrier_wait(&staged[w], n & 1);
-          pack_twell_tile<Config, STAGE_STRIDE>(p, staging + w * 64 * STAGE_STRIDE, m0 + w * 64, tile, 64,
-                                                tid / 32 - 1, 3);
+          if constexpr (GatedUp) {
+            // The slab's rows to p.h, 8 columns (16 bytes) per lane and step (N % 8 == 0).
+            const uint16_t* slab = staging + w * 64 * STAGE_STRIDE;
+            constexpr int CHUNKS = TILE_N / 8;
+            for (int i = tid - 32; i < 64 * CHUNKS; i += 96) {
+              const int r = i / CHUNKS, c = (i % CHUNKS) * 8;
+              const int64_t row = m0 + w * 64 + r;
+              if (row < p.m && tile * TILE_N + c < N)
+                *reinterpret_cast<uint4*>(p.h + row * p.ldh + tile * TILE_N + c) =
+                    *reinterpret_cast<const uint4*>(slab + r * STAGE_STRIDE + c);
+            }
+            __syncwarp();
+          } else {
+            pack_twell_tile<Config, STAGE_STRIDE>(p, staging + w * 64 * STAGE_STRIDE, m0 + w * 64, tile, 64,
+                                                  tid / 32 - 1, 3);
+          }
           mbarrier_arrive(&packed[w]);
         }
       }
@@ -128,11 +152,16 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
           // All of the stage lands here: the x box, and the Wg rows from every CTA of the cluster.
           mbarrier_arrive_expect_tx(&full[stage], STAGE_BYTES);
           tma_load_2d(a, &p.x_map, &full[stage], kt * CTA_K, m0);
-          if constexpr (CLUSTER_M > 1)
-            tma_load_2d_multicast(a + A_BYTES + rank * (B_BYTES / CLUSTER_M), &p.w_map, &full[stage], kt * CTA_K,
-                                  n0 + static_cast<int>(rank) * (TILE_N / CLUSTER_M), (1u << CLUSTER_M) - 1);
-          else
-            tma_load_2d(a + A_BYTES, &p.w_map, &full[stage], kt * CTA_K, n0);
+#pragma unroll
+          for (int op = 0; op < OPERANDS; ++op) {
+            const TmaDescriptor* map = op == 0 ? &p.w_map : &p.u_map;
+            unsigned char* b = a + A_BYTES + op * B_BYTES;
+            if constexpr (CLUSTER_M > 1)
+              tma_load_2d_multicast(b + rank * (B_BYTES / CLUSTER_M), map, &full[stage], kt * CTA_K,
+                                    n0 + static_cast<int>(rank) * (TILE_N / CLUSTER_M), (1u << CLUSTER_M) - 1);
+            else
+              tma_load_2d(b, map, &full[stage], kt * CTA_K, n0);
+          }
           if (++stage == STAGES) {
             stage = 0;
             phase ^= 1;
@@ -162,6 +191,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
     uint32_t phase = 0;
     uint32_t n = 0;  // tiles done by this CTA
     float acc[ACC];
+    float acc_u[GatedUp ? ACC : 1];  // x Wu^T (GatedUp only)
 
     for (int64_t w_item = first_item; w_item < items; w_item += item_step) {
       // One K step: wait for the stage, issue its 4 wgmma k16 steps, release the previous stage once
@@ -180,8 +210,18 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
           Wgmma<Value, TILE_N>::mma(acc, desc_a, desc_b);
 #pragma unroll
         for (int kk = 1; kk < CTA_K / 16; ++kk) Wgmma<Value, TILE_N>::mma(acc, desc_a + 2 * kk, desc_b + 2 * kk);
+        if constexpr (GatedUp) {
+          const uint64_t desc_u = wgmma_descriptor_swizzled<ROW_BYTES>(a + A_BYTES + B_BYTES);
+          if constexpr (decltype(first)::value)
+            Wgmma<Value, TILE_N>::mma_first(acc_u, desc_a, desc_u);
+          else
+            Wgmma<Value, TILE_N>::mma(acc_u, desc_a, desc_u);
+#pragma unroll
+          for (int kk = 1; kk < CTA_K / 16; ++kk) Wgmma<Value, TILE_N>::mma(acc_u, desc_a + 2 * kk, desc_u + 2 * kk);
+        }
         wgmma_commit();
         wgmma_fence_operands(acc);
+        if constexpr (GatedUp) wgmma_fence_operands(acc_u);
         wgmma_wait<1>();
         if (kt > 0) release(stage == 0 ? STAGES - 1 : stage - 1);
         if (++stage == STAGES) {
@@ -193,6 +233,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
       for (int kt = 1; kt < KT; ++kt) k_step(integral_constant<bool, false>{}, kt);
       wgmma_wait<0>();
       wgmma_fence_operands(acc);
+      if constexpr (GatedUp) wgmma_fence_operands(acc_u);
       release(stage == 0 ? STAGES - 1 : stage - 1);
 
       // ---- TwELL epilogue, first half ----
@@ -201,15 +242,23 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
       // the previous slab, and goes on to its next tile; the packer warps pack the slab meanwhile.
       mbarrier_wait(&packed[wg], (n & 1) ^ 1);  // n = 0: a fresh barrier's "previous" phase counts as done
       uint16_t* slab = staging + wg * 64 * STAGE_STRIDE;
+      // The value an accumulator pair element stages: act(g), or for GatedUp h = act(g) * u exactly as
+      // the dense path's gated_mul computes it from the rounded g and u.
+      auto staged_bits = [&](int i) -> uint32_t {
+        const uint16_t a_bits = activate<Value, Config::activation>(Value::from_float(acc[i]));
+        if constexpr (GatedUp) {
+          const float a = is_active<Value, Config::activation>(a_bits, Config::threshold) ? Value::to_float(a_bits) : 0.0f;
+          return Value::from_float(a * Value::to_float(Value::from_float(acc_u[i])));
+        } else {
+          return a_bits;
+        }
+      };
 #pragma unroll
       for (int j = 0; j < TILE_N / 8; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int r = warp * 16 + lane / 4 + half * 8;
-          const uint32_t pair =
-              static_cast<uint32_t>(activate<Value, Config::activation>(Value::from_float(acc[4 * j + 2 * half]))) |
-              (static_cast<uint32_t>(activate<Value, Config::activation>(Value::from_float(acc[4 * j + 2 * half + 1])))
-               << 16);
+          const uint32_t pair = staged_bits(4 * j + 2 * half) | (staged_bits(4 * j + 2 * half + 1) << 16);
           *reinterpret_cast<uint32_t*>(slab + r * STAGE_STRIDE + 8 * j + 2 * quad_t) = pair;
         }
       mbarrier_arrive(&staged[wg]);

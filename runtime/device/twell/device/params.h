@@ -46,6 +46,12 @@ struct GateParams {
   // (128 bytes at cta_k 64, 64 at cta_k 32), out-of-bounds zero fill.
   TmaDescriptor x_map;
   TmaDescriptor w_map;
+  // The fused dense gated-up kernel only (gate_twell_wgmma<Config, true>, the dense path's gate and up
+  // GEMMs in one): the TMA map of w_up (as w_map's), and its output h = act(x Wg^T) * (x Wu^T),
+  // [M, N] row-major with row stride ldh. twell, backup and overflow_count are unused there.
+  TmaDescriptor u_map;
+  uint16_t* h;
+  int64_t ldh;
 };
 
 // Gated consumer: y = ((g ⊙ (x Wu^T)) restricted to the active set of g) Wd^T.
