@@ -142,7 +142,8 @@ struct DenseFfn::Impl {
 
 namespace {
 // The fused gated-up kernel's configuration (gate_twell_wgmma.cuh, GatedUp): 128-row CTA tiles, 128
-// columns of both g and u (2 x 64 fp32 accumulators per thread, as the gate's 256 columns), K steps
+// columns of both g and u (one m64n256k16 wgmma over the two weight tiles: 128 fp32 accumulators per
+// thread, as the gate's 256 columns), K steps
 // of 64 (128-byte swizzle), 3 stages of 48 KiB (x box + Wg tile + Wu tile), clusters of 2 sharing both
 // weight tiles by multicast.
 constexpr int kFusedTileN = 128, kFusedCtaK = 64, kFusedStages = 3, kFusedClusterM = 2, kFusedThreads = 384, kFusedCtaM = 128;

@@ -30,8 +30,8 @@
 // chain the consumer's overflow recompute (gated_down.cuh) repeats with mma.sync.
 //
 // GatedUp = true: the dense path's fused gate and up GEMMs (the dense neurons of a split plan, and
-// the dense fallback; runtime/src/cublas_dense.cpp). Each stage also holds the Wu tile (u_map), each
-// consumer warpgroup keeps a second set of accumulators, and the epilogue stages h = act(g) * u with
+// the dense fallback; runtime/src/cublas_dense.cpp). Each stage also holds the Wu tile (u_map) right
+// after the Wg tile, one wgmma of twice the width computes g and u, and the epilogue stages h = act(g) * u with
 // the dense path's roundings (g and u rounded to the dtype, the sparsity predicate applied, the
 // product rounded: dense_ops.cuh's gated_mul) instead of the activation; the packer warps then copy
 // the slab to p.h with 16-byte stores instead of packing it. x is read once for both GEMMs, and g and
@@ -67,6 +67,11 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   constexpr int KT = (K + CTA_K - 1) / CTA_K;
   constexpr int TILES_N = (N + TILE_N - 1) / TILE_N;
   constexpr int ACC = TILE_N / 2;
+  // GatedUp: the stage's Wg and Wu tiles lie one after the other (tile_n rows each, the same swizzle
+  // pattern), so one wgmma of N = 2 tile_n covers both: accumulators [0, ACC) are g, [ACC, 2 ACC) are
+  // u at the same (row, column). One wide instruction reads the x tile from shared memory once for both.
+  constexpr int MMA_N = GatedUp ? 2 * TILE_N : TILE_N;
+  static_assert(MMA_N <= 256, "GatedUp: tile_n up to 128 (one wgmma of N = 256)");
   constexpr int STAGE_STRIDE = TILE_N + 8;  // staging row stride in 16-bit values
 
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
@@ -190,8 +195,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
     int stage = 0;
     uint32_t phase = 0;
     uint32_t n = 0;  // tiles done by this CTA
-    float acc[ACC];
-    float acc_u[GatedUp ? ACC : 1];  // x Wu^T (GatedUp only)
+    float acc[MMA_N / 2];
 
     for (int64_t w_item = first_item; w_item < items; w_item += item_step) {
       // One K step: wait for the stage, issue its 4 wgmma k16 steps, release the previous stage once
@@ -205,23 +209,13 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
         const uint64_t desc_b = wgmma_descriptor_swizzled<ROW_BYTES>(a + A_BYTES);
         wgmma_fence();
         if constexpr (decltype(first)::value)
-          Wgmma<Value, TILE_N>::mma_first(acc, desc_a, desc_b);
+          Wgmma<Value, MMA_N>::mma_first(acc, desc_a, desc_b);
         else
-          Wgmma<Value, TILE_N>::mma(acc, desc_a, desc_b);
+          Wgmma<Value, MMA_N>::mma(acc, desc_a, desc_b);
 #pragma unroll
-        for (int kk = 1; kk < CTA_K / 16; ++kk) Wgmma<Value, TILE_N>::mma(acc, desc_a + 2 * kk, desc_b + 2 * kk);
-        if constexpr (GatedUp) {
-          const uint64_t desc_u = wgmma_descriptor_swizzled<ROW_BYTES>(a + A_BYTES + B_BYTES);
-          if constexpr (decltype(first)::value)
-            Wgmma<Value, TILE_N>::mma_first(acc_u, desc_a, desc_u);
-          else
-            Wgmma<Value, TILE_N>::mma(acc_u, desc_a, desc_u);
-#pragma unroll
-          for (int kk = 1; kk < CTA_K / 16; ++kk) Wgmma<Value, TILE_N>::mma(acc_u, desc_a + 2 * kk, desc_u + 2 * kk);
-        }
+        for (int kk = 1; kk < CTA_K / 16; ++kk) Wgmma<Value, MMA_N>::mma(acc, desc_a + 2 * kk, desc_b + 2 * kk);
         wgmma_commit();
         wgmma_fence_operands(acc);
-        if constexpr (GatedUp) wgmma_fence_operands(acc_u);
         wgmma_wait<1>();
         if (kt > 0) release(stage == 0 ? STAGES - 1 : stage - 1);
         if (++stage == STAGES) {
@@ -233,7 +227,6 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
       for (int kt = 1; kt < KT; ++kt) k_step(integral_constant<bool, false>{}, kt);
       wgmma_wait<0>();
       wgmma_fence_operands(acc);
-      if constexpr (GatedUp) wgmma_fence_operands(acc_u);
       release(stage == 0 ? STAGES - 1 : stage - 1);
 
       // ---- TwELL epilogue, first half ----
@@ -248,7 +241,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
         const uint16_t a_bits = activate<Value, Config::activation>(Value::from_float(acc[i]));
         if constexpr (GatedUp) {
           const float a = is_active<Value, Config::activation>(a_bits, Config::threshold) ? Value::to_float(a_bits) : 0.0f;
-          return Value::from_float(a * Value::to_float(Value::from_float(acc_u[i])));
+          return Value::from_float(a * Value::to_float(Value::from_float(acc[ACC + i])));
         } else {
           return a_bits;
         }
