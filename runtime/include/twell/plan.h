@@ -19,7 +19,7 @@ using Stream = CUstream_st*;  // a CUstream / cudaStream_t; nullptr = the legacy
 // activation, threshold and roundings), so the choice only changes time.
 enum class Dispatch {
   // Per token-count bucket (powers of two), the first run() times the TwELL path (with each consumer
-  // variant the plan holds, FfnSpec::consumer) and the dense cuBLASLt path on its inputs (a few calls
+  // variant the plan holds, FfnSpec::consumer) and the dense path (Dense below) on its inputs (a few calls
   // each, one stream synchronization) and keeps the fastest for later runs of that bucket: never
   // slower than dense beyond the timing noise, on inputs like the first. Later runs do not synchronize.
   Auto,
