@@ -1,5 +1,6 @@
-// The dense baseline (twell/dense.h): g = x Wg^T, u = x Wu^T, h = act(g) * u, y = h Wd^T, the GEMMs
-// through cuBLASLt (bf16/fp16 operands, fp32 compute), the elementwise step through NVRTC.
+// The dense path (twell/dense.h): g = x Wg^T, u = x Wu^T, h = act(g) * u, y = h Wd^T. The GEMMs through
+// cuBLASLt (bf16/fp16 operands, fp32 compute) and the elementwise step through NVRTC, or (FusedGatedUp)
+// the first three in one twell wgmma kernel made here from gate_twell_wgmma.cuh, then cuBLASLt's down GEMM.
 #include <cublasLt.h>
 
 #include <cstdio>
@@ -189,8 +190,7 @@ compiler::KernelSource detail::fused_gated_up_source(const FfnSpec& s) {
       "  twell::device::gate_twell_wgmma<{0}_config, true>(p);\n}}\n",
       k.name, s.d_model, s.d_ff, s.dtype == DType::BF16 ? "BF16" : "FP16", kFusedCtaK, kFusedStages, kFusedClusterM,
       kFusedSharedBytes, kFusedTileN / kFusedClusterM, kFusedTileN, s.activation == Activation::ReLU ? 0 : 1, threshold);
-  
-k.threads = kFusedThreads;
+  k.threads = kFusedThreads;
   k.cta_m = kFusedCtaM;
   k.cta_k = kFusedCtaK;
   k.cluster_m = kFusedClusterM;
@@ -227,8 +227,15 @@ DenseFfn::DenseFfn(Context& context, const FfnSpec& spec, int64_t max_tokens, De
   p.gated_mul = p.context->load(k);
   const Target& target = p.context->target;
   if (kernels == DenseKernels::FusedGatedUp && spec.gated && target.sm == 90 && target.arch_specific && spec.d_model % 64 == 0 &&
-      spec.d_ff % 8 == 0)
-    p.fused = p.context->load(detail::fused_gated_up_source(spec));
+      spec.d_ff % 8 == 0) {
+    try {
+      p.fused = p.context->load(detail::fused_gated_up_source(spec));
+    } catch (const Error&) {
+      // An optional kernel: if this GPU cannot build or hold it, the cuBLASLt kernels compute the same
+      // function (fused() says which).
+      p.fused = nullptr;
+    }
+  }
   p.context->make_current();
   check_lt(cublasLtCreate(&p.handle), "cublasLtCreate");
   p.workspace = std::make_unique<detail::DeviceBuffer>(kWorkspaceBytes);
@@ -266,12 +273,23 @@ void DenseFfn::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) {
                                                   reinterpret_cast<void*>(p.g->get()), s.d_ff, tokens, s.d_ff, s.d_model});
 }
 
+namespace {
+// Whether run() takes the fused gated-up kernel for these operands: built, and TMA can read x, Wg, Wu.
+bool takes_fused(const DenseFfn::Impl& p, const FfnTensors& t) {
+  const FfnSpec& s = p.spec;
+  return p.fused && aligned16(t.x, t.ld_x ? t.ld_x : s.d_model) && aligned16(t.w_gate, t.ld_gate ? t.ld_gate : s.d_model) &&
+         aligned16(t.w_up, t.ld_up ? t.ld_up : s.d_model);
+}
+}  // namespace
+
 void DenseFfn::prepare(const FfnTensors& t, int64_t tokens) {
   Impl& p = *impl_;
   p.context->make_current();
   check_run_arguments("DenseFfn::run", p.spec, t, tokens, p.max_tokens);
   if (tokens == 0) return;
-  for (const Gemm& g : ffn_gemms(p, t, tokens)) p.gemm_plan(g);
+  const std::vector<Gemm> gemms = ffn_gemms(p, t, tokens);
+  // The fused kernel replaces the gate and up GEMMs: then only the down GEMM's algorithm is needed.
+  for (size_t i = takes_fused(p, t) ? gemms.size() - 1 : 0; i < gemms.size(); ++i) p.gemm_plan(gemms[i]);
 }
 
 void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens, bool accumulate) {
@@ -283,7 +301,7 @@ void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens, bool accu
   const std::vector<Gemm> gemms = ffn_gemms(p, t, tokens);
   void* g = reinterpret_cast<void*>(p.g->get());
   const int64_t ldx = t.ld_x ? t.ld_x : s.d_model, ldg = t.ld_gate ? t.ld_gate : s.d_model, ldu = t.ld_up ? t.ld_up : s.d_model;
-  if (p.fused && aligned16(t.x, ldx) && aligned16(t.w_gate, ldg) && aligned16(t.w_up, ldu)) {
+  if (takes_fused(p, t)) {
     // h = act(x Wg^T) * (x Wu^T) in one kernel, into g's workspace; then the down GEMM.
     const compiler::KernelSource& src = p.fused->source;
     device::GateParams gp{};

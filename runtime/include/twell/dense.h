@@ -1,7 +1,9 @@
-// The dense baseline: the same FFN through cuBLASLt GEMMs (bf16/fp16 in, fp32 compute; three for a
-// gated layer, two for a non-gated one) and one elementwise kernel h = act(g) * u, or act(g) (with
-// the same sparsity predicate, so it computes the function the TwELL path computes). Used by twellc, the tests and the benchmarks as the reference
-// on the GPU, and (issue 3) as the path the plan dispatches when sparse would be slower.
+// The dense path: the same FFN through cuBLASLt GEMMs (bf16/fp16 in, fp32 compute; three for a gated
+// layer, two for a non-gated one) and one elementwise kernel h = act(g) * u, or act(g) (with the same
+// sparsity predicate, so it computes the function the TwELL path computes); or, with
+// DenseKernels::FusedGatedUp, the gate and up GEMMs and the elementwise step in one twell kernel. The
+// cuBLASLt kernels are the reference on the GPU of twellc, the tests and the benchmarks; the fused
+// ones are the path FfnPlan dispatches when sparse would be slower, and its dense neurons.
 #pragma once
 #include <memory>
 
@@ -21,8 +23,9 @@ enum class DenseKernels {
   // weight tiles in each ring stage, h = act(g) * u in the epilogue with the same roundings), so x is
   // read once and g and u never reach memory. Where it applies: a gated spec on sm_90a, d_model % 64
   // == 0, d_ff % 8 == 0, and per call 16-byte aligned x, w_gate, w_up with row strides that are
-  // multiples of 8 elements; elsewhere run() takes the CuBlasLt kernels. What FfnPlan's dense path
-  // and its dense neurons (PlanOptions::dense_neurons) use.
+  // multiples of 8 elements; elsewhere run() takes the CuBlasLt kernels (also when the GPU cannot build
+  // or hold the fused kernel: fused() is then false). What FfnPlan's dense path and its dense neurons
+  // (PlanOptions::dense_neurons) use.
   FusedGatedUp,
 };
 

@@ -42,14 +42,15 @@ void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::v
                      std::vector<uint16_t>& w_up, std::vector<uint16_t>& w_down);
 
 // Throughputs of the three parts of a split FFN, in TFLOP/s (dense) or TB/s (gather). The defaults were
-// measured on the H200 at the paper's shape, M = 16384 (bench/README.md v23): cuBLASLt's whole gated
-// FFN 1.84 ms (616 TFLOP/s), the D2T gate 0.64 ms (590 TFLOP/s), and the row-gather consumer streaming
-// its Wu/Wd rows at 6.8-8.4 TB/s (7 used). Measure your own with ffn_bench where they differ.
+// measured on the H200 at the paper's shape, M = 16384 (bench/README.md v23-v24): the dense path (the
+// fused gate + up kernel and cuBLASLt's down GEMM) 1.56 ms for the whole layer (728 TFLOP/s), the D2T
+// gate 0.64 ms (590 TFLOP/s), and the row-gather consumer streaming its Wu/Wd rows at 6.8-8.4 TB/s
+// (7 used). Measure your own with ffn_bench where they differ.
 struct SplitCostModel {
-  double dense_tflops = 616;   // the dense FFN (gate, up and down GEMMs + elementwise) on dense neurons
+  double dense_tflops = 728;   // the dense path (gate, up and down GEMMs, 6 M d_model n FLOP) on dense neurons
   double gate_tflops = 590;    // the D2T gate GEMM over the sparse neurons
   double gather_tbps = 7.0;    // the consumer's weight rows per nonzero of the sparse neurons
-  double dense_overhead_ms = 0.02;  // the dense part's 4 extra launches (3 GEMMs + elementwise)
+  double dense_overhead_ms = 0.01;  // the dense part's 2 extra launches (the fused kernel, the down GEMM)
   int64_t granularity = 256;   // candidate splits: multiples of this (a multiple of 64; 256 = a TwELL tile)
 };
 

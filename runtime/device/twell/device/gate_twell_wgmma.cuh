@@ -2,7 +2,7 @@
 // H = act(X Wg^T) with the TwELL packing epilogue.
 //
 //   warpgroup 0   producer: one thread issues TMA loads of the x block (cta_m x cta_k) and the Wg
-//                 tile (tile_n x cta_k) of each K step into a `stages`-deep shared-memory ring; `full[s]`
+//                 tile (tile_n x cta_k; GatedUp: and the Wu tile) of each K step into a `stages`-deep shared-memory ring; `full[s]`
 //                 completes when both boxes landed (expect_tx), `empty[s]` when both consumer
 //                 warpgroups are done reading stage s. Its warps 1-3 are the packers of the epilogue
 //                 (below). setmaxnreg gives its registers to the consumers.
@@ -72,6 +72,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   // u at the same (row, column). One wide instruction reads the x tile from shared memory once for both.
   constexpr int MMA_N = GatedUp ? 2 * TILE_N : TILE_N;
   static_assert(MMA_N <= 256, "GatedUp: tile_n up to 128 (one wgmma of N = 256)");
+  static_assert(!GatedUp || N % 8 == 0, "GatedUp: h is stored 8 columns (16 bytes) at a time: d_ff % 8 == 0");
   constexpr int STAGE_STRIDE = TILE_N + 8;  // staging row stride in 16-bit values
 
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
@@ -84,6 +85,10 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   uint64_t* packed = staged + 2;      // [2]: the packer warps are done with that staging area
 
   const int tid = threadIdx.x;
+  // The launcher computes the dynamic shared memory separately (KernelConstraints.h, cublas_dense.cpp):
+  // a launch with less than this layout needs stops here instead of overrunning it.
+  if (tid == 0 && static_cast<uint32_t>(reinterpret_cast<unsigned char*>(packed + 2) - dynamic_smem) > dynamic_smem_bytes())
+    __trap();
   // Work item w: d_ff tile w % TILES_N of the CLUSTER_M consecutive m-blocks CLUSTER_M * (w / TILES_N)
   // + rank; the CTAs of a cluster (cluster_m > 1, __cluster_dims__) take the same items, each its own
   // m-block, and share the Wg tile: each loads TILE_N / CLUSTER_M of its rows and multicasts them to all.
