@@ -190,7 +190,7 @@ void BM_Gate(benchmark::State& state, bool sparse, int cluster) {
 }
 
 void GateArgs(benchmark::internal::Benchmark* b) {
-  for (int64_t m : {16384, 131072}) b->Args({m, 5});
+  for (int64_t m : {256, 16384, 131072}) b->Args({m, 5});
   b->ArgNames({"M", "density_permille"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 
@@ -216,7 +216,7 @@ void BM_Consumer(benchmark::State& state) {
 
 void ConsumerArgs(benchmark::internal::Benchmark* b) {
   for (int variant : {0, 1})
-    for (int64_t m : {16384, 131072})
+    for (int64_t m : {256, 16384, 131072})
       for (int permille : {5, 10, 20, 50, 100}) b->Args({m, permille, variant});
   b->ArgNames({"M", "density_permille", "consumer"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 }
