@@ -139,6 +139,7 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const compiler::KernelSourc
                    : source.kind == compiler::KernelKind::GatedDown ? (source.gated ? "gated_down" : "down")
                    : source.kind == compiler::KernelKind::WeightTranspose ? "transpose"
                    : source.kind == compiler::KernelKind::DenseGatedUp    ? "dense_gated_up"
+                   : source.kind == compiler::KernelKind::NeuronPermute   ? "permute"
                                                                           : "dense_gated_mul";
   k->report.cache = result.hit == detail::CacheHit::Memory ? "memory" : result.hit == detail::CacheHit::Disk ? "disk" : "miss";
   k->report.compile_ms = compile_ms;

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 
 #include <fmt/format.h>
 
+#include "context_impl.h"
 #include "twell/error.h"
 
 namespace twell {
@@ -43,11 +45,12 @@ std::vector<int64_t> hot_first_order(std::span<const uint64_t> activity) {
   return order;
 }
 
-void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::vector<uint16_t>& w_gate,
-                     std::vector<uint16_t>& w_up, std::vector<uint16_t>& w_down) {
+namespace {
+// The spec's shape within FfnSpec's limits (so d_ff * d_model cannot overflow) and `order` a
+// permutation of 0..d_ff-1.
+void check_order(const FfnSpec& spec, std::span<const int64_t> order) {
   auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, "permute_neurons: " + m); };
   const int64_t n = spec.d_ff, k = spec.d_model;
-  // The limits of FfnSpec (Context::plan): n * k cannot overflow.
   if (k < 1 || k > 65536) bad(fmt::format("spec.d_model: expected 1..65536, got {}", k));
   if (n < 1 || n > (int64_t{1} << 24)) bad(fmt::format("spec.d_ff: expected 1..16777216, got {}", n));
   if (static_cast<int64_t>(order.size()) != n) bad(fmt::format("order: expected {} entries (d_ff), got {}", n, order.size()));
@@ -56,6 +59,14 @@ void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::v
     if (order[i] < 0 || order[i] >= n) bad(fmt::format("order[{}]: expected a neuron 0..{}, got {}", i, n - 1, order[i]));
     if (seen[order[i]]++) bad(fmt::format("order[{}]: neuron {} appears twice (order must be a permutation)", i, order[i]));
   }
+}
+}  // namespace
+
+void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::vector<uint16_t>& w_gate,
+                     std::vector<uint16_t>& w_up, std::vector<uint16_t>& w_down) {
+  auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, "permute_neurons: " + m); };
+  check_order(spec, order);
+  const int64_t n = spec.d_ff, k = spec.d_model;
   const size_t size = static_cast<size_t>(n * k);
   if (w_gate.size() != size) bad(fmt::format("w_gate: expected {} elements (d_ff x d_model), got {}", size, w_gate.size()));
   if (spec.gated && w_up.size() != size) bad(fmt::format("w_up: expected {} elements (d_ff x d_model), got {}", size, w_up.size()));
@@ -78,6 +89,77 @@ void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::v
   w_gate.swap(gate);
   if (spec.gated) w_up.swap(up);
   w_down.swap(down);
+}
+
+void permute_neurons(Context& context, Stream stream, const FfnSpec& spec, std::span<const int64_t> order,
+                     const FfnTensors& in, const DeviceFfnWeights& out) {
+  auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, "permute_neurons: " + m); };
+  check_order(spec, order);
+  const std::shared_ptr<Context::Impl> ctx = context_impl(context);
+  if (!ctx->gpu) throw Error(ErrorCode::NoDevice, "permute_neurons: needs a GPU (" + ctx->no_gpu_reason + ")");
+  ctx->make_current();
+  const detail::Driver& d = detail::Driver::get();
+  const int64_t n = spec.d_ff, k = spec.d_model;
+  const bool in_out = spec.down_layout == WeightLayout::InOut;
+  // One matrix to reorder: its name, pointers, shape [rows, cols] and strides, by rows or columns.
+  struct Job {
+    const char* name;
+    const void* in;
+    void* out;
+    int64_t ld_in, ld_out, rows, cols;
+    bool by_rows;
+  };
+  std::vector<Job> jobs{{"w_gate", in.w_gate, out.w_gate, in.ld_gate, out.ld_gate, n, k, true}};
+  if (spec.gated) jobs.push_back({"w_up", in.w_up, out.w_up, in.ld_up, out.ld_up, n, k, true});
+  else if (in.w_up != nullptr || out.w_up != nullptr)
+    bad("w_up: a non-gated spec has no up weight; expected null in `in` and `out`");
+  jobs.push_back(in_out ? Job{"w_down", in.w_down, out.w_down, in.ld_down, out.ld_down, n, k, true}
+                        : Job{"w_down", in.w_down, out.w_down, in.ld_down, out.ld_down, k, n, false});
+  for (Job& j : jobs) {
+    j.ld_in = j.ld_in ? j.ld_in : j.cols;
+    j.ld_out = j.ld_out ? j.ld_out : j.cols;
+    for (const auto& [side, ptr, ld] : {std::tuple{"in", j.in, j.ld_in}, std::tuple{"out", static_cast<const void*>(j.out), j.ld_out}}) {
+      if (ptr == nullptr) bad(fmt::format("{}.{}: expected a device pointer, got null", side, j.name));
+      if (reinterpret_cast<uintptr_t>(ptr) % 2 != 0) bad(fmt::format("{}.{}: expected a 2-byte aligned pointer, got {}", side, j.name, ptr));
+      if (ld < j.cols || ld > (int64_t{1} << 36))
+        bad(fmt::format("{}.ld for {}: expected a row stride in {}..2^36 elements (0 = dense), got {}", side, j.name, j.cols, ld));
+      unsigned int type = 0;
+      const CUresult r = d.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(ptr));
+      if (r != CUDA_SUCCESS || (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED))
+        bad(fmt::format("{}.{}: expected device memory, got {}", side, j.name, ptr));
+    }
+    const auto span_of = [&](const void* p, int64_t ld) {
+      const auto b = reinterpret_cast<uintptr_t>(p);
+      return std::pair{b, b + static_cast<uintptr_t>(((j.rows - 1) * ld + j.cols) * 2)};
+    };
+    const auto [ib, ie] = span_of(j.in, j.ld_in);
+    const auto [ob, oe] = span_of(j.out, j.ld_out);
+    if (ib < oe && ob < ie) bad(fmt::format("out.{}: must not overlap in.{} (the reordering reads all of it)", j.name, j.name));
+  }
+  compiler::KernelSource src;
+  src.kind = compiler::KernelKind::NeuronPermute;
+  src.name = "twell_permute16";
+  src.source = "// Generated by twell's runtime (neuron_order.cpp): reordering of weights by neuron.\n"
+               "#include \"twell/device/permute.cuh\"\n"
+               "extern \"C\" __global__ void __launch_bounds__(256) twell_permute16(const twell::device::PermuteParams p) {\n"
+               "  twell::device::permute16(p);\n}\n";
+  src.threads = 256;
+  src.cta_m = 1;
+  const std::shared_ptr<LoadedKernel> kernel = ctx->load(src);
+  std::vector<uint32_t> order32(order.begin(), order.end());
+  detail::DeviceBuffer order_d(order32.size() * 4);
+  detail::check(d.cuMemcpyHtoD(order_d.get(), order32.data(), order32.size() * 4), "permute_neurons: cuMemcpyHtoD(order)");
+  auto cu = reinterpret_cast<CUstream>(stream);
+  for (const Job& j : jobs) {
+    device::PermuteParams p{static_cast<const uint16_t*>(j.in), static_cast<uint16_t*>(j.out),
+                            reinterpret_cast<const uint32_t*>(order_d.get()), j.rows, j.cols, j.ld_in, j.ld_out, j.by_rows ? 1u : 0u, 0u};
+    void* args[1] = {&p};
+    const int64_t blocks = std::min<int64_t>((j.rows * j.cols + 255) / 256, int64_t{ctx->sm_count} * 16);
+    detail::check(d.cuLaunchKernel(kernel->function, static_cast<unsigned>(blocks), 1, 1, 256, 1, 1, 0, cu, args, nullptr),
+                  "permute_neurons: launching the reordering kernel");
+  }
+  // order_d is freed on return: the kernels reading it must be done.
+  detail::check(d.cuStreamSynchronize(cu), "permute_neurons: cuStreamSynchronize");
 }
 
 namespace {

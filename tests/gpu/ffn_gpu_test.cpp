@@ -710,6 +710,77 @@ TEST(GpuFfn, DenseFusedGatedUp) {
                            reference_gated_ffn(s, f.x, f.tokens, f.weights())), 1e-2);
 }
 
+// permute_neurons on the device against the host version, bit for bit: gated out_in with strided
+// inputs, gated in_out, non-gated; bad arguments named (overlap, host memory, a bad order).
+TEST(GpuFfn, PermuteNeuronsOnDevice) {
+  Context& ctx = context();
+  StreamHandle stream(ctx);
+  struct Case {
+    WeightLayout down;
+    bool gated;
+  };
+  for (const Case c : {Case{WeightLayout::OutIn, true}, Case{WeightLayout::InOut, true}, Case{WeightLayout::OutIn, false}}) {
+    FfnSpec s;
+    s.d_model = 72;
+    s.d_ff = 200;
+    s.down_layout = c.down;
+    s.gated = c.gated;
+    const RandomFfn f = make_random_ffn(s, 1, 0.1, 61);
+    std::vector<int64_t> order(s.d_ff);
+    for (int64_t i = 0; i < s.d_ff; ++i) order[i] = (i * 37 + 11) % s.d_ff;  // 37 is coprime to 200
+    std::vector<uint16_t> g = f.w_gate, u = f.w_up, d = f.w_down;
+    permute_neurons(s, order, g, u, d);  // the host version: the expected result
+    const int64_t pad = 8;               // the inputs strided: rows of the stored length + 8
+    const bool in_out = c.down == WeightLayout::InOut;
+    auto strided = [&](const std::vector<uint16_t>& v, int64_t rows, int64_t cols) {
+      std::vector<uint16_t> out(rows * (cols + pad), 0x7FC0);
+      for (int64_t r = 0; r < rows; ++r) std::copy_n(&v[r * cols], cols, &out[r * (cols + pad)]);
+      DeviceMemory m(ctx, out.size() * 2);
+      m.upload(out);
+      return m;
+    };
+    const int64_t n = s.d_ff, k = s.d_model, down_rows = in_out ? n : k, down_cols = in_out ? k : n;
+    DeviceMemory ig = strided(f.w_gate, n, k), iu = strided(c.gated ? f.w_up : std::vector<uint16_t>(n * k), n, k),
+                 id = strided(f.w_down, down_rows, down_cols);
+    DeviceMemory og(ctx, n * k * 2), ou(ctx, n * k * 2), od(ctx, n * k * 2);
+    og.fill(0xFF);
+    ou.fill(0xFF);
+    od.fill(0xFF);
+    FfnTensors in{};
+    in.w_gate = ig.data();
+    in.w_up = c.gated ? iu.data() : nullptr;
+    in.w_down = id.data();
+    in.ld_gate = in.ld_up = k + pad;
+    in.ld_down = down_cols + pad;
+    DeviceFfnWeights out{og.data(), c.gated ? ou.data() : nullptr, od.data()};
+    permute_neurons(ctx, stream.get(), s, order, in, out);
+    EXPECT_EQ(og.download_vector<uint16_t>(n * k), g);
+    if (c.gated) EXPECT_EQ(ou.download_vector<uint16_t>(n * k), u);
+    EXPECT_EQ(od.download_vector<uint16_t>(n * k), d) << to_string(c.down);
+    if (c.down != WeightLayout::OutIn || !c.gated) continue;
+    auto message = [&](auto&& call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    DeviceFfnWeights overlap = out;
+    overlap.w_gate = ig.data();
+    EXPECT_NE(message([&] { permute_neurons(ctx, stream.get(), s, order, in, overlap); }).find("out.w_gate: must not overlap in.w_gate"),
+              std::string::npos);
+    std::vector<uint16_t> host(n * k);
+    DeviceFfnWeights on_host = out;
+    on_host.w_up = host.data();
+    EXPECT_NE(message([&] { permute_neurons(ctx, stream.get(), s, order, in, on_host); }).find("out.w_up: expected device memory"),
+              std::string::npos);
+    auto twice = order;
+    twice[3] = twice[4];
+    EXPECT_NE(message([&] { permute_neurons(ctx, stream.get(), s, twice, in, out); }).find("appears twice"), std::string::npos);
+  }
+}
+
 TEST(GpuFfn, BadArgumentsAreNamedAndHarmless) {
   const auto f = make_random_ffn(odd_spec(), 10, 0.05, 16);
   Context& ctx = context();

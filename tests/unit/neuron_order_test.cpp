@@ -130,6 +130,26 @@ TEST(NeuronOrder, CostModelMovesOnlyHotNeurons) {
   expect_invalid([&] { predict_split_ms(s, 16384, uniform, rows, s.d_ff); }, "dense_neurons: expected 0..5631");
 }
 
+// The device overload checks the order first (with or without a GPU), then needs a GPU.
+TEST(NeuronOrder, DeviceOverloadChecksTheOrderThenNeedsAGpu) {
+  ContextOptions o;
+  o.disk_cache = false;
+  Context ctx(o);
+  const FfnSpec s = small_spec();
+  std::vector<int64_t> order(s.d_ff);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  auto bad = order;
+  bad[0] = 1;
+  expect_invalid([&] { permute_neurons(ctx, nullptr, s, bad, FfnTensors{}, DeviceFfnWeights{}); }, "order[1]: neuron 1 appears twice");
+  if (ctx.has_gpu()) GTEST_SKIP() << "a GPU is present: the no-GPU error cannot be tested (tests/gpu covers the device path)";
+  try {
+    permute_neurons(ctx, nullptr, s, order, FfnTensors{}, DeviceFfnWeights{});
+    FAIL() << "ran without a GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NoDevice) << e.what();
+  }
+}
+
 TEST(NeuronOrder, PlanNamesABadDenseNeuronCount) {
   ContextOptions o;
   o.disk_cache = false;

@@ -12,13 +12,15 @@
 //   1. activity = neuron_activity(plan.download_twell(stream))   // calibration tokens, Dispatch::Sparse
 //   2. order    = hot_first_order(activity)
 //   3. permute_neurons(spec, order, w_gate, w_up, w_down)        // host copies, once
-//   4. options.dense_neurons = choose_dense_neurons(spec, tokens, sorted activity, SplitCostModel{})
+//   4. options.dense_neurons = choose_dense_neurons(spec, tokens, sorted activity, calibration rows)
+//   (3'. or on the device: permute_neurons(context, stream, spec, order, device weights, new device weights))
 #pragma once
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "twell/format.h"
+#include "twell/plan.h"
 #include "twell/spec.h"
 
 namespace twell {
@@ -40,6 +42,26 @@ std::vector<int64_t> hot_first_order(std::span<const uint64_t> activity);
 // of 0..d_ff-1 or a weight has the wrong size.
 void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::vector<uint16_t>& w_gate,
                      std::vector<uint16_t>& w_up, std::vector<uint16_t>& w_down);
+
+class Context;
+
+// Device weights to write (permute_neurons on the device): dtype bits in spec's layouts, row strides in
+// elements (0 = dense). w_up is null for a non-gated spec.
+struct DeviceFfnWeights {
+  void* w_gate = nullptr;
+  void* w_up = nullptr;
+  void* w_down = nullptr;
+  int64_t ld_gate = 0, ld_up = 0, ld_down = 0;
+};
+
+// permute_neurons on device memory: writes the weights of `in` (its w_gate, w_up, w_down and their
+// strides; x and y are not read) reordered to `out`, which must not overlap them. Stream-ordered, and
+// synchronizes `stream` before returning (`order` travels in a temporary device buffer); a one-time
+// step when a model is loaded. Throws Error(InvalidArgument) naming the argument for a bad order (as
+// the host version), a null, misaligned or host pointer, a short stride or overlapping in/out;
+// Error(NoDevice) without a GPU.
+void permute_neurons(Context& context, Stream stream, const FfnSpec& spec, std::span<const int64_t> order,
+                     const FfnTensors& in, const DeviceFfnWeights& out);
 
 // Throughputs of the three parts of a split FFN, in TFLOP/s (dense) or TB/s (gather). The defaults were
 // measured on the H200 at the paper's shape, M = 16384 (bench/README.md v23-v24): the dense path (the

@@ -18,6 +18,7 @@ enum class KernelKind {
   DenseGatedMul,  // the dense baseline's elementwise h = act(g) * u (GatedMulParams); made by the
                   // runtime (dense.h), not by the dialect
   WeightTranspose,  // the runtime's out_in -> in_out transpose of Wd (TransposeParams; plan.cpp)
+  NeuronPermute,    // the runtime's reordering of weights by neuron (PermuteParams; neuron_order.cpp)
   DenseGatedUp,     // the dense path's fused h = act(x Wg^T) * (x Wu^T) (GateParams with u_map and h; made
                     // by the runtime from gate_twell_wgmma.cuh, DenseKernels::FusedGatedUp in dense.h)
 };

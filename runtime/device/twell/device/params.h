@@ -86,6 +86,20 @@ struct GatedMulParams {
 
 // out [cols, rows] = in [rows, cols]^T (row-major, strides in elements): the runtime's layout
 // normalization of nn.Linear down weights.
+// Neuron reordering on the device (permute_neurons in twell/neuron_order.h), a 16-bit [rows, cols]
+// matrix: by_rows: out row i = in row order[i]; else out[r][i] = in[r][order[i]] (the columns).
+struct PermuteParams {
+  const uint16_t* in;
+  uint16_t* out;
+  const uint32_t* order;  // rows (by_rows) or cols entries, each a row or column index of `in`
+  int64_t rows;
+  int64_t cols;
+  int64_t ld_in;
+  int64_t ld_out;
+  uint32_t by_rows;
+  uint32_t pad_;
+};
+
 struct TransposeParams {
   const uint16_t* in;
   uint16_t* out;
