@@ -221,71 +221,6 @@ void ConsumerArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "density_permille", "consumer"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 
-// The real patterns: relu(x Wg^T) of layer `layer` of the paper model (1477 held-out tokens, CSR),
-// repeated to M rows, packed with the plan's layout (overflowing tile-rows in the backup), uploaded;
-// the consumer alone over it with random x, Wu, Wd (the files hold no up/down weights). The gate GEMM
-// it would follow costs what BM_Gate measures, whatever the pattern.
-void BM_ConsumerRealPattern(benchmark::State& state) {
-  if (!gpu_or_skip(state)) return;
-  Context& ctx = context();
-  const auto file = testing::shared_data_dir() / "paper_patterns.safetensors";
-  if (!std::filesystem::exists(file)) {
-    state.SkipWithError(("missing " + file.string()).c_str());
-    return;
-  }
-  const int layer = static_cast<int>(state.range(0));
-  const int64_t tokens = state.range(1);
-  const SafeTensors st = SafeTensors::read(file);
-  const std::string prefix = "layers." + std::to_string(layer) + ".";
-  const TensorView row_ptr = st.at(prefix + "row_ptr"), col = st.at(prefix + "col"), val = st.at(prefix + "val");
-  if (row_ptr.dtype != "I32" || col.dtype != "I16" || val.dtype != "BF16" || row_ptr.shape.size() != 1) {
-    state.SkipWithError((prefix + "{row_ptr, col, val}: expected I32, I16, BF16 vectors").c_str());
-    return;
-  }
-  const int64_t rows = row_ptr.shape.at(0) - 1;
-  std::vector<int32_t> ptr(rows + 1);
-  std::memcpy(ptr.data(), row_ptr.data.data(), ptr.size() * 4);
-  std::vector<uint16_t> dense(tokens * kDff, 0);
-  int64_t nnz = 0;
-  for (int64_t r = 0; r < tokens; ++r) {
-    const int64_t src = r % rows;
-    for (int32_t e = ptr[src]; e < ptr[src + 1]; ++e) {
-      int16_t c;
-      uint16_t v;
-      std::memcpy(&c, col.data.data() + 2 * e, 2);
-      std::memcpy(&v, val.data.data() + 2 * e, 2);
-      if (c < 0 || c >= kDff) {
-        state.SkipWithError((prefix + "col: an index outside 0.." + std::to_string(kDff - 1)).c_str());
-        return;
-      }
-      dense[r * kDff + c] = v;
-      ++nnz;
-    }
-  }
-  Problem& p = problem(tokens, 5);  // x, Wg, Wu, Wd of the uniform problem (Wg unused: no recompute)
-  StreamHandle stream(ctx);
-  PlanOptions twell_path;
-  twell_path.dispatch = Dispatch::Sparse;
-  FfnSpec spec = p.host.spec;
-  spec.consumer = static_cast<ConsumerVariant>(state.range(2));
-  FfnPlan plan = ctx.plan(spec, tokens, twell_path);
-  const TwellMatrix h = pack_twell(plan.layout(), dense, tokens, kDff, UINT32_MAX);
-  plan.upload_twell(stream.get(), h);
-  for (auto _ : state) {
-    const auto ms = time_on_stream(stream.get(), [&] { plan.run_consumer(stream.get(), p.tensors(), tokens); }, 2, 5);
-    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
-  }
-  state.counters["nnz/row"] = static_cast<double>(nnz) / tokens;
-  state.counters["overflow tile-rows"] = h.overflow_count;
-  state.counters["GB/s(Wu,Wd rows)"] = benchmark::Counter(nnz * 4.0 * kDModel, benchmark::Counter::kIsIterationInvariantRate);
-}
-
-void RealPatternArgs(benchmark::internal::Benchmark* b) {
-  for (int variant : {0, 1})
-    for (int layer = 0; layer < 4; ++layer) b->Args({layer, 16384, variant});
-  b->ArgNames({"layer", "M", "consumer"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
-}
-
 // The real patterns of layer `layer` as dense activated rows [tokens, d_ff] (the 1477 rows repeated),
 // and each neuron's activity over the first `calibration_rows` source rows. False (and the state
 // skipped, saying why) when the file is missing or malformed.
@@ -330,14 +265,51 @@ bool real_pattern(benchmark::State& state, int layer, int64_t tokens, int64_t ca
   return true;
 }
 
+// The real patterns: relu(x Wg^T) of layer `layer` of the paper model (1477 held-out tokens, CSR),
+// repeated to M rows, packed with the plan's layout (overflowing tile-rows in the backup), uploaded;
+// the consumer alone over it with random x, Wu, Wd (the files hold no up/down weights). The gate GEMM
+// it would follow costs what BM_Gate measures, whatever the pattern.
+void BM_ConsumerRealPattern(benchmark::State& state) {
+  if (!gpu_or_skip(state)) return;
+  Context& ctx = context();
+  const int layer = static_cast<int>(state.range(0));
+  const int64_t tokens = state.range(1);
+  std::vector<uint16_t> dense;
+  std::vector<uint64_t> activity;
+  int64_t nnz = 0;
+  if (!real_pattern(state, layer, tokens, 0, dense, activity, nnz)) return;
+  Problem& p = problem(tokens, 5);  // x, Wg, Wu, Wd of the uniform problem (Wg unused: no recompute)
+  StreamHandle stream(ctx);
+  PlanOptions twell_path;
+  twell_path.dispatch = Dispatch::Sparse;
+  FfnSpec spec = p.host.spec;
+  spec.consumer = static_cast<ConsumerVariant>(state.range(2));
+  FfnPlan plan = ctx.plan(spec, tokens, twell_path);
+  const TwellMatrix h = pack_twell(plan.layout(), dense, tokens, kDff, UINT32_MAX);
+  plan.upload_twell(stream.get(), h);
+  for (auto _ : state) {
+    const auto ms = time_on_stream(stream.get(), [&] { plan.run_consumer(stream.get(), p.tensors(), tokens); }, 2, 5);
+    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
+  }
+  state.counters["nnz/row"] = static_cast<double>(nnz) / tokens;
+  state.counters["overflow tile-rows"] = h.overflow_count;
+  state.counters["GB/s(Wu,Wd rows)"] = benchmark::Counter(nnz * 4.0 * kDModel, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void RealPatternArgs(benchmark::internal::Benchmark* b) {
+  for (int variant : {0, 1})
+    for (int layer = 0; layer < 4; ++layer) b->Args({layer, 16384, variant});
+  b->ArgNames({"layer", "M", "consumer"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+}
+
 // The hot/cold split (PlanOptions::dense_neurons) on the real patterns of one paper layer, M = 16384:
 // the neurons ordered by their activity over the first half of the 1477 held-out tokens (so the split
 // is judged on tokens it was not chosen on, too), the split from the cost model (third argument -1)
 // or given. Timed in one process, each a median: the D2T over the TwELL neurons (run_gate; its time
 // does not depend on the pattern), the consumer over the real pattern of those neurons (uploaded),
-// the dense neurons (y +=, the plan's DenseKernels::FusedGatedUp), and cuBLASLt's whole dense FFN. The layer's time is the
-// sum of the three parts (these layers' x and Wg are not in the data, so the parts cannot run as one
-// call on the real pattern); the counters show each.
+// the dense neurons (y +=, the plan's DenseKernels::FusedGatedUp), and cuBLASLt's whole dense FFN.
+// The layer's time is the sum of the three parts (these layers' x and Wg are not in the data, so the
+// parts cannot run as one call on the real pattern); the counters show each.
 void BM_RealLayerSplit(benchmark::State& state) {
   if (!gpu_or_skip(state)) return;
   Context& ctx = context();
