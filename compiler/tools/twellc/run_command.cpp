@@ -215,17 +215,21 @@ int run_command(const std::vector<std::string>& argv) {
     twell::FfnPlan plan = ctx.plan(spec, d.tokens, options);
     // The feature set and consumer variant, read off the kernels the plan holds (the first one may be
     // the down-weight transpose).
-    bool hopper = false, warp_rows = false;
+    bool hopper = false, warp_rows = false, token_block = false;
     for (const auto& k : plan.kernels()) {
       if (k.kind == "gate_twell") hopper = k.threads == 384;
-      if (k.kind == "gated_down") warp_rows = k.cta_m > 1;
+      if (k.kind == "gated_down" || k.kind == "down") {
+        warp_rows |= k.cta_m > 1 && k.cta_m < 16;
+        token_block |= k.cta_m == 16;
+      }
     }
-    say(fmt::format("== kernels for {} ({} gate GEMM with the TwELL epilogue, {} consumer), generated and compiled in "
+    say(fmt::format("== kernels for {} ({} gate GEMM with the TwELL epilogue, {} consumers), generated and compiled in "
                     "{:.0f} ms",
                     ctx.target().arch(),
                     hopper ? "sm_90a feature set: persistent warp-specialized TMA + wgmma"
                            : "portable feature set: mma.sync + cp.async",
-                    warp_rows ? "row-per-warp" : "row-per-CTA", ms_since(t0)));
+                    std::string(warp_rows ? "row-per-warp" : "row-per-CTA") + (token_block ? " and token-block" : ""),
+                    ms_since(t0)));
     nlohmann::json kernels = nlohmann::json::array();
     for (const auto& k : plan.kernels()) {
       say(fmt::format("   {:<11} {:<52} cache {:<6} compile {:7.1f} ms  PTX {:6} B  cubin {:6} B  CTA {} rows x {} threads, grid.y {}{}",
