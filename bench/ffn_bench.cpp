@@ -320,8 +320,7 @@ void BM_RealLayerSplit(benchmark::State& state) {
   int64_t nnz = 0;
   if (!real_pattern(state, layer, tokens, 1477 / 2, dense, activity, nnz)) return;
   const std::vector<int64_t> order = hot_first_order(activity);
-  std::vector<uint64_t> sorted(kDff);
-  for (int64_t i = 0; i < kDff; ++i) sorted[i] = activity[order[i]];
+  const std::vector<uint64_t> sorted = in_order(activity, order);
   Problem& p = problem(tokens, 5);
   const int64_t k = state.range(2) >= 0 ? state.range(2) : choose_dense_neurons(p.host.spec, tokens, sorted, 1477 / 2);
   // The TwELL neurons' columns of the pattern, hot-first order.
@@ -426,8 +425,7 @@ void BM_PaperLayer1(benchmark::State& state) {
     calib.run(stream.get(), ct, calibration);
     const std::vector<uint64_t> activity = neuron_activity(calib.download_twell(stream.get()));
     const std::vector<int64_t> order = hot_first_order(activity);
-    std::vector<uint64_t> sorted(order.size());
-    for (size_t i = 0; i < order.size(); ++i) sorted[i] = activity[order[i]];
+    const std::vector<uint64_t> sorted = in_order(activity, order);
     split = choose_dense_neurons(f->spec, tokens, sorted, calibration);
     permute_neurons(f->spec, order, f->w_gate, f->w_up, f->w_down);
   }

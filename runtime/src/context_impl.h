@@ -3,6 +3,8 @@
 #pragma once
 #include <cuda.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -50,6 +52,26 @@ struct Context::Impl {
   // compile(), then, with a GPU, cuModuleLoadData. Thread-safe.
   std::shared_ptr<LoadedKernel> load(const compiler::KernelSource& source);
 };
+
+// Whether a 16-bit row-major operand's pointer and row stride are `elements`-element aligned (what a
+// kernel moving `elements`-value chunks of its rows, or TMA at 8 = 16 bytes, needs).
+inline bool operand_aligned(const void* ptr, int64_t ld, int elements) {
+  return reinterpret_cast<uintptr_t>(ptr) % (2 * elements) == 0 && ld % elements == 0;
+}
+
+// grid.x of a persistent kernel (KernelSource::persistent) over `tokens` rows, launched with grid.y 1:
+// with clusters, cluster_m consecutive m-blocks times the grid_y tiles make a cluster's work item and
+// as many clusters start as are resident at once (at most one per item, gate_twell_wgmma.cuh);
+// without, min(m-blocks x grid_y tiles, SMs x resident CTAs per SM).
+inline unsigned persistent_grid_x(const LoadedKernel& k, int64_t tokens, int sm_count) {
+  const compiler::KernelSource& src = k.source;
+  const int64_t m_blocks = (tokens + src.cta_m - 1) / src.cta_m;
+  if (src.cluster_m > 1) {
+    const int64_t items = (m_blocks + src.cluster_m - 1) / src.cluster_m * src.grid_y;
+    return static_cast<unsigned>(src.cluster_m * std::min<int64_t>(items, k.resident_clusters));
+  }
+  return static_cast<unsigned>(std::min<int64_t>(m_blocks * src.grid_y, int64_t{sm_count} * k.ctas_per_sm));
+}
 
 // The context behind a Context object (plans and DenseFfn keep it alive).
 std::shared_ptr<Context::Impl> context_impl(Context& c);

@@ -14,6 +14,7 @@
 #include "context_impl.h"
 #include "dense_kernels.h"
 #include "tma_map.h"
+#include "twell/Dialect/KernelConstraints.h"
 #include "twell/dense.h"
 #include "twell/device/params.h"
 #include "twell/error.h"
@@ -147,14 +148,14 @@ namespace {
 // thread, as the gate's 256 columns), K steps
 // of 64 (128-byte swizzle), 3 stages of 48 KiB (x box + Wg tile + Wu tile), clusters of 2 sharing both
 // weight tiles by multicast.
-constexpr int kFusedTileN = 128, kFusedCtaK = 64, kFusedStages = 3, kFusedClusterM = 2, kFusedThreads = 384, kFusedCtaM = 128;
-constexpr int kFusedSharedBytes =
-    kFusedStages * ((kFusedCtaM + 2 * kFusedTileN) * kFusedCtaK * 2 + 16)  // ring stages + their 2 mbarriers
-    + kFusedCtaM * (kFusedTileN + 8) * 2                                     // the epilogue's staging slabs
-    + 1024 + 32;                                                             // ring alignment, epilogue mbarriers
-static_assert(kFusedSharedBytes <= 227 * 1024, "the fused kernel's shared memory exceeds the sm_90 limit");
-
-bool aligned16(const void* ptr, int64_t ld) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && ld % 8 == 0; }
+using mlir::twell::WgmmaGateConstraints;
+constexpr int kFusedTileN = 128, kFusedCtaK = 64, kFusedStages = 3, kFusedClusterM = 2;
+constexpr int kFusedThreads = WgmmaGateConstraints::kThreads, kFusedCtaM = WgmmaGateConstraints::kCtaM;
+// The layout of the kernel's shared memory, beside the D2T's (KernelConstraints.h).
+constexpr int kFusedSharedBytes = WgmmaGateConstraints::gatedUpSharedBytes(kFusedTileN, kFusedCtaK, kFusedStages);
+static_assert(kFusedSharedBytes <= WgmmaGateConstraints::kMaxSharedBytes, "the fused kernel's shared memory exceeds the sm_90 limit");
+static_assert(kFusedSharedBytes == 3 * ((128 + 2 * 128) * 64 * 2 + 16) + 128 * (128 + 8) * 2 + 1024 + 32,
+              "ring stages with their 2 mbarriers, the epilogue's staging slabs, ring alignment, epilogue mbarriers");
 }  // namespace
 
 compiler::KernelSource detail::fused_gated_up_source(const FfnSpec& s) {
@@ -268,17 +269,15 @@ void DenseFfn::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) {
   p.context->make_current();
   check_run_arguments("DenseFfn::run_gate", p.spec, t, tokens, p.max_tokens, /*needs_output=*/false);
   if (tokens == 0) return;
-  const FfnSpec& s = p.spec;
-  p.gemm(reinterpret_cast<CUstream>(stream), Gemm{t.x, t.ld_x ? t.ld_x : s.d_model, t.w_gate, t.ld_gate ? t.ld_gate : s.d_model, true,
-                                                  reinterpret_cast<void*>(p.g->get()), s.d_ff, tokens, s.d_ff, s.d_model});
+  p.gemm(reinterpret_cast<CUstream>(stream), ffn_gemms(p, t, tokens).front());  // g = x Wg^T
 }
 
 namespace {
-// Whether run() takes the fused gated-up kernel for these operands: built, and TMA can read x, Wg, Wu.
-bool takes_fused(const DenseFfn::Impl& p, const FfnTensors& t) {
-  const FfnSpec& s = p.spec;
-  return p.fused && aligned16(t.x, t.ld_x ? t.ld_x : s.d_model) && aligned16(t.w_gate, t.ld_gate ? t.ld_gate : s.d_model) &&
-         aligned16(t.w_up, t.ld_up ? t.ld_up : s.d_model);
+// Whether run() takes the fused gated-up kernel for these GEMMs (ffn_gemms): it is built, and TMA can
+// read x, Wg and Wu (16-byte aligned, strides multiples of 8 elements).
+bool takes_fused(const DenseFfn::Impl& p, const std::vector<Gemm>& gemms) {
+  return p.fused && operand_aligned(gemms[0].a, gemms[0].lda, 8) && operand_aligned(gemms[0].b, gemms[0].ldb, 8) &&
+         operand_aligned(gemms[1].b, gemms[1].ldb, 8);
 }
 }  // namespace
 
@@ -289,7 +288,7 @@ void DenseFfn::prepare(const FfnTensors& t, int64_t tokens) {
   if (tokens == 0) return;
   const std::vector<Gemm> gemms = ffn_gemms(p, t, tokens);
   // The fused kernel replaces the gate and up GEMMs: then only the down GEMM's algorithm is needed.
-  for (size_t i = takes_fused(p, t) ? gemms.size() - 1 : 0; i < gemms.size(); ++i) p.gemm_plan(gemms[i]);
+  for (size_t i = takes_fused(p, gemms) ? gemms.size() - 1 : 0; i < gemms.size(); ++i) p.gemm_plan(gemms[i]);
 }
 
 void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens, bool accumulate) {
@@ -300,26 +299,26 @@ void DenseFfn::run(Stream stream, const FfnTensors& t, int64_t tokens, bool accu
   auto cu = reinterpret_cast<CUstream>(stream);
   const std::vector<Gemm> gemms = ffn_gemms(p, t, tokens);
   void* g = reinterpret_cast<void*>(p.g->get());
-  const int64_t ldx = t.ld_x ? t.ld_x : s.d_model, ldg = t.ld_gate ? t.ld_gate : s.d_model, ldu = t.ld_up ? t.ld_up : s.d_model;
-  if (takes_fused(p, t)) {
+  if (takes_fused(p, gemms)) {
     // h = act(x Wg^T) * (x Wu^T) in one kernel, into g's workspace; then the down GEMM.
     const compiler::KernelSource& src = p.fused->source;
+    const Gemm& gate = gemms[0];
+    const Gemm& up = gemms[1];
     device::GateParams gp{};
-    gp.x = static_cast<const uint16_t*>(t.x);
-    gp.w_gate = static_cast<const uint16_t*>(t.w_gate);
+    gp.x = static_cast<const uint16_t*>(gate.a);
+    gp.w_gate = static_cast<const uint16_t*>(gate.b);
     gp.m = tokens;
-    gp.ldx = ldx;
-    gp.ldw = ldg;
+    gp.ldx = gate.lda;
+    gp.ldw = gate.ldb;
     gp.h = static_cast<uint16_t*>(g);
     gp.ldh = s.d_ff;
-    detail::encode_tma_map(gp.x_map, s.dtype, t.x, tokens, s.d_model, ldx, src.cta_m, src.cta_k, "DenseFfn::run: cuTensorMapEncodeTiled(x)");
-    detail::encode_tma_map(gp.w_map, s.dtype, t.w_gate, s.d_ff, s.d_model, ldg, kFusedTileN / src.cluster_m, src.cta_k,
+    detail::encode_tma_map(gp.x_map, s.dtype, gate.a, tokens, s.d_model, gate.lda, src.cta_m, src.cta_k,
+                           "DenseFfn::run: cuTensorMapEncodeTiled(x)");
+    detail::encode_tma_map(gp.w_map, s.dtype, gate.b, s.d_ff, s.d_model, gate.ldb, kFusedTileN / src.cluster_m, src.cta_k,
                            "DenseFfn::run: cuTensorMapEncodeTiled(w_gate)");
-    detail::encode_tma_map(gp.u_map, s.dtype, t.w_up, s.d_ff, s.d_model, ldu, kFusedTileN / src.cluster_m, src.cta_k,
+    detail::encode_tma_map(gp.u_map, s.dtype, up.b, s.d_ff, s.d_model, up.ldb, kFusedTileN / src.cluster_m, src.cta_k,
                            "DenseFfn::run: cuTensorMapEncodeTiled(w_up)");
-    // Work items: pairs of 128-row blocks times the d_ff tiles; as many clusters as are resident.
-    const int64_t items = ((tokens + src.cta_m - 1) / src.cta_m + src.cluster_m - 1) / src.cluster_m * src.grid_y;
-    const auto grid_x = static_cast<unsigned>(src.cluster_m * std::min<int64_t>(items, p.fused->resident_clusters));
+    const unsigned grid_x = persistent_grid_x(*p.fused, tokens, p.context->sm_count);
     void* args[1] = {&gp};
     detail::check(detail::Driver::get().cuLaunchKernel(p.fused->function, grid_x, 1, 1, static_cast<unsigned>(src.threads), 1, 1,
                                                        static_cast<unsigned>(src.smem_bytes), cu, args, nullptr),

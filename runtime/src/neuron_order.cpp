@@ -62,6 +62,20 @@ void check_order(const FfnSpec& spec, std::span<const int64_t> order) {
 }
 }  // namespace
 
+std::vector<uint64_t> in_order(std::span<const uint64_t> activity, std::span<const int64_t> order) {
+  if (order.size() != activity.size())
+    throw Error(ErrorCode::InvalidArgument, fmt::format("in_order: order: expected {} entries (activity's), got {}", activity.size(),
+                                                        order.size()));
+  std::vector<uint64_t> out(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (order[i] < 0 || static_cast<size_t>(order[i]) >= activity.size())
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("in_order: order[{}]: expected a neuron 0..{}, got {}", i, activity.size() - 1, order[i]));
+    out[i] = activity[order[i]];
+  }
+  return out;
+}
+
 void permute_neurons(const FfnSpec& spec, std::span<const int64_t> order, std::vector<uint16_t>& w_gate,
                      std::vector<uint16_t>& w_up, std::vector<uint16_t>& w_down) {
   auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, "permute_neurons: " + m); };

@@ -233,12 +233,6 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
 }
 
 namespace {
-// Whether a 16-bit row-major operand's pointer and row stride are `elements`-element aligned (what a
-// kernel moving `elements`-value chunks of its rows needs).
-bool aligned(const void* ptr, int64_t ld, int elements) {
-  return reinterpret_cast<uintptr_t>(ptr) % (2 * elements) == 0 && ld % elements == 0;
-}
-
 // The tensor-core main loop moves 16-byte chunks of x and Wg rows (cp.async), and its consumer reads
 // x, Wu and Wd^T rows 16 bytes at a time: the generated kernels say how aligned (in elements) those
 // operands and their row strides must be.
@@ -248,7 +242,7 @@ void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t, bool g
   if (need == 1) return;
   const FfnSpec& s = p.spec;
   auto check = [&](const char* name, const void* ptr, const char* ld_name, int64_t ld) {
-    if (aligned(ptr, ld, need)) return;
+    if (operand_aligned(ptr, ld, need)) return;
     if (reinterpret_cast<uintptr_t>(ptr) % (2 * need) != 0)
       throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::run: {}: expected a {}-byte aligned device pointer (the "
                                                           "generated kernels load {}-element chunks), got {}", name, 2 * need, need, ptr));
@@ -303,7 +297,7 @@ namespace {
 // Whether the token-block consumer may read these operands: 16-byte aligned rows of x, Wu, Wd^T and y
 // (its cp.async chunks). An out_in Wd is read from the plan's transposed copy, which is aligned.
 bool block_operands_aligned(const FfnSpec& s, const FfnTensors& t) {
-  auto ok = [](const void* ptr, int64_t ld) { return aligned(ptr, ld, 8); };
+  auto ok = [](const void* ptr, int64_t ld) { return operand_aligned(ptr, ld, 8); };
   return ok(t.x, t.ld_x ? t.ld_x : s.d_model) && ok(t.w_up, t.ld_up ? t.ld_up : s.d_model) &&
          ok(t.y, t.ld_y ? t.ld_y : s.d_model) &&
          (s.down_layout == WeightLayout::OutIn || ok(t.w_down, t.ld_down ? t.ld_down : s.d_model));
@@ -321,14 +315,7 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
   }
   // The TwELL path: the kernels over the TwELL neurons, then the dense neurons added onto y.
   auto run_twell = [&] {
-    if (p.hot && tokens > 0 && p.context->gpu) {
-      // Everything that can fail before y is written: the arguments, then cuBLASLt's algorithms for
-      // the dense neurons' operands.
-      p.context->make_current();
-      check_run_arguments("FfnPlan::run", p.spec, t, tokens, p.max_tokens, true);
-      p.hot->prepare(neuron_slice(p.spec, t, 0), tokens);
-    }
-    launch(stream, t, tokens, Stages::All);
+    launch(stream, t, tokens, Stages::All);  // prepares the dense neurons' part before its first launch
     if (p.hot && tokens > 0) p.hot->run(stream, neuron_slice(p.spec, t, 0), tokens, /*accumulate=*/true);
   };
   std::vector<Path> candidates{Path::Rows};
@@ -426,6 +413,9 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
   // (The slices start 128-byte multiples past the user's pointers: the same alignment, so the
   // user's pointers are checked, and named in the errors.)
   check_operand_alignment(p, user_tensors, gate_only);
+  // The dense neurons' part (run() adds it after these kernels): what can fail there (its arguments,
+  // cuBLASLt's algorithms for its operands) fails now, before y is written.
+  if (stages == Stages::All && p.hot && tokens > 0) p.hot->prepare(neuron_slice(p.spec, user_tensors, 0), tokens);
   const FfnTensors t = p.dense_neurons > 0 ? neuron_slice(p.spec, user_tensors, p.dense_neurons) : user_tensors;
   const detail::Driver& d = detail::Driver::get();
   const FfnSpec& s = p.sparse_spec;
@@ -500,15 +490,8 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
     }
     if (src.kind == compiler::KernelKind::GatedDown && src.persistent)  // the warps claim rows from 0
       detail::check(d.cuMemsetD32Async(p.counter->get() + 4, 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(row counter)");
-    if (src.persistent && src.cluster_m > 1) {
-      // Work items of a cluster: cluster_m consecutive m-blocks times the d_ff tiles
-      // (gate_twell_wgmma.cuh); as many clusters as are resident at once, at most one per item.
-      const int64_t items = (int64_t{grid_x} + src.cluster_m - 1) / src.cluster_m * grid_y;
-      grid_x = static_cast<unsigned>(src.cluster_m * std::min<int64_t>(items, k->resident_clusters));
-      grid_y = 1;
-    } else if (src.persistent) {
-      const int64_t tiles = int64_t{grid_x} * grid_y;
-      grid_x = static_cast<unsigned>(std::min<int64_t>(tiles, int64_t{p.context->sm_count} * k->ctas_per_sm));
+    if (src.persistent) {
+      grid_x = persistent_grid_x(*k, tokens, p.context->sm_count);
       grid_y = 1;
     }
     detail::check(d.cuLaunchKernel(k->function, grid_x, grid_y, 1, static_cast<unsigned>(src.threads), 1, 1,

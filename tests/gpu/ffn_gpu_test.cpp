@@ -755,7 +755,9 @@ TEST(GpuFfn, PermuteNeuronsOnDevice) {
     DeviceFfnWeights out{og.data(), c.gated ? ou.data() : nullptr, od.data()};
     permute_neurons(ctx, stream.get(), s, order, in, out);
     EXPECT_EQ(og.download_vector<uint16_t>(n * k), g);
-    if (c.gated) EXPECT_EQ(ou.download_vector<uint16_t>(n * k), u);
+    if (c.gated) {
+      EXPECT_EQ(ou.download_vector<uint16_t>(n * k), u);
+    }
     EXPECT_EQ(od.download_vector<uint16_t>(n * k), d) << to_string(c.down);
     if (c.down != WeightLayout::OutIn || !c.gated) continue;
     auto message = [&](auto&& call) {
@@ -857,8 +859,7 @@ void check_split(const RandomFfn& original, std::vector<int64_t> splits, const s
     activity = neuron_activity(calibration.download_twell(stream.get()));
   }
   const std::vector<int64_t> order = hot_first_order(activity);
-  std::vector<uint64_t> sorted(activity.size());
-  for (size_t i = 0; i < order.size(); ++i) sorted[i] = activity[order[i]];
+  const std::vector<uint64_t> sorted = in_order(activity, order);
   RandomFfn f = original;
   permute_neurons(s, order, f.w_gate, f.w_up, f.w_down);
   SplitCostModel model;

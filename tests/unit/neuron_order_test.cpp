@@ -53,7 +53,11 @@ TEST(NeuronOrder, ActivityCountsEveryNonzeroIncludingTheBackup) {
 
 TEST(NeuronOrder, HotFirstIsDescendingAndStable) {
   const std::vector<uint64_t> act{3, 9, 3, 0, 9, 1};
-  EXPECT_EQ(hot_first_order(act), (std::vector<int64_t>{1, 4, 0, 2, 5, 3}));
+  const std::vector<int64_t> order = hot_first_order(act);
+  EXPECT_EQ(order, (std::vector<int64_t>{1, 4, 0, 2, 5, 3}));
+  EXPECT_EQ(in_order(act, order), (std::vector<uint64_t>{9, 9, 3, 3, 1, 0}));
+  expect_invalid([&] { in_order(act, std::vector<int64_t>{0, 1}); }, "in_order: order: expected 6 entries");
+  expect_invalid([&] { in_order(act, std::vector<int64_t>{0, 1, 2, 3, 4, 6}); }, "in_order: order[5]: expected a neuron 0..5, got 6");
 }
 
 TEST(NeuronOrder, PermutedWeightsComputeTheSameFfn) {

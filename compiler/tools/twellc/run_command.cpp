@@ -168,12 +168,11 @@ int run_command(const std::vector<std::string>& argv) {
                           {"rows_overflowing", st.rows_overflowing}, {"tile_rows_overflowing", st.tile_rows_overflowing},
                           {"tile_rows", tile_rows}};
     // The hot/cold split: neuron activity over these tokens, the hot-first order, the cost model's split.
-    std::vector<uint64_t> activity(d.d_ff, 0);
-    for (int64_t r = 0; r < d.tokens; ++r)
-      for (int64_t j = 0; j < d.d_ff; ++j) activity[j] += twell::is_active(layout, a[r * d.d_ff + j]) ? 1 : 0;
+    // The activated gate packed once: the activity counts now, the CPU reference below.
+    const twell::TwellMatrix h_ref = twell::pack_twell(layout, a, d.tokens, d.d_ff, UINT32_MAX);
+    const std::vector<uint64_t> activity = twell::neuron_activity(h_ref);
     const std::vector<int64_t> order = twell::hot_first_order(activity);
-    std::vector<uint64_t> sorted(order.size());
-    for (size_t i = 0; i < order.size(); ++i) sorted[i] = activity[order[i]];
+    const std::vector<uint64_t> sorted = twell::in_order(activity, order);
     const std::string split_arg = args.get("dense-neurons", "auto");
     int64_t split = 0;
     if (split_arg == "auto") {
@@ -257,9 +256,8 @@ int run_command(const std::vector<std::string>& argv) {
     // 4. CPU reference.
     t0 = Clock::now();
     const twell::HostFfnWeights w{d.w_gate, d.w_up, d.w_down};
-    // The gate was computed above for the statistics; pack it instead of recomputing it.
-    const std::vector<float> y_ref =
-        twell::reference_gated_down(spec, d.x, twell::pack_twell(layout, a, d.tokens, d.d_ff, UINT32_MAX), w);
+    // The gate was computed and packed above for the statistics: no recomputation.
+    const std::vector<float> y_ref = twell::reference_gated_down(spec, d.x, h_ref, w);
     say(fmt::format("== CPU reference (fp32 accumulate) in {:.0f} ms", ms_since(t0)));
 
     if (!ctx.has_gpu()) {

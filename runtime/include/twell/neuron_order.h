@@ -12,7 +12,7 @@
 //   1. activity = neuron_activity(plan.download_twell(stream))   // calibration tokens, Dispatch::Sparse
 //   2. order    = hot_first_order(activity)
 //   3. permute_neurons(spec, order, w_gate, w_up, w_down)        // host copies, once
-//   4. options.dense_neurons = choose_dense_neurons(spec, tokens, sorted activity, calibration rows)
+//   4. options.dense_neurons = choose_dense_neurons(spec, tokens, in_order(activity, order), calibration rows)
 //   (3'. or on the device: permute_neurons(context, stream, spec, order, device weights, new device weights))
 #pragma once
 #include <cstdint>
@@ -34,6 +34,11 @@ std::vector<uint64_t> neuron_activity(const TwellMatrix& m);
 // The neurons by descending activity, ties by ascending index (deterministic): order[i] is the old
 // index of the neuron that moves to position i.
 std::vector<int64_t> hot_first_order(std::span<const uint64_t> activity);
+
+// The activity in that order (result[i] = activity[order[i]]): the sorted counts choose_dense_neurons
+// and predict_split_ms take. Throws Error(InvalidArgument) when the sizes differ or an index is out
+// of range.
+std::vector<uint64_t> in_order(std::span<const uint64_t> activity, std::span<const int64_t> order);
 
 // Reorders the neurons of host weights (dtype bits, dense row-major, spec's layouts): new neuron i is
 // old neuron order[i] (rows of w_gate and w_up, columns of an OutIn w_down, rows of an InOut one). The

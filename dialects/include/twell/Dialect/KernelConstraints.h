@@ -176,6 +176,12 @@ struct WgmmaGateConstraints {
                                        stagingBytes(tileN)),
                          1024 + 32);
   }
+  // The dense path's fused gated-up variant of the same kernel (GatedUp; runtime/src/cublas_dense.cpp):
+  // each ring stage also holds a Wu tile of tile_n rows.
+  static constexpr int64_t gatedUpSharedBytes(int64_t tileN, int64_t ctaK, int64_t stages) {
+    return detail::saturatingAdd(sharedBytes(tileN, ctaK, stages),
+                                 detail::saturatingMul(std::max<int64_t>(stages, 0), stageBytes(tileN, ctaK) - stageBytes(0, ctaK)));
+  }
   // The deepest ring (kMaxStages down to kMinStages) that fits kMaxSharedBytes; 0 if none does.
   static constexpr int64_t maxStages(int64_t tileN, int64_t ctaK) {
     for (int64_t stages = kMaxStages; stages >= kMinStages; --stages)
