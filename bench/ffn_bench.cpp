@@ -465,6 +465,82 @@ void PaperLayer1Args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"M", "path"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 }
 
+// Decoding (PERFORMANCE.md, "Small M": the dense FFN reads all 69 MB of weights, 43 us at M = 1; a
+// sparse one must read the 23 MB Wg but only the active rows of Wu and Wd: the target is >= 3x dense
+// at 0.5%). Paths: 0 cuBLASLt (three GEMMs + elementwise), 1 twell with the decode kernels
+// (PlanOptions::decode_max_tokens), 2 twell with the large-M kernels only, 3 the dense path with the
+// fused gated-up kernel; Wd out_in (nn.Linear) or in_out (in_out 1). Each call reads another of kDecodeLayers copies of the weights (nn.Linear
+// layouts), so the weights come from DRAM as in a model whose layers do not all fit the L2; the calls
+// run from a CUDA graph (time_graph_on_stream), so the host's launch overhead is not timed: what a
+// serving loop that captures its decode step sees.
+constexpr int kDecodeLayers = 4;
+
+void BM_Decode(benchmark::State& state) {
+  if (!gpu_or_skip(state)) return;
+  Context& ctx = context();
+  const int64_t tokens = state.range(0);
+  const int path = static_cast<int>(state.range(2));
+  const bool in_out = state.range(3) != 0;
+  Problem& p = problem(tokens, static_cast<int>(state.range(1)));
+  FfnSpec spec = p.host.spec;
+  spec.down_layout = in_out ? WeightLayout::InOut : WeightLayout::OutIn;
+  StreamHandle stream(ctx);
+  // The weights of kDecodeLayers layers (the same values), Wd in the benchmark's layout.
+  static std::map<std::tuple<int64_t, int64_t, bool>, std::vector<std::unique_ptr<DeviceMemory>>> copies;
+  auto& layers = copies[{tokens, state.range(1), in_out}];
+  if (layers.empty()) {
+    std::vector<uint16_t> w_down = p.host.w_down;  // [d_model, d_ff]
+    if (in_out)
+      for (int64_t i = 0; i < kDModel; ++i)
+        for (int64_t j = 0; j < kDff; ++j) w_down[j * kDModel + i] = p.host.w_down[i * kDff + j];
+    for (int l = 0; l < kDecodeLayers; ++l)
+      for (const auto* w : {&p.host.w_gate, &p.host.w_up, &w_down}) {
+        layers.push_back(std::make_unique<DeviceMemory>(ctx, w->size() * 2));
+        layers.back()->upload(*w);
+      }
+  }
+  auto tensors = [&](int l) {
+    FfnTensors t = p.tensors();
+    t.w_gate = layers[3 * l]->data();
+    t.w_up = layers[3 * l + 1]->data();
+    t.w_down = layers[3 * l + 2]->data();
+    return t;
+  };
+  std::unique_ptr<FfnPlan> plan;
+  std::unique_ptr<DenseFfn> dense;
+  if (path == 0 || path == 3) {
+    dense = std::make_unique<DenseFfn>(ctx, spec, tokens, path == 3 ? DenseKernels::FusedGatedUp : DenseKernels::CuBlasLt);
+  } else {
+    PlanOptions o;
+    o.dispatch = Dispatch::Sparse;
+    o.decode_max_tokens = path == 1 ? 64 : 0;
+    plan = std::make_unique<FfnPlan>(ctx.plan(spec, tokens, o));
+    for (int l = 0; l < kDecodeLayers; ++l) plan->run(stream.get(), tensors(l), tokens);
+    plan->last_overflow(stream.get());  // sizes the backup: no recompute in the timed calls
+  }
+  int layer = 0;
+  auto call = [&] {
+    const FfnTensors t = tensors(layer);
+    layer = (layer + 1) % kDecodeLayers;
+    plan ? plan->run(stream.get(), t, tokens) : dense->run(stream.get(), t, tokens);
+  };
+  for (auto _ : state) {
+    const auto ms = time_graph_on_stream(stream.get(), call, 5 * kDecodeLayers, 5);
+    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
+  }
+  // The bytes a call must read: dense, all three weights; sparse, Wg and the active rows of Wu and Wd.
+  const double weight_bytes = 3.0 * kDModel * kDff * 2;
+  state.counters["GB/s(dense bytes)"] = benchmark::Counter(weight_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void DecodeArgs(benchmark::internal::Benchmark* b) {
+  for (int64_t m : {1, 4, 16, 64})
+    for (int permille : {5, 20})
+      for (int path : {0, 1, 2, 3})
+        for (int in_out : {0, 1}) b->Args({m, permille, path, in_out});
+  b->ArgNames({"M", "density_permille", "path", "in_out"})->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(5);
+}
+
 void BM_JitColdCompile(benchmark::State& state) {
   FfnSpec s;
   s.d_model = kDModel;
@@ -515,6 +591,7 @@ BENCHMARK(BM_Consumer)->Apply(ConsumerArgs);
 BENCHMARK(BM_ConsumerRealPattern)->Apply(RealPatternArgs);
 BENCHMARK(BM_RealLayerSplit)->Apply(RealLayerSplitArgs);
 BENCHMARK(BM_PaperLayer1)->Apply(PaperLayer1Args);
+BENCHMARK(BM_Decode)->Apply(DecodeArgs);
 BENCHMARK(BM_JitColdCompile)->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK(BM_JitWarmHit)->Unit(benchmark::kMicrosecond);
 

@@ -159,6 +159,7 @@ std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& tar
   result.layout = layoutOf(gate.getLayout());
   result.target = target;
   result.kernels = std::move(*kernels);
+  result.decode = tw::emitDecodeKernels(consumer);
   return result;
 }
 

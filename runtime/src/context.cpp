@@ -140,6 +140,9 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const compiler::KernelSourc
                    : source.kind == compiler::KernelKind::WeightTranspose ? "transpose"
                    : source.kind == compiler::KernelKind::DenseGatedUp    ? "dense_gated_up"
                    : source.kind == compiler::KernelKind::NeuronPermute   ? "permute"
+                   : source.kind == compiler::KernelKind::DecodeGate      ? "decode_gate"
+                   : source.kind == compiler::KernelKind::DecodeUp        ? "decode_up"
+                   : source.kind == compiler::KernelKind::DecodeDown      ? "decode_down"
                                                                           : "dense_gated_mul";
   k->report.cache = result.hit == detail::CacheHit::Memory ? "memory" : result.hit == detail::CacheHit::Disk ? "disk" : "miss";
   k->report.compile_ms = compile_ms;
@@ -162,7 +165,11 @@ std::shared_ptr<Context::Impl> context_impl(Context& c) {
 std::vector<CompiledKernel> Context::compile(const compiler::GeneratedFfn& generated) {
   std::vector<CompiledKernel> out;
   auto impl = context_impl(*this);
-  for (const auto& source : generated.kernels) {
+  std::vector<const compiler::KernelSource*> sources;
+  for (const auto& source : generated.kernels) sources.push_back(&source);
+  for (const auto& source : generated.decode) sources.push_back(&source);
+  for (const compiler::KernelSource* source_ptr : sources) {
+    const compiler::KernelSource& source = *source_ptr;
     auto k = impl->compile(source);
     out.push_back(CompiledKernel{k->report, source.source, k->binary->ptx, k->binary->cubin.size()});
   }

@@ -97,4 +97,33 @@ std::vector<double> time_on_stream(Stream stream, const std::function<void()>& f
   return ms;
 }
 
+std::vector<double> time_graph_on_stream(Stream stream, const std::function<void()>& fn, int calls, int reps) {
+  const detail::Driver& d = detail::Driver::get();
+  auto s = reinterpret_cast<CUstream>(stream);
+  CUgraph graph = nullptr;
+  detail::check(d.cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
+  try {
+    for (int i = 0; i < calls; ++i) fn();
+  } catch (...) {
+    d.cuStreamEndCapture(s, &graph);  // leave the stream usable
+    if (graph != nullptr) d.cuGraphDestroy(graph);
+    throw;
+  }
+  detail::check(d.cuStreamEndCapture(s, &graph), "cuStreamEndCapture");
+  CUgraphExec exec = nullptr;
+  const CUresult r = d.cuGraphInstantiateWithFlags(&exec, graph, 0);
+  d.cuGraphDestroy(graph);
+  detail::check(r, "cuGraphInstantiateWithFlags");
+  std::vector<double> ms;
+  try {
+    ms = time_on_stream(stream, [&] { detail::check(d.cuGraphLaunch(exec, s), "cuGraphLaunch"); }, 1, reps);
+  } catch (...) {
+    d.cuGraphExecDestroy(exec);
+    throw;
+  }
+  d.cuGraphExecDestroy(exec);
+  for (double& t : ms) t /= calls;
+  return ms;
+}
+
 }  // namespace twell

@@ -40,6 +40,7 @@ namespace twell::detail {
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor)                                                     \
   X(cuOccupancyMaxActiveClusters)                                                                    \
   X(cuLaunchKernel)                                                                                  \
+  X(cuLaunchKernelEx)                                                                                \
   X(cuMemAlloc)                                                                                      \
   X(cuMemFree)                                                                                       \
   X(cuMemcpyHtoD)                                                                                    \
@@ -63,6 +64,12 @@ namespace twell::detail {
   X(cuGetErrorString)                                                                                \
   X(cuPointerGetAttribute)                                                                           \
   X(cuMemGetInfo)                                                                                     \
+  X(cuStreamBeginCapture)                                                                            \
+  X(cuStreamEndCapture)                                                                              \
+  X(cuGraphInstantiateWithFlags)                                                                     \
+  X(cuGraphLaunch)                                                                                   \
+  X(cuGraphExecDestroy)                                                                              \
+  X(cuGraphDestroy)                                                                                  \
   X(cuTensorMapEncodeTiled)
 
 struct Driver {

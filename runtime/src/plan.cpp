@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "context_impl.h"
+#include "twell/Dialect/KernelConstraints.h"
 #include "twell/dense.h"
 #include "twell/device/params.h"
 #include "twell/device_memory.h"
@@ -51,6 +52,12 @@ struct FfnPlan::Impl {
   std::shared_ptr<LoadedKernel> block_consumer;
   enum class Path { Rows, Block, Dense };
   std::map<int, Path> bucket_path;          // per bucket bit_width(tokens - 1), after calibration
+  // The decode kernels (PlanOptions::decode_max_tokens; null when off or not made for this shape),
+  // generated for the user's down layout, and their workspace (device::DecodeBuffers).
+  std::shared_ptr<LoadedKernel> decode_gate, decode_up, decode_down, decode_gate_small;
+  int64_t decode_max_tokens = 0;
+  int64_t decode_act_ld = 0;
+  std::unique_ptr<detail::DeviceBuffer> decode_act, decode_arrivals, decode_entries;
   bool use_block = false;                   // the consumer the next launch() runs
   std::string last_path;
 
@@ -72,6 +79,9 @@ void check_spec(const FfnSpec& s, int64_t max_tokens, const PlanOptions& options
   if (k < 0 || k % 64 != 0 || k >= s.d_ff)
     bad(fmt::format("PlanOptions::dense_neurons: expected a multiple of 64 in 0..{} (below d_ff = {}: at least one neuron "
                     "stays on TwELL), got {}", (s.d_ff - 1) / 64 * 64, s.d_ff, k));
+  if (options.decode_max_tokens < 0 || options.decode_max_tokens > mlir::twell::DecodeKernelConstraints::kMaxTokens)
+    bad(fmt::format("PlanOptions::decode_max_tokens: expected 0..{} (0: no decode kernels), got {}",
+                    mlir::twell::DecodeKernelConstraints::kMaxTokens, options.decode_max_tokens));
 }
 
 // The two parts of a split FFN's tensors (PlanOptions::dense_neurons = k): the dense part's weights
@@ -211,9 +221,35 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
         p.reports.push_back(p.block_consumer->report);
       }
   }
+  if (options.decode_max_tokens > 0) {
+    // The decode kernels read Wd in the user's layout: made from that spec (the kernels above read the
+    // transposed copy of an out_in Wd).
+    std::vector<compiler::KernelSource> decode =
+        transpose_down ? compiler::generateFfn(p.sparse_spec, ctx->target).decode : std::move(generated.decode);
+    if (decode.size() == 4) {
+      p.decode_gate = ctx->load(decode[0]);
+      p.decode_up = ctx->load(decode[1]);
+      p.decode_down = ctx->load(decode[2]);
+      p.decode_gate_small = ctx->load(decode[3]);
+      for (const auto* k : {&p.decode_gate, &p.decode_up, &p.decode_down, &p.decode_gate_small})
+        p.reports.push_back((*k)->report);
+      p.decode_max_tokens = options.decode_max_tokens;
+    }
+  }
   if (ctx->gpu) {
     ctx->make_current();
     const int64_t sparse_d_ff = p.sparse_spec.d_ff;
+    if (p.decode_gate) {
+      const int64_t rows = std::min(max_tokens, p.decode_max_tokens);
+      p.decode_act_ld = (sparse_d_ff + 7) / 8 * 8;
+      p.decode_act = std::make_unique<detail::DeviceBuffer>(size_t(rows * p.decode_act_ld) * 2);
+      p.decode_entries = std::make_unique<detail::DeviceBuffer>(size_t(rows * sparse_d_ff) * 8);
+      const int64_t tiles = p.layout.tiles(sparse_d_ff);
+      p.decode_arrivals = std::make_unique<detail::DeviceBuffer>(size_t(tiles) * 4);
+      // The arrival counters start at 0; each decode_gate launch leaves them at 0.
+      detail::check(detail::Driver::get().cuMemsetD8(p.decode_arrivals->get(), 0, size_t(tiles) * 4),
+                    "Context::plan: cuMemsetD8(decode tile arrivals)");
+    }
     p.twell = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * p.layout.words_per_row(sparse_d_ff) * 4);
     p.counter = std::make_unique<detail::DeviceBuffer>(8);  // the overflow count, the consumer's row counter
     if (transpose_down) p.w_down_t = std::make_unique<detail::DeviceBuffer>(size_t(sparse_d_ff) * spec.d_model * 2);
@@ -400,6 +436,54 @@ void FfnPlan::upload_twell(Stream stream, const TwellMatrix& m) {
   p.matrix_capacity = m.backup_capacity;
 }
 
+namespace {
+// The decode kernels (decode.cuh) on `tokens` <= decode_max_tokens rows: decode_gate (one CTA per 32
+// columns of d_ff; the last CTA of each tile packs it), decode_up (one CTA per row and tile),
+// decode_down (one warp per row and 64 outputs). The overflow counter is zeroed before, as for the D2T.
+void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDownParams& down, int64_t tokens, CUstream cu) {
+  const detail::Driver& d = detail::Driver::get();
+  device::DecodeBuffers buffers{};
+  buffers.act = reinterpret_cast<uint16_t*>(p.decode_act->get());
+  buffers.tile_arrivals = reinterpret_cast<uint32_t*>(p.decode_arrivals->get());
+  buffers.entries = reinterpret_cast<uint32_t*>(p.decode_entries->get());
+  buffers.act_ld = p.decode_act_ld;
+  const int64_t tiles = p.layout.tiles(p.sparse_spec.d_ff);
+  const auto slices = static_cast<unsigned>(tiles * (p.layout.tile_n / mlir::twell::DecodeKernelConstraints::kSliceN));
+  const int64_t columns = mlir::twell::DecodeKernelConstraints::downColumns(p.spec.down_layout == WeightLayout::InOut);
+  const auto chunks = (p.spec.d_model + columns - 1) / columns;
+  // decode_up and decode_down wait for the kernel before them with griddepcontrol.wait (sm_90 and
+  // later: programmatic dependent launch), so they may launch while it runs: the launch latency
+  // overlaps the previous kernel instead of following it.
+  const bool dependent_launch = p.target.sm >= 90;
+  auto run = [&](const LoadedKernel& k, unsigned grid, void* params, int64_t smem, bool overlap) {
+    void* args[2] = {params, &buffers};
+    CUlaunchAttribute attribute{};
+    attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = grid;
+    config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = static_cast<unsigned>(k.source.threads);
+    config.blockDimY = config.blockDimZ = 1;
+    config.sharedMemBytes = static_cast<unsigned>(smem);
+    config.hStream = cu;
+    config.attrs = &attribute;
+    config.numAttrs = overlap && dependent_launch ? 1 : 0;
+    detail::check(d.cuLaunchKernelEx(&config, k.function, args, nullptr),
+                  fmt::format("FfnPlan::run: launching {}", k.source.name).c_str());
+  };
+  // Up to 8 rows: decode_gate_small (no ring); else decode_gate, whose ring is sized by the rows it
+  // holds (16 or 64): two CTAs per SM.
+  if (tokens <= p.decode_gate_small->source.cta_m)
+    run(*p.decode_gate_small, static_cast<unsigned>(tiles * (p.layout.tile_n / mlir::twell::DecodeKernelConstraints::kGateSmallSliceN)),
+        &gate, p.decode_gate_small->source.smem_bytes, false);
+  else
+    run(*p.decode_gate, slices, &gate, mlir::twell::DecodeKernelConstraints::gateSharedBytes(p.layout.tile_n, tokens), false);
+  run(*p.decode_up, static_cast<unsigned>(tokens * tiles), &down, 0, true);
+  run(*p.decode_down, static_cast<unsigned>(tokens * chunks), &down, 0, true);
+}
+}  // namespace
+
 void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t tokens, Stages stages) {
   const bool gate_only = stages == Stages::GateOnly;
   const bool consumer_only = stages == Stages::ConsumerOnly;
@@ -460,6 +544,12 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
   down.ldwg = gate.ldw;
   down.ldwu = t.ld_up ? t.ld_up : s.d_model;
   down.ldwd = t.ld_down ? t.ld_down : (in_out ? s.d_model : s.d_ff);
+  down.ldy = t.ld_y ? t.ld_y : s.d_model;
+  down.backup_capacity = p.backup_capacity;
+  if (stages == Stages::All && !p.use_block && p.decode_gate && tokens <= p.decode_max_tokens) {
+    launch_decode(p, gate, down, tokens, cu);  // reads w_down as given: no transpose
+    return;
+  }
   if (p.transpose && !gate_only) {
     device::TransposeParams tp{u16(t.w_down), reinterpret_cast<uint16_t*>(p.w_down_t->get()), s.d_model, s.d_ff, down.ldwd, s.d_model};
     void* args[1] = {&tp};
@@ -469,8 +559,6 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
     down.w_down = reinterpret_cast<const uint16_t*>(p.w_down_t->get());
     down.ldwd = s.d_model;
   }
-  down.ldy = t.ld_y ? t.ld_y : s.d_model;
-  down.backup_capacity = p.backup_capacity;
 
   for (const auto& kernel : p.kernels) {
     // The token-block consumer in place of the row consumer when run() chose it.

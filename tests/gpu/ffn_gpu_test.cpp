@@ -1010,3 +1010,130 @@ int main(int argc, char** argv) {
   }
   return RUN_ALL_TESTS();
 }
+
+namespace {
+// The values of a TwELL matrix, densely: each tile-row from its entries or its backup row; a
+// tile-row that overflowed a full backup (to be recomputed by the consumer) reads 0xFFFF throughout.
+// (Backup slots are claimed with an atomic, so their order may differ between runs: compare these.)
+std::vector<uint16_t> twell_values(const TwellMatrix& m) {
+  const TwellLayout& l = m.layout;
+  const int64_t tiles = l.tiles(m.d_ff), wpr = l.words_per_row(m.d_ff);
+  std::vector<uint16_t> out(m.rows * tiles * l.tile_n, 0);
+  for (int64_t r = 0; r < m.rows; ++r)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const uint32_t* w = &m.words[r * wpr + t * (l.slots + 1)];
+      uint16_t* o = &out[(r * tiles + t) * l.tile_n];
+      if (w[0] <= static_cast<uint32_t>(l.slots)) {
+        for (uint32_t e = 0; e < w[0]; ++e) o[w[1 + e] & 0xFFFFu] = static_cast<uint16_t>(w[1 + e] >> 16);
+      } else if (w[1] == kBackupMissing) {
+        std::fill_n(o, l.tile_n, uint16_t{0xFFFF});
+      } else {
+        std::copy_n(m.backup.begin() + int64_t{w[1]} * l.tile_n, l.tile_n, o);
+      }
+    }
+  return out;
+}
+
+// One decode-vs-large-M comparison: the same inputs through a plan whose runs of <= 64 tokens take the
+// decode kernels and one without them (decode_max_tokens = 0): the TwELL matrices must hold the same
+// values and y the same bits (the decode kernels repeat the gate's k16 chain and the row consumer's
+// sums), both near the CPU reference, no output element left poisoned. Rows sit in a strided x and y
+// whose padding is poisoned (NaN in x, 0xFFFF in y) and checked untouched.
+void check_decode(const RandomFfn& f, PlanOptions options, const std::string& what) {
+  Context& ctx = context();
+  StreamHandle stream(ctx);
+  const int64_t K = f.spec.d_model, ld = K + 8;
+  PlanOptions large = options;
+  large.decode_max_tokens = 0;
+  FfnPlan decode_plan = ctx.plan(f.spec, 64, options);
+  FfnPlan large_plan = ctx.plan(f.spec, 64, large);
+  const auto& reports = decode_plan.kernels();
+  ASSERT_TRUE(std::any_of(reports.begin(), reports.end(), [](const KernelReport& k) { return k.kind == "decode_gate"; }))
+      << what << ": the plan made no decode kernels";
+  DeviceFfn dev(ctx, f);
+  std::vector<uint16_t> xs(f.tokens * ld, from_float(f.spec.dtype, std::nanf("")));
+  for (int64_t r = 0; r < f.tokens; ++r) std::copy_n(&f.x[r * K], K, &xs[r * ld]);
+  DeviceMemory xd(ctx, xs.size() * 2), yd(ctx, f.tokens * ld * 2);
+  xd.upload(xs);
+  FfnTensors t = dev.tensors();
+  t.x = xd.data();
+  t.ld_x = ld;
+  t.y = yd.data();
+  t.ld_y = ld;
+  auto run = [&](FfnPlan& plan, std::vector<uint16_t>& y, std::vector<uint16_t>& h) {
+    yd.fill(0xFF);
+    plan.run(stream.get(), t, f.tokens);
+    h = twell_values(plan.download_twell(stream.get()));
+    const auto ys = yd.download_vector<uint16_t>(f.tokens * ld);
+    y.assign(f.tokens * K, 0);
+    for (int64_t r = 0; r < f.tokens; ++r) {
+      std::copy_n(&ys[r * ld], K, &y[r * K]);
+      for (int64_t i = K; i < ld; ++i) ASSERT_EQ(ys[r * ld + i], 0xFFFF) << what << ": wrote outside row " << r;
+    }
+  };
+  std::vector<uint16_t> y_decode, h_decode, y_large, h_large, y_again, h_again;
+  run(decode_plan, y_decode, h_decode);
+  run(large_plan, y_large, h_large);
+  run(decode_plan, y_again, h_again);  // the tiles' arrival counters were left at 0 by the first run
+  const auto ref = reference_gated_ffn(f.spec, f.x, f.tokens, f.weights());
+  EXPECT_LT(relative_error(to_float(f.spec.dtype, y_decode), ref), 1e-2) << what;
+  EXPECT_EQ(std::count(y_decode.begin(), y_decode.end(), uint16_t{0xFFFF}), 0) << what << ": unwritten outputs";
+  // A tile-row that overflowed a full backup in one run may have had a slot in the other (slots go
+  // to the first tile-rows to claim them): its values are compared only where both runs kept them.
+  auto first_difference = [&](const std::vector<uint16_t>& a, const std::vector<uint16_t>& b) {
+    if (a.size() != b.size()) return std::string(" (sizes differ)");
+    const int tile_n = decode_plan.layout().tile_n;
+    for (size_t t = 0; t < a.size(); t += tile_n) {
+      if (a[t] == 0xFFFF && std::all_of(&a[t], &a[t] + tile_n, [](uint16_t v) { return v == 0xFFFF; })) continue;
+      if (b[t] == 0xFFFF && std::all_of(&b[t], &b[t] + tile_n, [](uint16_t v) { return v == 0xFFFF; })) continue;
+      for (size_t i = t; i < t + tile_n; ++i)
+        if (a[i] != b[i]) return fmt::format(" (first at value {}: {:#06x} vs {:#06x})", i, a[i], b[i]);
+    }
+    return std::string();
+  };
+  EXPECT_EQ(first_difference(h_decode, h_large), "") << what << ": the decode gate's TwELL matrix differs from the large-M gate's";
+  EXPECT_TRUE(y_decode == y_large) << what << ": y differs from the large-M kernels' bits";
+  EXPECT_EQ(first_difference(h_decode, h_again), "") << what << ": a second decode run's TwELL matrix differs";
+  EXPECT_TRUE(y_again == y_decode) << what << ": a second decode run's y differs";
+}
+}  // namespace
+
+// The decode kernels (runs of <= 64 tokens) against the large-M kernels and the CPU reference: 1 to 64
+// rows (one, two and four m16 row tiles), the paper's shape at 0.5% and 5% and an out_in Wd (read as
+// given), d_model 520 (the mma_sync gate, a K tail) with d_ff 1408 (a partial last tile) and
+// overflowing tile-rows from the backup or recomputed (capacity 0), SiLU with a threshold in fp16 and
+// tile_n 64 with in_out weights, a non-gated layer, and the hot/cold split.
+TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
+  FfnSpec paper;
+  paper.d_model = 2048;
+  paper.d_ff = 5632;
+  for (int64_t tokens : {1, 7, 16, 17, 40, 64})
+    check_decode(make_random_ffn(paper, tokens, 0.005, 40 + tokens), sparse(), fmt::format("paper shape 0.5%, {} tokens", tokens));
+  check_decode(make_random_ffn(paper, 33, 0.05, 50), sparse(), "paper shape 5%, 33 tokens");
+  for (uint32_t capacity : {0u, 100000u}) {
+    PlanOptions o = sparse();
+    o.backup_capacity = capacity;
+    for (int64_t tokens : {3, 64})
+      check_decode(make_random_ffn(odd_spec(), tokens, 0.2, 60 + tokens), o,
+                   fmt::format("d_model 520, d_ff 1408, 20% (overflowing tile-rows), backup capacity {}, {} tokens", capacity, tokens));
+  }
+  FfnSpec silu;
+  silu.d_model = 512;
+  silu.d_ff = 1400;
+  silu.dtype = DType::FP16;
+  silu.activation = Activation::SiLU;
+  silu.threshold = 0.05f;
+  silu.tile_n = 64;
+  silu.slots = 7;
+  silu.down_layout = WeightLayout::InOut;
+  for (int64_t tokens : {2, 50})
+    check_decode(make_random_ffn(silu, tokens, 0.03, 70 + tokens), sparse(), fmt::format("SiLU fp16 tile_n 64 in_out, {} tokens", tokens));
+  FfnSpec plain = odd_spec();
+  plain.d_model = 512;
+  plain.gated = false;
+  check_decode(make_random_ffn(plain, 9, 0.02, 80), sparse(), "non-gated, 9 tokens");
+  PlanOptions split = sparse();
+  split.dense_neurons = 256;
+  check_decode(make_random_ffn(paper, 12, 0.01, 90), split, "paper shape with 256 dense neurons, 12 tokens");
+}
+

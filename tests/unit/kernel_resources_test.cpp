@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <regex>
+#include <tuple>
 #include <string>
 
 #include <fmt/format.h>
@@ -169,6 +170,50 @@ TEST(KernelResources, FusedGatedUpCompilesWithoutSpills) {
         const compiler::KernelSource k = detail::fused_gated_up_source(s);
         expect_compiles_without_spills(k, "sm_90a", fmt::format("{} ({}, {})", k.name, to_string(dtype), to_string(act)));
       }
+}
+
+}  // namespace
+
+namespace {
+
+// The decode kernels (GeneratedFfn::decode): made for tensor-core gates on both feature sets, for both
+// down layouts and gated or not, and none after the fma gate (d_model % 8 != 0) or past d_ff 65536.
+TEST(KernelResources, DecodeKernelsCompileWithoutSpills) {
+  for (Target target : {Target{90, true}, Target{80, false}})
+    for (DType dtype : {DType::BF16, DType::FP16})
+      for (auto [d_model, down, gated] : {std::tuple{2048, WeightLayout::OutIn, true}, std::tuple{520, WeightLayout::InOut, true},
+                                          std::tuple{512, WeightLayout::OutIn, false}})
+        for (int tile_n : {64, 256}) {
+          FfnSpec s;
+          s.d_model = d_model;
+          s.d_ff = 1400;
+          s.tile_n = tile_n;
+          s.slots = tile_n / 8 - 1;
+          s.dtype = dtype;
+          s.down_layout = down;
+          s.gated = gated;
+          const compiler::GeneratedFfn gen = compiler::generateFfn(s, target);
+          ASSERT_EQ(gen.decode.size(), 4u);
+          EXPECT_EQ(gen.decode[0].kind, compiler::KernelKind::DecodeGate);
+          EXPECT_EQ(gen.decode[1].kind, compiler::KernelKind::DecodeUp);
+          EXPECT_EQ(gen.decode[2].kind, compiler::KernelKind::DecodeDown);
+          EXPECT_EQ(gen.decode[3].kind, compiler::KernelKind::DecodeGate);
+          EXPECT_EQ(gen.decode[3].cta_m, 8);
+          for (const compiler::KernelSource& k : gen.decode) {
+            EXPECT_NE(k.source.find(down == WeightLayout::InOut ? "down_in_out = true" : "down_in_out = false"), std::string::npos);
+            const std::string what = fmt::format("{} ({}, d_model {}, tile_n {}, {})", k.name, target.arch(), d_model, tile_n,
+                                                 to_string(dtype));
+            expect_compiles_without_spills(k, target.arch(), what);
+          }
+        }
+  FfnSpec fma;
+  fma.d_model = 514;  // the fma gate: no mma.sync chain to repeat
+  fma.d_ff = 1408;
+  EXPECT_TRUE(compiler::generateFfn(fma, Target{90, true}).decode.empty());
+  FfnSpec wide;
+  wide.d_model = 256;
+  wide.d_ff = 65537;
+  EXPECT_TRUE(compiler::generateFfn(wide, Target{90, true}).decode.empty());
 }
 
 }  // namespace

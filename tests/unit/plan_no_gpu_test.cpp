@@ -77,3 +77,38 @@ TEST(PlanLimits, GridAndOverflowCounterLimitsAreNamed) {
 }
 
 }  // namespace
+
+namespace {
+
+// PlanOptions::decode_max_tokens: 0..64, named when outside; the decode kernels are made (and
+// compiled) with or without a GPU where the shape allows them, and not when turned off.
+TEST(PlanLimits, DecodeMaxTokensIsCheckedAndMakesTheDecodeKernels) {
+  ContextOptions o;
+  o.disk_cache = false;
+  Context ctx(o);
+  FfnSpec s;
+  s.d_model = 512;
+  s.d_ff = 1408;
+  for (int64_t bad : {int64_t{-1}, int64_t{65}}) {
+    PlanOptions options;
+    options.decode_max_tokens = bad;
+    try {
+      ctx.plan(s, 16, options);
+      ADD_FAILURE() << "decode_max_tokens " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find("PlanOptions::decode_max_tokens: expected 0..64"), std::string::npos) << e.what();
+    }
+  }
+  auto decode_kernels = [&](const PlanOptions& options) {
+    int n = 0;
+    for (const KernelReport& k : ctx.plan(s, 16, options).kernels()) n += k.kind.rfind("decode_", 0) == 0;
+    return n;
+  };
+  EXPECT_EQ(decode_kernels(PlanOptions{}), 4);
+  PlanOptions off;
+  off.decode_max_tokens = 0;
+  EXPECT_EQ(decode_kernels(off), 0);
+}
+
+}  // namespace

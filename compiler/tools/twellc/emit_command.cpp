@@ -134,6 +134,7 @@ int emit_command(const std::vector<std::string>& argv) {
       write("ffn.mlir", gen.ir);
     } else if (what == "cuda") {
       for (const auto& k : gen.kernels) write(k.name + ".cu", k.source);
+      for (const auto& k : gen.decode) write(k.name + ".cu", k.source);
     } else {
       twell::ContextOptions options;
       options.target = target;

@@ -61,7 +61,8 @@ class Context {
   // illegal spec, Error(Compile) if NVRTC rejects generated code.
   FfnPlan plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options = {});
 
-  // Compiles generated kernels through NVRTC and the cache for this context's target; needs no GPU.
+  // Compiles generated kernels (generated.kernels, then generated.decode) through NVRTC and the cache
+  // for this context's target; needs no GPU.
   // Throws Error(Compile) with the NVRTC log.
   std::vector<CompiledKernel> compile(const compiler::GeneratedFfn& generated);
 

@@ -47,12 +47,23 @@ struct PlanOptions {
   // Must be a multiple of 64 (the slices of the weights stay 128-byte aligned) and below d_ff, else
   // Context::plan throws Error(InvalidArgument) naming this field.
   int64_t dense_neurons = 0;
+  // Calls of at most this many tokens run the decode kernels (runtime/device/twell/device/decode.cuh):
+  // the gate, up and down projections spread over every SM for a few rows, which read Wg and the
+  // active rows of Wu and Wd once (autoregressive decoding; PERFORMANCE.md, "Small M"). They give the
+  // same TwELL matrix and the same y, bit for bit, as the large-M kernels, and read Wd in the layout
+  // given (no transpose). Used by run() on the TwELL path only (run_gate and run_consumer take the
+  // large-M kernels), where the generator made them (a tensor-core gate, d_model % 8 == 0, d_ff <=
+  // 65536, tile_n >= 32). 0 turns them off; at most 64, else Context::plan throws
+  // Error(InvalidArgument) naming this field. The plan holds their workspace: about
+  // min(max_tokens, decode_max_tokens) x d_ff x 10 bytes.
+  int64_t decode_max_tokens = 64;
 };
 
 // How one kernel was obtained.
 struct KernelReport {
   std::string name;
-  std::string kind;       // "gate_twell" | "gated_down" | "down" (the non-gated consumer) | "transpose"
+  std::string kind;       // "gate_twell" | "gated_down" | "down" (the non-gated consumer) | "transpose" |
+                          // "decode_gate" | "decode_up" | "decode_down" (PlanOptions::decode_max_tokens)
   std::string cache;      // "memory" | "disk" | "miss" (compiled now)
   double compile_ms = 0;  // NVRTC time (0 on a cache hit)
   double load_ms = 0;     // cache lookup or module load time

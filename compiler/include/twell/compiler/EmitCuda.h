@@ -19,4 +19,8 @@ namespace mlir::twell {
 // or config) or its kernel_name is stale (the configuration changed after twell-specialize).
 FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operation* root);
 
+// The decode kernels (GeneratedFfn::decode) of a configured consumer op (twell.gated_down or
+// twell.down after twell-specialize); none where DecodeKernelConstraints::allowed says no.
+std::vector<::twell::compiler::KernelSource> emitDecodeKernels(Operation* consumer);
+
 }  // namespace mlir::twell

@@ -21,6 +21,12 @@ enum class KernelKind {
   NeuronPermute,    // the runtime's reordering of weights by neuron (PermuteParams; neuron_order.cpp)
   DenseGatedUp,     // the dense path's fused h = act(x Wg^T) * (x Wu^T) (GateParams with u_map and h; made
                     // by the runtime from gate_twell_wgmma.cuh, DenseKernels::FusedGatedUp in dense.h)
+  // The decode kernels (decode.cuh, GeneratedFfn::decode): the gate, up and down of at most
+  // DecodeKernelConstraints::kMaxTokens rows, spread over the GPU. DecodeGate takes (GateParams,
+  // DecodeBuffers), the others (GatedDownParams, DecodeBuffers).
+  DecodeGate,
+  DecodeUp,
+  DecodeDown,
 };
 
 // One generated kernel: a self-contained CUDA C++ translation unit for NVRTC plus its launch geometry.
@@ -67,6 +73,12 @@ struct GeneratedFfn {
   TwellLayout layout;    // the layout of the hidden activation
   Target target;
   std::vector<KernelSource> kernels;  // GateTwell first, then GatedDown
+  // The decode kernels of the same layer (the consumer's down layout): DecodeGate (decode_gate, up to
+  // 64 rows), DecodeUp, DecodeDown, and a second DecodeGate (decode_gate_small, cta_m 8: up to 8
+  // rows); or none where DecodeKernelConstraints::allowed says no (an fma gate, d_model % 8 != 0,
+  // d_ff > 65536). Their grids: either gate tiles x tile_n / 32 CTAs, DecodeUp tokens x tiles,
+  // DecodeDown tokens x ceil(d_model / 64); tokens <= the kernel's cta_m.
+  std::vector<KernelSource> decode;
 };
 
 // Whether kernels can be generated and built by NVRTC for `target`: target.sm is one of the

@@ -309,6 +309,58 @@ struct GatedDownKernelConstraints {
     return 227 * 1024;
   }
 };
+// The decode kernels (runtime/device/twell/device/decode.cuh) for at most kMaxTokens token rows, made
+// beside every consumer whose gate is a tensor-core one (they repeat its mma.sync chain) and whose rows
+// move 16 bytes at a time (d_model % 8 == 0): decode_gate (kGateThreads, one CTA per kSliceN columns
+// of d_ff; copy issue, not math, bounds it at a few rows, hence many threads), decode_up (kUpThreads,
+// one CTA per row and tile), decode_down (one warp per row and downColumns outputs). Their workspace is sized by d_ff: at most kMaxDFF.
+struct DecodeKernelConstraints {
+  static constexpr int64_t kMaxTokens = 64;
+  static constexpr int64_t kSliceN = 32;
+  static constexpr int64_t kGateThreads = 256;   // every warp streams Wg; kGateMmaWarps multiply
+  static constexpr int64_t kGateMmaWarps = 2;    // 16 columns of the slice each
+  static constexpr int64_t kUpThreads = 128;
+  static constexpr int64_t kDownThreads = 32;
+  // decode_down's output columns per warp: two per lane reading rows of an in_out Wd, one per lane
+  // reading columns of an out_in one.
+  static constexpr int64_t downColumns(bool inOut) { return inOut ? 64 : 32; }
+  static constexpr int64_t kMaxDFF = 65536;
+  // decode_gate's cp.async ring (DecodeGateRing in decode.cuh, the same formula): stages of kGateCtaK
+  // K-values (rows padded to kGateLd) of the 16 or 64 rows of x that `tokens` rows need and of the
+  // kSliceN rows of Wg, 4 stages at 16 rows and 2 at 64 (two CTAs per SM either way); at least
+  // the rows x tile_n values the last CTA of a tile stages for packing.
+  static constexpr int64_t kGateCtaK = 256;
+  static constexpr int64_t kGateLd = kGateCtaK + 8;
+  static constexpr int64_t gateRows(int64_t tokens) { return tokens <= 16 ? 16 : 64; }
+  static constexpr int64_t gateSharedBytes(int64_t tileN, int64_t tokens) {
+    const int64_t rows = gateRows(tokens);
+    const int64_t stages = rows == 16 ? 4 : 2;
+    return std::max(stages * (rows + kSliceN) * kGateLd * 2, rows * std::max<int64_t>(tileN, 0) * 2);
+  }
+  // decode_gate_small (at most kGateSmallMaxTokens rows): one warp per n8 tile of its kGateSmallSliceN
+  // columns. On sm_90 and later (bulkRows) each Wg row of the slice is one bulk copy into a shared row
+  // of 2 d_model + 16 bytes, where that fits kGateSmallMaxRowBytes (d_model <= 6392); elsewhere the
+  // mma fragments come from global memory and shared memory only packs the tile's rows.
+  static constexpr int64_t kGateSmallMaxTokens = 8;
+  static constexpr int64_t kGateSmallSliceN = 16;
+  static constexpr int64_t kGateSmallThreads = kGateSmallSliceN / 8 * 32;
+  static constexpr int64_t kGateSmallMaxRowBytes = 200 * 1024;
+  static constexpr bool gateSmallBulkRows(int64_t dModel, int sm) {
+    return sm >= 90 && kGateSmallSliceN * (2 * dModel + 16) <= kGateSmallMaxRowBytes;
+  }
+  static constexpr int64_t gateSmallSharedBytes(int64_t tileN, int64_t dModel, int sm) {
+    const int64_t staging = kGateSmallMaxTokens * std::max<int64_t>(tileN, 0) * 2;
+    return gateSmallBulkRows(dModel, sm) ? std::max(staging, kGateSmallSliceN * (2 * dModel + 16)) : staging;
+  }
+  static constexpr bool allowed(bool tensorCoreGate, int64_t dModel, int64_t dFF, int64_t tileN) {
+    return tensorCoreGate && dModel > 0 && dModel % 8 == 0 && dFF > 0 && dFF <= kMaxDFF && tileN >= kSliceN &&
+           tileN % kSliceN == 0;
+  }
+};
+static_assert(DecodeKernelConstraints::gateSharedBytes(256, 1) == 101376 &&
+              DecodeKernelConstraints::gateSharedBytes(256, 64) == 101376 &&
+              DecodeKernelConstraints::gateSharedBytes(1024, 64) == 131072);
+
 // The paper's shape on sm_90a: 6 stages, 224416 bytes.
 static_assert(GatedDownKernelConstraints::blockSharedBytes(2048, 5632, 256, 6) == 224416 &&
               GatedDownKernelConstraints::blockStages(2048, 5632, 256, 227 * 1024) == 6);

@@ -74,6 +74,15 @@ struct GatedDownParams {
   uint32_t pad_;
 };
 
+// The decode kernels' workspace (decode.cuh), beside the TwELL matrix and backup of GateParams /
+// GatedDownParams. Rows: at most the kernels' max_tokens.
+struct DecodeBuffers {
+  uint16_t* act;            // [max_tokens, act_ld] activated gate values, staged by decode_gate
+  uint32_t* tile_arrivals;  // [tiles] decode_gate CTAs done per TwELL tile; 0 between launches
+  uint32_t* entries;        // [max_tokens, d_ff] pairs of words per row: column j, fp32 bits of h_j
+  int64_t act_ld;           // d_ff rounded up to 8 (16-byte rows)
+};
+
 // Dense path helper: h = act(g) * u elementwise over [M, N] (g, u, h row-major with stride ld).
 struct GatedMulParams {
   const uint16_t* gate;
