@@ -130,7 +130,7 @@ namespace {
 ::twell::compiler::KernelSource emitDecodeKernel(const KernelInstance& consumer, ::twell::compiler::KernelKind kind,
                                                  llvm::StringRef what, int64_t threads, int64_t maxTokens) {
   using D = DecodeKernelConstraints;
-  const bool gate = kind == ::twell::compiler::KernelKind::DecodeGate;
+  const bool gate = kind == ::twell::compiler::KernelKind::DecodeGate || kind == ::twell::compiler::KernelKind::DecodeGateSmall;
   // The consumer's key names every constant below but the decode ones, which are fixed per kind.
   const std::string key = consumer.key() + ";decode=" + what.str();
   const auto hash = static_cast<uint32_t>(llvm::xxh3_64bits(key));
@@ -198,16 +198,18 @@ namespace {
 
 std::vector<::twell::compiler::KernelSource> emitDecodeKernels(Operation* consumer) {
   FailureOr<KernelInstance> kernel = KernelInstance::read(consumer);
-  if (failed(kernel) || kernel->kind != ::twell::compiler::KernelKind::GatedDown ||
+  // Not beside the token block: its h is rounded to the value type, the decode kernels' is not (they
+  // repeat the row consumers' sums).
+  if (failed(kernel) || kernel->kind != ::twell::compiler::KernelKind::GatedDown || kernel->isTokenBlock() ||
       !DecodeKernelConstraints::allowed(kernel->gateMainloop != Mainloop::Fma, kernel->dModel, kernel->dFF,
-                                        kernel->layout.getTileN()))
+                                        kernel->layout.getTileN(), kernel->target.getComputeCapability()))
     return {};
   using ::twell::compiler::KernelKind;
   using D = DecodeKernelConstraints;
   return {emitDecodeKernel(*kernel, KernelKind::DecodeGate, "gate", D::kGateThreads, D::kMaxTokens),
           emitDecodeKernel(*kernel, KernelKind::DecodeUp, "up", D::kUpThreads, D::kMaxTokens),
           emitDecodeKernel(*kernel, KernelKind::DecodeDown, "down", D::kDownThreads, D::kMaxTokens),
-          emitDecodeKernel(*kernel, KernelKind::DecodeGate, "gate_small", D::kGateSmallThreads, D::kGateSmallMaxTokens)};
+          emitDecodeKernel(*kernel, KernelKind::DecodeGateSmall, "gate_small", D::kGateSmallThreads, D::kGateSmallMaxTokens)};
 }
 
 FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operation* root) {

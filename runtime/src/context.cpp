@@ -141,6 +141,7 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const compiler::KernelSourc
                    : source.kind == compiler::KernelKind::DenseGatedUp    ? "dense_gated_up"
                    : source.kind == compiler::KernelKind::NeuronPermute   ? "permute"
                    : source.kind == compiler::KernelKind::DecodeGate      ? "decode_gate"
+                   : source.kind == compiler::KernelKind::DecodeGateSmall ? "decode_gate_small"
                    : source.kind == compiler::KernelKind::DecodeUp        ? "decode_up"
                    : source.kind == compiler::KernelKind::DecodeDown      ? "decode_down"
                                                                           : "dense_gated_mul";

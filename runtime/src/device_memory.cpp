@@ -98,6 +98,10 @@ std::vector<double> time_on_stream(Stream stream, const std::function<void()>& f
 }
 
 std::vector<double> time_graph_on_stream(Stream stream, const std::function<void()>& fn, int calls, int reps) {
+  auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, "time_graph_on_stream: " + m); };
+  if (stream == nullptr) bad("stream: expected a created stream (the legacy default stream cannot be captured), got nullptr");
+  if (calls < 1) bad(fmt::format("calls: expected at least 1, got {}", calls));
+  if (reps < 1) bad(fmt::format("reps: expected at least 1, got {}", reps));
   const detail::Driver& d = detail::Driver::get();
   auto s = reinterpret_cast<CUstream>(stream);
   CUgraph graph = nullptr;
@@ -109,7 +113,9 @@ std::vector<double> time_graph_on_stream(Stream stream, const std::function<void
     if (graph != nullptr) d.cuGraphDestroy(graph);
     throw;
   }
-  detail::check(d.cuStreamEndCapture(s, &graph), "cuStreamEndCapture");
+  detail::check(d.cuStreamEndCapture(s, &graph),
+                "time_graph_on_stream: cuStreamEndCapture (fn did something a capture cannot hold, e.g. a synchronization: "
+                "a Dispatch::Auto plan's first run of a token bucket)");
   CUgraphExec exec = nullptr;
   const CUresult r = d.cuGraphInstantiateWithFlags(&exec, graph, 0);
   d.cuGraphDestroy(graph);

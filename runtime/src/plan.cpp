@@ -51,7 +51,7 @@ struct FfnPlan::Impl {
   // against the row consumer (kernels) per token bucket.
   std::shared_ptr<LoadedKernel> block_consumer;
   enum class Path { Rows, Block, Dense };
-  std::map<int, Path> bucket_path;          // per bucket bit_width(tokens - 1), after calibration
+  std::map<int, Path> bucket_path;          // per bucket 2 bit_width(tokens - 1) + decode, after calibration
   // The decode kernels (PlanOptions::decode_max_tokens; null when off or not made for this shape),
   // generated for the user's down layout, and their workspace (device::DecodeBuffers).
   std::shared_ptr<LoadedKernel> decode_gate, decode_up, decode_down, decode_gate_small;
@@ -246,11 +246,16 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
       p.decode_entries = std::make_unique<detail::DeviceBuffer>(size_t(rows * sparse_d_ff) * 8);
       const int64_t tiles = p.layout.tiles(sparse_d_ff);
       p.decode_arrivals = std::make_unique<detail::DeviceBuffer>(size_t(tiles) * 4);
-      // The arrival counters start at 0; each decode_gate launch leaves them at 0.
-      detail::check(detail::Driver::get().cuMemsetD8(p.decode_arrivals->get(), 0, size_t(tiles) * 4),
-                    "Context::plan: cuMemsetD8(decode tile arrivals)");
+      // The arrival counters start at 0; each decode_gate launch leaves them at 0. The entry lists are
+      // cleared once too: decode_down reads 32 slots ahead of the count (the values past it unused).
+      const detail::Driver& d = detail::Driver::get();
+      detail::check(d.cuMemsetD8(p.decode_arrivals->get(), 0, size_t(tiles) * 4), "Context::plan: cuMemsetD8(decode tile arrivals)");
+      detail::check(d.cuMemsetD8(p.decode_entries->get(), 0, size_t(rows * sparse_d_ff) * 8), "Context::plan: cuMemsetD8(decode entries)");
     }
     p.twell = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * p.layout.words_per_row(sparse_d_ff) * 4);
+    // Cleared once: decode_up reads a tile-row's unused slots with its used ones (never their values).
+    detail::check(detail::Driver::get().cuMemsetD8(p.twell->get(), 0, size_t(max_tokens) * p.layout.words_per_row(sparse_d_ff) * 4),
+                  "Context::plan: cuMemsetD8(TwELL matrix)");
     p.counter = std::make_unique<detail::DeviceBuffer>(8);  // the overflow count, the consumer's row counter
     if (transpose_down) p.w_down_t = std::make_unique<detail::DeviceBuffer>(size_t(sparse_d_ff) * spec.d_model * 2);
     const int64_t tile_rows = max_tokens * p.layout.tiles(sparse_d_ff);
@@ -362,7 +367,10 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
   if (p.dispatch == Dispatch::Auto && tokens > 0 && p.context->gpu) candidates.push_back(Path::Dense);
   Path path = Path::Rows;
   if (candidates.size() > 1) {
-    const int bucket = std::bit_width(static_cast<uint64_t>(tokens - 1));
+    // Per power-of-two bucket, and apart for calls the decode kernels take (decode_max_tokens need
+    // not be a power of two): one decision never covers two different TwELL paths.
+    const bool decode = p.decode_gate && tokens <= p.decode_max_tokens;
+    const int bucket = 2 * std::bit_width(static_cast<uint64_t>(tokens - 1)) + (decode ? 1 : 0);
     auto it = p.bucket_path.find(bucket);
     if (it == p.bucket_path.end()) {
       // Calibrate on these inputs: median of 3 timed calls of each path after one warm-up.

@@ -1075,6 +1075,17 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
   run(decode_plan, y_decode, h_decode);
   run(large_plan, y_large, h_large);
   run(decode_plan, y_again, h_again);  // the tiles' arrival counters were left at 0 by the first run
+  // The large-M consumer over the decode run's matrix (run_consumer always takes it): the same y
+  // (a split plan's run_consumer writes the TwELL neurons' part alone: not compared).
+  if (options.dense_neurons == 0) {
+    yd.fill(0xFF);
+    decode_plan.run_consumer(stream.get(), t, f.tokens);
+    stream.synchronize();
+    std::vector<uint16_t> y_consumer(f.tokens * K);
+    const auto ys = yd.download_vector<uint16_t>(f.tokens * ld);
+    for (int64_t r = 0; r < f.tokens; ++r) std::copy_n(&ys[r * ld], K, &y_consumer[r * K]);
+    EXPECT_TRUE(y_consumer == y_again) << what << ": run_consumer over the decode run's matrix gives another y";
+  }
   const auto ref = reference_gated_ffn(f.spec, f.x, f.tokens, f.weights());
   EXPECT_LT(relative_error(to_float(f.spec.dtype, y_decode), ref), 1e-2) << what;
   EXPECT_EQ(std::count(y_decode.begin(), y_decode.end(), uint16_t{0xFFFF}), 0) << what << ": unwritten outputs";
@@ -1128,6 +1139,12 @@ TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
   silu.down_layout = WeightLayout::InOut;
   for (int64_t tokens : {2, 50})
     check_decode(make_random_ffn(silu, tokens, 0.03, 70 + tokens), sparse(), fmt::format("SiLU fp16 tile_n 64 in_out, {} tokens", tokens));
+  FfnSpec wide_tile;  // tile_n 1024 (the most packing staging), d_ff % 8 != 0 (act rows padded)
+  wide_tile.d_model = 256;
+  wide_tile.d_ff = 1404;
+  wide_tile.tile_n = 1024;
+  wide_tile.slots = 127;
+  for (int64_t tokens : {5, 20}) check_decode(make_random_ffn(wide_tile, tokens, 0.05, 75 + tokens), sparse(), "tile_n 1024, d_ff 1404");
   FfnSpec plain = odd_spec();
   plain.d_model = 512;
   plain.gated = false;
@@ -1137,3 +1154,30 @@ TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
   check_decode(make_random_ffn(paper, 12, 0.01, 90), split, "paper shape with 256 dense neurons, 12 tokens");
 }
 
+
+// The decode kernels on real data: the embedded sample's layer 1 (13.7% dense, tile-rows over 31
+// slots) and, where ../shared/data has it, the paper model's layer 1 on its real x and Wg, on their
+// first rows.
+TEST(GpuFfnRealData, DecodeOnRealLayers) {
+  auto first_rows = [](const LayerData& d, int64_t tokens) {
+    RandomFfn f;
+    f.spec.d_model = d.d_model;
+    f.spec.d_ff = d.d_ff;
+    f.tokens = std::min(tokens, d.tokens);
+    f.x.assign(d.x.begin(), d.x.begin() + f.tokens * d.d_model);
+    f.w_gate = d.w_gate;
+    f.w_up = d.w_up;
+    f.w_down = d.w_down;
+    return f;
+  };
+  const LayerData sample = load_layer({SafeTensors::read(sample_path())}, 1, false);
+  for (int64_t tokens : {1, 8, 64}) check_decode(first_rows(sample, tokens), sparse(), fmt::format("embedded sample layer 1, {} rows", tokens));
+  const auto dir = shared_data_dir();
+  for (const char* n : {"paper_l1_gate_a.safetensors", "paper_l1_gate_b.safetensors", "paper_l1_x.safetensors"})
+    if (!std::filesystem::exists(dir / n)) GTEST_SKIP() << "real data not found: " << (dir / n).string();
+  const LayerData paper = load_layer({SafeTensors::read(dir / "paper_l1_gate_a.safetensors"),
+                                      SafeTensors::read(dir / "paper_l1_gate_b.safetensors"),
+                                      SafeTensors::read(dir / "paper_l1_x.safetensors")},
+                                     1, true);
+  for (int64_t tokens : {1, 16}) check_decode(first_rows(paper, tokens), sparse(), fmt::format("paper layer 1, {} rows", tokens));
+}

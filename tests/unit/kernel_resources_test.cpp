@@ -197,7 +197,7 @@ TEST(KernelResources, DecodeKernelsCompileWithoutSpills) {
           EXPECT_EQ(gen.decode[0].kind, compiler::KernelKind::DecodeGate);
           EXPECT_EQ(gen.decode[1].kind, compiler::KernelKind::DecodeUp);
           EXPECT_EQ(gen.decode[2].kind, compiler::KernelKind::DecodeDown);
-          EXPECT_EQ(gen.decode[3].kind, compiler::KernelKind::DecodeGate);
+          EXPECT_EQ(gen.decode[3].kind, compiler::KernelKind::DecodeGateSmall);
           EXPECT_EQ(gen.decode[3].cta_m, 8);
           for (const compiler::KernelSource& k : gen.decode) {
             EXPECT_NE(k.source.find(down == WeightLayout::InOut ? "down_in_out = true" : "down_in_out = false"), std::string::npos);
@@ -214,6 +214,18 @@ TEST(KernelResources, DecodeKernelsCompileWithoutSpills) {
   wide.d_model = 256;
   wide.d_ff = 65537;
   EXPECT_TRUE(compiler::generateFfn(wide, Target{90, true}).decode.empty());
+  // decode_gate's 99 KiB at 64 rows does not fit beside its static shared memory on the 99 KiB parts.
+  FfnSpec paper;
+  paper.d_model = 2048;
+  paper.d_ff = 5632;
+  for (int sm : {86, 89, 120})
+    EXPECT_TRUE(compiler::generateFfn(paper, Target{sm, false}).decode.empty()) << "sm_" << sm;
+  EXPECT_EQ(compiler::generateFfn(paper, Target{80, false}).decode.size(), 4u);
+  // Not beside the token block (it rounds h; the decode kernels repeat the row consumers' sums).
+  FfnSpec block = paper;
+  block.down_layout = WeightLayout::InOut;
+  block.consumer = ConsumerVariant::TokenBlock;
+  EXPECT_TRUE(compiler::generateFfn(block, Target{90, true}).decode.empty());
 }
 
 }  // namespace

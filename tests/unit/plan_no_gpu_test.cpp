@@ -102,7 +102,8 @@ TEST(PlanLimits, DecodeMaxTokensIsCheckedAndMakesTheDecodeKernels) {
   }
   auto decode_kernels = [&](const PlanOptions& options) {
     int n = 0;
-    for (const KernelReport& k : ctx.plan(s, 16, options).kernels()) n += k.kind.rfind("decode_", 0) == 0;
+    const FfnPlan plan = ctx.plan(s, 16, options);  // held: kernels() refers into it
+    for (const KernelReport& k : plan.kernels()) n += k.kind.rfind("decode_", 0) == 0;
     return n;
   };
   EXPECT_EQ(decode_kernels(PlanOptions{}), 4);

@@ -66,7 +66,9 @@ std::vector<double> time_on_stream(Stream stream, const std::function<void()>& f
 // capturable work on `stream`: no synchronization) are captured into one CUDA graph, which is launched
 // once untimed and then `reps` times, each between its own pair of events. Returns the time per call
 // (graph time / calls) in milliseconds, sorted. Where a few microseconds per call matter (decoding a
-// token), the host's API calls would otherwise be timed beside the GPU's work.
+// token), the host's API calls would otherwise be timed beside the GPU's work. Throws
+// Error(InvalidArgument) naming the argument for a null stream or calls/reps below 1, Error(Cuda)
+// when the capture fails.
 std::vector<double> time_graph_on_stream(Stream stream, const std::function<void()>& fn, int calls, int reps);
 
 }  // namespace twell

@@ -54,8 +54,9 @@ struct PlanOptions {
   // given (no transpose). Used by run() on the TwELL path only (run_gate and run_consumer take the
   // large-M kernels), where the generator made them (a tensor-core gate, d_model % 8 == 0, d_ff <=
   // 65536, tile_n >= 32). 0 turns them off; at most 64, else Context::plan throws
-  // Error(InvalidArgument) naming this field. The plan holds their workspace: about
-  // min(max_tokens, decode_max_tokens) x d_ff x 10 bytes.
+  // Error(InvalidArgument) naming this field. It is only the cut-off: any value above 0 compiles the
+  // same four kernels (decode_gate for up to 64 rows, decode_gate_small for up to 8, decode_up,
+  // decode_down), and sizes their workspace: about min(max_tokens, decode_max_tokens) x d_ff x 10 bytes.
   int64_t decode_max_tokens = 64;
 };
 
@@ -63,7 +64,8 @@ struct PlanOptions {
 struct KernelReport {
   std::string name;
   std::string kind;       // "gate_twell" | "gated_down" | "down" (the non-gated consumer) | "transpose" |
-                          // "decode_gate" | "decode_up" | "decode_down" (PlanOptions::decode_max_tokens)
+                          // "decode_gate" | "decode_gate_small" | "decode_up" | "decode_down"
+                          // (PlanOptions::decode_max_tokens)
   std::string cache;      // "memory" | "disk" | "miss" (compiled now)
   double compile_ms = 0;  // NVRTC time (0 on a cache hit)
   double load_ms = 0;     // cache lookup or module load time

@@ -22,11 +22,13 @@ enum class KernelKind {
   DenseGatedUp,     // the dense path's fused h = act(x Wg^T) * (x Wu^T) (GateParams with u_map and h; made
                     // by the runtime from gate_twell_wgmma.cuh, DenseKernels::FusedGatedUp in dense.h)
   // The decode kernels (decode.cuh, GeneratedFfn::decode): the gate, up and down of at most
-  // DecodeKernelConstraints::kMaxTokens rows, spread over the GPU. DecodeGate takes (GateParams,
-  // DecodeBuffers), the others (GatedDownParams, DecodeBuffers).
+  // DecodeKernelConstraints::kMaxTokens rows, spread over the GPU, and the gate for at most
+  // kGateSmallMaxTokens rows. The gates take (GateParams, DecodeBuffers), the others
+  // (GatedDownParams, DecodeBuffers).
   DecodeGate,
   DecodeUp,
   DecodeDown,
+  DecodeGateSmall,
 };
 
 // One generated kernel: a self-contained CUDA C++ translation unit for NVRTC plus its launch geometry.
@@ -74,10 +76,11 @@ struct GeneratedFfn {
   Target target;
   std::vector<KernelSource> kernels;  // GateTwell first, then GatedDown
   // The decode kernels of the same layer (the consumer's down layout): DecodeGate (decode_gate, up to
-  // 64 rows), DecodeUp, DecodeDown, and a second DecodeGate (decode_gate_small, cta_m 8: up to 8
-  // rows); or none where DecodeKernelConstraints::allowed says no (an fma gate, d_model % 8 != 0,
-  // d_ff > 65536). Their grids: either gate tiles x tile_n / 32 CTAs, DecodeUp tokens x tiles,
-  // DecodeDown tokens x ceil(d_model / 64); tokens <= the kernel's cta_m.
+  // 64 rows), DecodeUp, DecodeDown, and DecodeGateSmall (decode_gate_small, cta_m 8: up to 8 rows);
+  // or none where DecodeKernelConstraints::allowed says no (an fma gate, d_model % 8 != 0, d_ff >
+  // 65536, a target with 99 KiB of shared memory per CTA) or beside the token-block consumer. Grids:
+  // DecodeGate tiles x tile_n / 32 CTAs, DecodeGateSmall tiles x tile_n / 16, DecodeUp tokens x
+  // tiles, DecodeDown tokens x ceil(d_model / (64 in_out, 32 out_in)); tokens <= the kernel's cta_m.
   std::vector<KernelSource> decode;
 };
 

@@ -345,16 +345,23 @@ struct DecodeKernelConstraints {
   static constexpr int64_t kGateSmallSliceN = 16;
   static constexpr int64_t kGateSmallThreads = kGateSmallSliceN / 8 * 32;
   static constexpr int64_t kGateSmallMaxRowBytes = 200 * 1024;
+  // Room for the kernels' static shared memory (the arrival flag, mbarriers) beside the dynamic part.
+  static constexpr int64_t kStaticSharedReserve = 1024;
   static constexpr bool gateSmallBulkRows(int64_t dModel, int sm) {
-    return sm >= 90 && kGateSmallSliceN * (2 * dModel + 16) <= kGateSmallMaxRowBytes;
+    const int64_t bytes = kGateSmallSliceN * (2 * dModel + 16);
+    return sm >= 90 && bytes <= kGateSmallMaxRowBytes &&
+           bytes + kStaticSharedReserve <= GatedDownKernelConstraints::maxDynamicSharedBytes(sm);
   }
   static constexpr int64_t gateSmallSharedBytes(int64_t tileN, int64_t dModel, int sm) {
     const int64_t staging = kGateSmallMaxTokens * std::max<int64_t>(tileN, 0) * 2;
     return gateSmallBulkRows(dModel, sm) ? std::max(staging, kGateSmallSliceN * (2 * dModel + 16)) : staging;
   }
-  static constexpr bool allowed(bool tensorCoreGate, int64_t dModel, int64_t dFF, int64_t tileN) {
+  // Also: decode_gate's shared memory at 64 rows must fit the target (not on the 99 KiB parts:
+  // sm_86, sm_89, sm_120, sm_121).
+  static constexpr bool allowed(bool tensorCoreGate, int64_t dModel, int64_t dFF, int64_t tileN, int sm) {
     return tensorCoreGate && dModel > 0 && dModel % 8 == 0 && dFF > 0 && dFF <= kMaxDFF && tileN >= kSliceN &&
-           tileN % kSliceN == 0;
+           tileN % kSliceN == 0 &&
+           gateSharedBytes(tileN, kMaxTokens) + kStaticSharedReserve <= GatedDownKernelConstraints::maxDynamicSharedBytes(sm);
   }
 };
 static_assert(DecodeKernelConstraints::gateSharedBytes(256, 1) == 101376 &&

@@ -88,6 +88,9 @@ __device__ __forceinline__ void decode_gate_rows(const GateParams& p, const Deco
   constexpr int THREADS = Config::threads;
   constexpr int STAGE_ELEMS = (ROWS + SLICE) * LD;
   constexpr int KT = (K + CTA_K - 1) / CTA_K;
+  // The k16 chunks of the large-M gates' chain, zero-padded as their K step pads it (no more).
+  constexpr int STEPS = (K + Config::gate_cta_k - 1) / Config::gate_cta_k * (Config::gate_cta_k / 16);
+  static_assert(16 * STEPS <= KT * CTA_K, "the ring's stages cover the chain");
   constexpr int CHUNKS = CTA_K / 8;           // 16-byte chunks per row and stage
   constexpr int ROWS_PER_PASS = THREADS / CHUNKS;
   static_assert(Config::mma_warps * 16 == SLICE && TILE_N % SLICE == 0, "each mma warp owns 16 columns of the slice");
@@ -151,6 +154,7 @@ __device__ __forceinline__ void decode_gate_rows(const GateParams& p, const Deco
     const uint16_t* Bs = As + ROWS * LD;
 #pragma unroll 2
     for (int kk = 0; kk < CTA_K; kk += 16) {
+      if (kt * CTA_K + kk >= 16 * STEPS) break;  // past the chain's padding: the same chunks as the gates
       uint32_t a[MT][4], b[2][2], r[4];
 #pragma unroll
       for (int i = 0; i < MT; ++i) ldmatrix_x4(a[i], As + (i * 16 + lane % 16) * LD + kk + (lane / 16) * 8);
@@ -238,9 +242,10 @@ __device__ __forceinline__ void decode_gate(const GateParams& p, const DecodeBuf
 // owns one n8 tile (8 columns) of the CTA's slice and runs the same k16 chain as the other gates
 // (chunks zero-padded as Config::gate_cta_k pads them): the same bits. x's fragment pairs come from L1
 // (the rows of the m16 tile past 8 are zero). The Wg rows:
-//   sm_90 and later: each of the slice's rows is one bulk copy (cp.async.bulk, PTX ISA 8.0) of its
-//   whole K into a padded shared-memory row, all issued at the start under one mbarrier: large
-//   contiguous reads, no per-thread copies, no barrier in the loop; then ldmatrix as the ring does.
+//   sm_90 and later: each of the slice's rows is bulk-copied (cp.async.bulk, PTX ISA 8.0) into a
+//   padded shared-memory row, in pieces of 512 K-values each under its own mbarrier, all issued at
+//   the start: large contiguous reads, no per-thread copies, no CTA barrier in the loop, and the chain
+//   starts on the first piece; then ldmatrix as the ring does.
 //   Config::bulk_rows says so; the host sizes the shared memory for it (slice_n rows of 2 K + 16 bytes).
 //   Earlier: the 4-byte fragment pairs straight from global memory, 16 chunks in flight.
 template <class Config>
@@ -290,21 +295,29 @@ __device__ __forceinline__ void decode_gate_small(const GateParams& p, const Dec
   if constexpr (Config::bulk_rows) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int LDB = K + 8;  // row stride in values: +16 bytes, so ldmatrix's 8 rows hit distinct banks
+    // The rows arrive in K pieces of PIECE values, each under its own mbarrier, so the chain starts on
+    // the first piece while the others land (PIECE is a multiple of U chunks: a block never straddles).
+    constexpr int PIECE = 512;
+    constexpr int PIECES = (K + PIECE - 1) / PIECE;
+    static_assert(PIECE % (16 * U) == 0, "blocks of U chunks inside one piece");
     uint16_t* rows = reinterpret_cast<uint16_t*>(dynamic_smem);
-    __shared__ __align__(8) uint64_t rows_landed;
+    __shared__ __align__(8) uint64_t piece_landed[PIECES];
     if (threadIdx.x == 0) {
-      mbarrier_init(&rows_landed, 1);
+      for (int q = 0; q < PIECES; ++q) mbarrier_init(&piece_landed[q], 1);
       fence_barrier_init();
     }
     __syncthreads();
     if (threadIdx.x == 0) {
       const int valid_rows = N - slice0 < SLICE ? (N > slice0 ? N - slice0 : 0) : SLICE;
-      mbarrier_arrive_expect_tx(&rows_landed, static_cast<uint32_t>(valid_rows * K * 2));
-      for (int r = 0; r < valid_rows; ++r)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                         smem_address(rows + r * LDB)),
-                     "l"(p.w_gate + static_cast<int64_t>(slice0 + r) * p.ldw), "r"(K * 2), "r"(smem_address(&rows_landed))
-                     : "memory");
+      for (int q = 0; q < PIECES; ++q) {
+        const int k0 = q * PIECE, bytes = 2 * (K - k0 < PIECE ? K - k0 : PIECE);
+        mbarrier_arrive_expect_tx(&piece_landed[q], static_cast<uint32_t>(valid_rows * bytes));
+        for (int r = 0; r < valid_rows; ++r)
+          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                           smem_address(rows + r * LDB + k0)),
+                       "l"(p.w_gate + static_cast<int64_t>(slice0 + r) * p.ldw + k0), "r"(bytes), "r"(smem_address(&piece_landed[q]))
+                       : "memory");
+      }
     }
     // Rows past d_ff (the last tile's last slice) are zeros, not copies; so is every row's pad, which
     // the last k16 chunk's upper half reads when K % 16 == 8.
@@ -314,11 +327,11 @@ __device__ __forceinline__ void decode_gate_small(const GateParams& p, const Dec
     }
     __syncthreads();
     if (n0 < N) {
-      mbarrier_wait(&rows_landed, 0);
       const uint16_t* b_rows = rows + (warp * 8 + lane % 8) * LDB + (lane / 8) % 2 * 8;
       uint32_t a[U][2], b[U][2];
 #pragma unroll 1
       for (int s0 = 0; s0 < STEPS; s0 += U) {
+        if (16 * s0 % PIECE == 0 && 16 * s0 < K) mbarrier_wait(&piece_landed[16 * s0 / PIECE], 0);
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           load_x(s0 + u, a[u]);
