@@ -247,7 +247,7 @@ __device__ __forceinline__ void decode_gate(const GateParams& p, const DecodeBuf
 //   the start: large contiguous reads, no per-thread copies, no CTA barrier in the loop, and the chain
 //   starts on the first piece; then ldmatrix as the ring does.
 //   Config::bulk_rows says so; the host sizes the shared memory for it (slice_n rows of 2 K + 16 bytes).
-//   Earlier: the 4-byte fragment pairs straight from global memory, 16 chunks in flight.
+//   Below sm_90: the 4-byte fragment pairs straight from global memory, 16 chunks in flight.
 template <class Config>
 __device__ __forceinline__ void decode_gate_small(const GateParams& p, const DecodeBuffers& d) {
   using Value = typename Config::Value;
