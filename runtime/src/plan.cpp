@@ -234,6 +234,10 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
       for (const auto* k : {&p.decode_gate, &p.decode_up, &p.decode_down, &p.decode_gate_small})
         p.reports.push_back((*k)->report);
       p.decode_max_tokens = options.decode_max_tokens;
+      p.ir = fmt::format("// FfnPlan: run() calls of at most {} tokens take the decode kernels {}, {}, {} and {} "
+                         "(decode.cuh: the same arithmetic as the kernels below, spread over the GPU for a few rows).\n",
+                         p.decode_max_tokens, decode[0].name, decode[3].name, decode[1].name, decode[2].name) +
+             p.ir;
     }
   }
   if (ctx->gpu) {

@@ -328,6 +328,29 @@ int run_command(const std::vector<std::string>& argv) {
       med_split = t_split[t_split.size() / 2];
     }
 
+    // Decoding: the first rows again as a call of their own, which takes the decode kernels
+    // (PlanOptions::decode_max_tokens): the same bits as those rows of the full run (rows are
+    // independent, and the decode kernels repeat the large-M kernels' arithmetic), then both paths timed
+    // from a CUDA graph (host launch overhead excluded; twell::time_graph_on_stream).
+    const int64_t decode_rows = std::min<int64_t>(8, d.tokens);
+    bool has_decode = false;
+    for (const auto& k : plan.kernels()) has_decode |= k.kind == "decode_gate";
+    bool decode_same = true;
+    double med_decode = 0, med_decode_dense = 0;
+    if (has_decode) {
+      y.fill(0xFF);
+      plan.run(stream.get(), tensors, decode_rows);
+      stream.synchronize();
+      size_t unused = 0;
+      const std::vector<float> y_decode = download_y(y, decode_rows * d.d_model, &unused);
+      decode_same = std::equal(y_decode.begin(), y_decode.end(), y_twell.begin());
+      twell::DenseFfn small_dense(ctx, spec, decode_rows);
+      const auto t_decode = twell::time_graph_on_stream(stream.get(), [&] { plan.run(stream.get(), tensors, decode_rows); }, 10, reps);
+      const auto t_small = twell::time_graph_on_stream(stream.get(), [&] { small_dense.run(stream.get(), tensors, decode_rows); }, 10, reps);
+      med_decode = t_decode[t_decode.size() / 2];
+      med_decode_dense = t_small[t_small.size() / 2];
+    }
+
     const double med_twell = t_twell[t_twell.size() / 2], med_dense = t_dense[t_dense.size() / 2];
     say(fmt::format("== GPU: {} ({} SMs)", ctx.device_name(), ctx.sm_count()));
     say(fmt::format("   TwELL FFN   rel. error vs CPU reference {:.3e}  unwritten outputs {}  bitwise deterministic {}  "
@@ -342,12 +365,16 @@ int run_command(const std::vector<std::string>& argv) {
     say(fmt::format("   overflow: {} tile-rows reported by the gate kernel (CPU: {}), backup capacity {}{}",
                     overflow.overflowing_tile_rows, st.tile_rows_overflowing, overflow.backup_capacity,
                     overflow.recomputed ? " (full: the rest were recomputed by the consumer)" : ""));
+    if (has_decode)
+      say(fmt::format("   decode      the first {} rows as one call (decode kernels): {} bits as the full run's rows;  "
+                      "{:.1f} us vs dense {:.1f} us per call (CUDA graph)",
+                      decode_rows, decode_same ? "the same" : "NOT the same", 1e3 * med_decode, 1e3 * med_decode_dense));
     const double best = split > 0 ? std::min(med_twell, med_split) : med_twell;
     say(fmt::format("   speed: TwELL takes {:.2f}x the dense time{}{}", med_twell / med_dense,
                     split > 0 ? fmt::format(", the split {:.2f}x", med_split / med_dense) : std::string(),
                     best < med_dense ? "" : " (Dispatch::Auto, the default of the runtime API, would pick dense here)"));
     const bool ok = err_twell < 1e-2 && err_dense < 1e-2 && poisoned == 0 && poisoned_dense == 0 && deterministic &&
-                    err_split < 1e-2 && poisoned_split == 0 && deterministic_split;
+                    err_split < 1e-2 && poisoned_split == 0 && deterministic_split && decode_same;
     say(ok ? fmt::format("== PASS: TwELL{} and dense agree with the CPU reference (rel. error < 1e-2)", split > 0 ? ", split" : "")
            : std::string("== FAIL: see above"));
     report["gpu"] = {{"present", true}, {"device", ctx.device_name()}, {"sm_count", ctx.sm_count()},
@@ -359,6 +386,9 @@ int run_command(const std::vector<std::string>& argv) {
                                                           {"unwritten", poisoned_split}, {"deterministic", deterministic_split},
                                                           {"median_ms", med_split}}
                                          : nlohmann::json(nullptr)},
+                     {"decode", has_decode ? nlohmann::json{{"rows", decode_rows}, {"same_bits_as_full_run", decode_same},
+                                                            {"median_us", 1e3 * med_decode}, {"dense_median_us", 1e3 * med_decode_dense}}
+                                           : nlohmann::json(nullptr)},
                      {"reps", reps}, {"pass", ok}};
     if (json_out) std::printf("%s\n", report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
     return ok ? 0 : 1;
