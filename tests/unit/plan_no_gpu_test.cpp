@@ -4,6 +4,7 @@
 
 #include "driver.h"
 #include "twell/context.h"
+#include "twell/device_memory.h"
 #include "twell/error.h"
 #include "twell/format.h"
 
@@ -110,6 +111,27 @@ TEST(PlanLimits, DecodeMaxTokensIsCheckedAndMakesTheDecodeKernels) {
   PlanOptions off;
   off.decode_max_tokens = 0;
   EXPECT_EQ(decode_kernels(off), 0);
+}
+
+}  // namespace
+
+namespace {
+
+// time_graph_on_stream names a bad argument before touching the driver (with or without a GPU).
+TEST(TimeGraphOnStream, ArgumentsAreNamed) {
+  auto message = [](Stream s, int calls, int reps) {
+    try {
+      time_graph_on_stream(s, [] {}, calls, reps);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Stream fake = reinterpret_cast<Stream>(uintptr_t{0x1000});  // never reaches the driver: the counts are checked first
+  EXPECT_NE(message(nullptr, 1, 1).find("stream: expected a created stream"), std::string::npos);
+  EXPECT_NE(message(fake, 0, 1).find("calls: expected at least 1, got 0"), std::string::npos);
+  EXPECT_NE(message(fake, 1, -2).find("reps: expected at least 1, got -2"), std::string::npos);
 }
 
 }  // namespace
