@@ -307,16 +307,21 @@ __device__ __forceinline__ void decode_gate_small(const GateParams& p, const Dec
       fence_barrier_init();
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      const int valid_rows = N - slice0 < SLICE ? (N > slice0 ? N - slice0 : 0) : SLICE;
+    // Thread 0 announces every piece's bytes; then lane r of warp 0 issues row r's copies, so the
+    // slice's copies go out in parallel rather than one after another from one thread.
+    const int valid_rows = N - slice0 < SLICE ? (N > slice0 ? N - slice0 : 0) : SLICE;
+    if (threadIdx.x == 0)
+      for (int q = 0; q < PIECES; ++q)
+        mbarrier_arrive_expect_tx(&piece_landed[q], static_cast<uint32_t>(valid_rows * 2 * (K - q * PIECE < PIECE ? K - q * PIECE : PIECE)));
+    __syncwarp();
+    if (threadIdx.x < valid_rows) {
+      const int r = threadIdx.x;
       for (int q = 0; q < PIECES; ++q) {
         const int k0 = q * PIECE, bytes = 2 * (K - k0 < PIECE ? K - k0 : PIECE);
-        mbarrier_arrive_expect_tx(&piece_landed[q], static_cast<uint32_t>(valid_rows * bytes));
-        for (int r = 0; r < valid_rows; ++r)
-          asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                           smem_address(rows + r * LDB + k0)),
-                       "l"(p.w_gate + static_cast<int64_t>(slice0 + r) * p.ldw + k0), "r"(bytes), "r"(smem_address(&piece_landed[q]))
-                       : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                         smem_address(rows + r * LDB + k0)),
+                     "l"(p.w_gate + static_cast<int64_t>(slice0 + r) * p.ldw + k0), "r"(bytes), "r"(smem_address(&piece_landed[q]))
+                     : "memory");
       }
     }
     // Rows past d_ff (the last tile's last slice) are zeros, not copies; so is every row's pad, which
