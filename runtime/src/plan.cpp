@@ -243,6 +243,7 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
   if (ctx->gpu) {
     ctx->make_current();
     const int64_t sparse_d_ff = p.sparse_spec.d_ff;
+    p.twell = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * p.layout.words_per_row(sparse_d_ff) * 4);
     if (p.decode_gate) {
       const int64_t rows = std::min(max_tokens, p.decode_max_tokens);
       p.decode_act_ld = (sparse_d_ff + 7) / 8 * 8;
@@ -255,11 +256,11 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
       const detail::Driver& d = detail::Driver::get();
       detail::check(d.cuMemsetD8(p.decode_arrivals->get(), 0, size_t(tiles) * 4), "Context::plan: cuMemsetD8(decode tile arrivals)");
       detail::check(d.cuMemsetD8(p.decode_entries->get(), 0, size_t(rows * sparse_d_ff) * 8), "Context::plan: cuMemsetD8(decode entries)");
+      // So are the TwELL matrix's first `rows` rows, the ones decode calls write: decode_up reads a
+      // tile-row's unused slots with its used ones (never their values).
+      detail::check(d.cuMemsetD8(p.twell->get(), 0, size_t(rows * p.layout.words_per_row(sparse_d_ff)) * 4),
+                    "Context::plan: cuMemsetD8(TwELL matrix rows of decode calls)");
     }
-    p.twell = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * p.layout.words_per_row(sparse_d_ff) * 4);
-    // Cleared once: decode_up reads a tile-row's unused slots with its used ones (never their values).
-    detail::check(detail::Driver::get().cuMemsetD8(p.twell->get(), 0, size_t(max_tokens) * p.layout.words_per_row(sparse_d_ff) * 4),
-                  "Context::plan: cuMemsetD8(TwELL matrix)");
     p.counter = std::make_unique<detail::DeviceBuffer>(8);  // the overflow count, the consumer's row counter
     if (transpose_down) p.w_down_t = std::make_unique<detail::DeviceBuffer>(size_t(sparse_d_ff) * spec.d_model * 2);
     const int64_t tile_rows = max_tokens * p.layout.tiles(sparse_d_ff);
