@@ -126,12 +126,14 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
 namespace {
 
 // One decode kernel's translation unit (decode.cuh): the consumer's constants plus the decode shape.
-// `what` is the device template and the name's part ("gate", "up", "down").
+// `what` is the device template and the name's part ("gate", "up", "down"). `consumer` has the
+// down layout the decode kernels read (emitDecodeKernels sets it).
 ::twell::compiler::KernelSource emitDecodeKernel(const KernelInstance& consumer, ::twell::compiler::KernelKind kind,
                                                  llvm::StringRef what, int64_t threads, int64_t maxTokens) {
   using D = DecodeKernelConstraints;
   const bool gate = kind == ::twell::compiler::KernelKind::DecodeGate || kind == ::twell::compiler::KernelKind::DecodeGateSmall;
-  // The consumer's key names every constant below but the decode ones, which are fixed per kind.
+  // The consumer's key names every constant below (its down layout included) but the decode ones,
+  // which are fixed per kind.
   const std::string key = consumer.key() + ";decode=" + what.str();
   const auto hash = static_cast<uint32_t>(llvm::xxh3_64bits(key));
   const std::string name = llvm::formatv("twell_decode_{0}_k{1}_n{2}_t{3}_s{4}_{5}_{6}_{7}_{8:x-8}", what,
@@ -196,8 +198,9 @@ namespace {
 
 }  // namespace
 
-std::vector<::twell::compiler::KernelSource> emitDecodeKernels(Operation* consumer) {
+std::vector<::twell::compiler::KernelSource> emitDecodeKernels(Operation* consumer, std::optional<DownLayout> downLayout) {
   FailureOr<KernelInstance> kernel = KernelInstance::read(consumer);
+  if (succeeded(kernel) && downLayout) kernel->downLayout = *downLayout;
   // Not beside the token block: its h is rounded to the value type, the decode kernels' is not (they
   // repeat the row consumers' sums).
   if (failed(kernel) || kernel->kind != ::twell::compiler::KernelKind::GatedDown || kernel->isTokenBlock() ||

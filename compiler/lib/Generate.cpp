@@ -109,9 +109,11 @@ TwellLayout layoutOf(tw::LayoutAttr layout) {
 
 // Runs the kernel pipeline and the emitter on `module`. Failures are reported through the context's
 // diagnostic handler; returns nullopt then.
-// `clusterM` 0: the heuristic's cluster for the wgmma gate.
+// `clusterM` 0: the heuristic's cluster for the wgmma gate. `decodeDownLayout`: the Wd layout the decode
+// kernels read (unset: the consumer's).
 std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& target,
-                                       ConsumerVariant variant = ConsumerVariant::RowGather, int clusterM = 0) {
+                                       ConsumerVariant variant = ConsumerVariant::RowGather, int clusterM = 0,
+                                       std::optional<tw::DownLayout> decodeDownLayout = std::nullopt) {
   mlir::PassManager pm(module.getContext());
   tw::buildTwellKernelPipeline(pm, target.arch(), variant == ConsumerVariant::TokenBlock ? "block" : "rows", clusterM);
   if (mlir::failed(pm.run(module))) return std::nullopt;
@@ -159,7 +161,7 @@ std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& tar
   result.layout = layoutOf(gate.getLayout());
   result.target = target;
   result.kernels = std::move(*kernels);
-  result.decode = tw::emitDecodeKernels(consumer);
+  result.decode = tw::emitDecodeKernels(consumer, decodeDownLayout);
   return result;
 }
 
@@ -171,7 +173,7 @@ bool isSupportedTarget(const Target& target) {
 
 std::string supportedTargets() { return tw::SupportedArchs::list(); }
 
-GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
+GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target, std::optional<WeightLayout> decode_down_layout) {
   auto fail = [](const std::string& message) {
     throw Error(ErrorCode::InvalidArgument, "generateFfn: " + message);
   };
@@ -255,8 +257,15 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target) {
   mlir::func::ReturnOp::create(b, loc, y);
   if (mlir::failed(mlir::verify(*module))) fail(messages.take());
 
-  std::optional<GeneratedFfn> result =
-      runPipeline(*module, target, spec.consumer.value_or(ConsumerVariant::RowGather), spec.gate_cluster_m.value_or(0));
+  std::optional<tw::DownLayout> decodeDownLayout;
+  if (decode_down_layout) {
+    if (*decode_down_layout != WeightLayout::OutIn && *decode_down_layout != WeightLayout::InOut)
+      fail("decode_down_layout: expected WeightLayout::OutIn or InOut, got " +
+           std::to_string(static_cast<int>(*decode_down_layout)));
+    decodeDownLayout = *decode_down_layout == WeightLayout::OutIn ? tw::DownLayout::OutIn : tw::DownLayout::InOut;
+  }
+  std::optional<GeneratedFfn> result = runPipeline(*module, target, spec.consumer.value_or(ConsumerVariant::RowGather),
+                                                   spec.gate_cluster_m.value_or(0), decodeDownLayout);
   if (!result)
     throw Error(ErrorCode::Compile, "generateFfn: the twell pipeline failed: " + messages.take());
   return std::move(*result);

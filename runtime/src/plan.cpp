@@ -183,7 +183,8 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
   const bool transpose_down = spec.down_layout == WeightLayout::OutIn;
   FfnSpec kernel_spec = p.sparse_spec;
   kernel_spec.down_layout = WeightLayout::InOut;  // what the consumer reads after normalization
-  compiler::GeneratedFfn generated = compiler::generateFfn(kernel_spec, ctx->target);
+  // The decode kernels read Wd in the user's layout (at a few rows cheaper than a transposed copy).
+  compiler::GeneratedFfn generated = compiler::generateFfn(kernel_spec, ctx->target, spec.down_layout);
   p.layout = generated.layout;
   check_tiles(p.layout, p.sparse_spec.d_ff, max_tokens);
   p.target = generated.target;
@@ -222,10 +223,7 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
       }
   }
   if (options.decode_max_tokens > 0) {
-    // The decode kernels read Wd in the user's layout: made from that spec (the kernels above read the
-    // transposed copy of an out_in Wd).
-    std::vector<compiler::KernelSource> decode =
-        transpose_down ? compiler::generateFfn(p.sparse_spec, ctx->target).decode : std::move(generated.decode);
+    std::vector<compiler::KernelSource>& decode = generated.decode;
     if (decode.size() == 4) {
       p.decode_gate = ctx->load(decode[0]);
       p.decode_up = ctx->load(decode[1]);

@@ -18,6 +18,7 @@
 #include "dense_kernels.h"
 #include "nvrtc_compiler.h"
 #include "twell/compiler/Generate.h"
+#include "twell/error.h"
 
 namespace {
 
@@ -226,6 +227,42 @@ TEST(KernelResources, DecodeKernelsCompileWithoutSpills) {
   block.down_layout = WeightLayout::InOut;
   block.consumer = ConsumerVariant::TokenBlock;
   EXPECT_TRUE(compiler::generateFfn(block, Target{90, true}).decode.empty());
+}
+
+// generateFfn's decode_down_layout: a plan gives the large-M consumer an in_out copy of an out_in Wd but
+// keeps decode calls on the user's out_in Wd, from one generateFfn. The decode kernels then read Wd as
+// asked and are otherwise those of a plain out_in spec (the same config, but for the names).
+TEST(KernelResources, DecodeKernelsReadTheDownLayoutAsked) {
+  FfnSpec in_out;
+  in_out.d_model = 2048;
+  in_out.d_ff = 5632;
+  in_out.down_layout = WeightLayout::InOut;
+  FfnSpec out_in = in_out;
+  out_in.down_layout = WeightLayout::OutIn;
+  const Target target{90, true};
+  const compiler::GeneratedFfn asked = compiler::generateFfn(in_out, target, WeightLayout::OutIn);
+  const compiler::GeneratedFfn plain = compiler::generateFfn(out_in, target);
+  ASSERT_EQ(asked.decode.size(), 4u);
+  ASSERT_EQ(plain.decode.size(), 4u);
+  EXPECT_EQ(asked.kernels.back().source.find("down_in_out = false"), std::string::npos) << "the large-M consumer reads in_out";
+  auto config = [](const compiler::KernelSource& k) {  // the source from its config struct on, names cut
+    std::string text = k.source.substr(k.source.find("_config {"));
+    for (size_t at; (at = text.find(k.name)) != std::string::npos;) text.erase(at, k.name.size());
+    return text;
+  };
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_NE(asked.decode[i].name.find("out_in"), std::string::npos) << asked.decode[i].name;
+    EXPECT_EQ(config(asked.decode[i]), config(plain.decode[i])) << asked.decode[i].name;
+  }
+  EXPECT_EQ(compiler::generateFfn(out_in, target, WeightLayout::OutIn).decode[2].source, plain.decode[2].source);
+  try {
+    compiler::generateFfn(in_out, target, static_cast<WeightLayout>(7));
+    ADD_FAILURE() << "decode_down_layout 7 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("decode_down_layout: expected WeightLayout::OutIn or InOut, got 7"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -3,9 +3,11 @@
 // gated_down.cuh) with the kernel's constants and defines its extern "C" __global__ entry point.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "mlir/Support/LLVM.h"
+#include "twell/Dialect/TwellAttrs.h"
 #include "twell/compiler/Generate.h"
 
 namespace mlir {
@@ -20,7 +22,9 @@ namespace mlir::twell {
 FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operation* root);
 
 // The decode kernels (GeneratedFfn::decode) of a configured consumer op (twell.gated_down or
-// twell.down after twell-specialize); none where DecodeKernelConstraints::allowed says no.
-std::vector<::twell::compiler::KernelSource> emitDecodeKernels(Operation* consumer);
+// twell.down after twell-specialize), reading Wd in `downLayout` (unset: the consumer's); none where
+// DecodeKernelConstraints::allowed says no.
+std::vector<::twell::compiler::KernelSource> emitDecodeKernels(Operation* consumer,
+                                                               std::optional<DownLayout> downLayout = std::nullopt);
 
 }  // namespace mlir::twell

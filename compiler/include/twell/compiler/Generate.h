@@ -3,6 +3,7 @@
 //
 // This header includes no MLIR headers, so the runtime and tools can call the generator cheaply.
 #pragma once
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -75,7 +76,8 @@ struct GeneratedFfn {
   TwellLayout layout;    // the layout of the hidden activation
   Target target;
   std::vector<KernelSource> kernels;  // GateTwell first, then GatedDown
-  // The decode kernels of the same layer (the consumer's down layout): DecodeGate (decode_gate, up to
+  // The decode kernels of the same layer (Wd in the consumer's down layout, or generateFfn's
+  // decode_down_layout): DecodeGate (decode_gate, up to
   // 64 rows), DecodeUp, DecodeDown, and DecodeGateSmall (decode_gate_small, cta_m 8: up to 8 rows);
   // or none where DecodeKernelConstraints::allowed says no (an fma gate, d_model % 8 != 0, d_ff >
   // 65536, a target with 99 KiB of shared memory per CTA) or beside the token-block consumer. Grids:
@@ -94,11 +96,14 @@ bool isSupportedTarget(const Target& target);
 std::string supportedTargets();
 
 // Builds the twell dialect function for `spec` (twell.gated_ffn, or twell.ffn when !spec.gated) with
-// the C++ API, runs the pipeline and emits CUDA.
+// the C++ API, runs the pipeline and emits CUDA. `decode_down_layout`: the Wd layout the decode kernels
+// read, where it differs from spec.down_layout (a plan that gives the large-M consumer an in_out copy of
+// an out_in Wd keeps its decode calls on the user's out_in Wd, which costs less than a copy at a few rows).
 // Throws twell::Error(InvalidArgument) naming the field when the spec (including an enum field out of
 // range) or the target (!isSupportedTarget) is illegal, Error(Compile) if the pipeline
 // rejects the IR it built (a bug). Thread-safe: every call has its own MLIRContext.
-GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target);
+GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target,
+                         std::optional<WeightLayout> decode_down_layout = std::nullopt);
 
 // Same from MLIR text (one module with one func.func holding a twell.gated_ffn or a twell.gate_matmul
 // feeding a twell.gated_down). `filename` is used in diagnostics. Throws twell::Error(Parse) with the

@@ -155,18 +155,7 @@ __device__ __forceinline__ void decode_gate_rows(const GateParams& p, const Deco
 #pragma unroll 2
     for (int kk = 0; kk < CTA_K; kk += 16) {
       if (kt * CTA_K + kk >= 16 * STEPS) break;  // past the chain's padding: the same chunks as the gates
-      uint32_t a[MT][4], b[2][2], r[4];
-#pragma unroll
-      for (int i = 0; i < MT; ++i) ldmatrix_x4(a[i], As + (i * 16 + lane % 16) * LD + kk + (lane / 16) * 8);
-      ldmatrix_x4(r, Bs + (warp * 16 + lane % 8 + (lane / 16) * 8) * LD + kk + (lane / 8) % 2 * 8);
-      b[0][0] = r[0];
-      b[0][1] = r[1];
-      b[1][0] = r[2];
-      b[1][1] = r[3];
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) mma_16816<Value>(acc[i][j], a[i], b[j][0], b[j][1]);
+      mma_k16_step<Value, MT, 2>(acc, As, Bs + warp * 16 * LD, LD, kk, lane);
     }
   }
   cp_async_wait<0>();
@@ -223,11 +212,7 @@ __device__ __forceinline__ void decode_gate(const GateParams& p, const DecodeBuf
   if (p.m > Config::max_tokens) __trap();  // the launcher keeps M <= max_tokens: fail loudly
   allow_next_kernel();
   const int mt = p.m <= 16 ? 1 : 4;
-  {
-    uint32_t have;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
-    if (have < static_cast<uint32_t>(DecodeGateRing<Config>::bytes(mt))) __trap();  // launched with too little
-  }
+  require_dynamic_smem(DecodeGateRing<Config>::bytes(mt));
   // Row tiles for 16 or 64 rows (mma on zero rows costs issue slots, not memory; a third variant
   // costs instruction-cache misses, which profiling showed among the main stalls).
   if (mt == 1)
@@ -263,11 +248,9 @@ __device__ __forceinline__ void decode_gate_small(const GateParams& p, const Dec
   allow_next_kernel();
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
   {
-    uint32_t have;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
     constexpr uint32_t staging = Config::max_tokens * TILE_N * 2;
     constexpr uint32_t rows = Config::bulk_rows ? SLICE * (2 * K + 16) : 0;
-    if (have < (rows > staging ? rows : staging)) __trap();
+    require_dynamic_smem(rows > staging ? rows : staging);
   }
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;

@@ -182,24 +182,8 @@ __device__ __forceinline__ void gate_twell_mma(const GateParams& p) {
     const uint16_t* As = smem + (kt % STAGES) * STAGE_ELEMS;
     const uint16_t* Bs = As + CTA_M * LD;
 #pragma unroll
-    for (int kk = 0; kk < CTA_K; kk += 16) {
-      uint32_t a[MT][4], b[NT][2];
-#pragma unroll
-      for (int i = 0; i < MT; ++i) ldmatrix_x4(a[i], As + (wm * WM + i * 16 + lane % 16) * LD + kk + (lane / 16) * 8);
-#pragma unroll
-      for (int j = 0; j < NT; j += 2) {
-        uint32_t r[4];
-        ldmatrix_x4(r, Bs + (wn * WN + j * 8 + lane % 8 + (lane / 16) * 8) * LD + kk + (lane / 8) % 2 * 8);
-        b[j][0] = r[0];
-        b[j][1] = r[1];
-        b[j + 1][0] = r[2];
-        b[j + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int i = 0; i < MT; ++i)
-#pragma unroll
-        for (int j = 0; j < NT; ++j) mma_16816<Value>(acc[i][j], a[i], b[j][0], b[j][1]);
-    }
+    for (int kk = 0; kk < CTA_K; kk += 16)
+      mma_k16_step<Value, MT, NT>(acc, As + wm * WM * LD, Bs + wn * WN * LD, LD, kk, lane);
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring is free: reuse it to stage the activated tile

@@ -224,11 +224,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   // Dynamic: the warps' x rows, XS * 256 values each (shared memory, not registers: two entries' loads in
   // flight need the registers; GatedDownKernelConstraints::warpRowSharedBytes is the host's side).
   extern __shared__ __align__(128) unsigned char smem[];
-  {
-    uint32_t have;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
-    if (have < WARPS * XS * 256 * 2) __trap();  // launched without the x rows: fail loudly
-  }
+  require_dynamic_smem(WARPS * XS * 256 * 2);  // the x rows
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;

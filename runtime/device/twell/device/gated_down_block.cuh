@@ -91,11 +91,7 @@ __device__ __forceinline__ void gated_down_block(const GatedDownParams& p) {
                 "token-block consumer: 256 threads, cta_m = 16, tensor-core gate, in_out Wd");
 
   extern __shared__ __align__(128) unsigned char smem[];
-  {
-    uint32_t have;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(have));
-    if (have < static_cast<uint32_t>(S::BYTES)) __trap();  // host and device disagree on the layout
-  }
+  require_dynamic_smem(S::BYTES);  // host and device agree on the layout
   unsigned char* ring = smem;
   unsigned char* gh = smem + S::G_OFFSET;  // [BM][CHUNK] Value bits, swizzled rows of 512 bytes
   uint16_t* dense_tiles = reinterpret_cast<uint16_t*>(smem + S::DENSE_OFFSET);

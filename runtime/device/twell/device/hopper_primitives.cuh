@@ -7,12 +7,6 @@
 
 namespace twell::device {
 
-// The dynamic shared memory the launch gave this CTA, in bytes (PTX special register %dynamic_smem_size).
-__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
-  uint32_t bytes;
-  asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
-  return bytes;
-}
 
 // ---- mbarrier (shared::cta, 8 bytes each) ----
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {

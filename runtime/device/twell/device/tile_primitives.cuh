@@ -12,6 +12,19 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return r;
 }
 
+// The dynamic shared memory the launch gave this CTA, in bytes (PTX special register %dynamic_smem_size).
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+  uint32_t bytes;
+  asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(bytes));
+  return bytes;
+}
+
+// Kernels whose shared-memory layout the host sizes (KernelConstraints.h) check it on entry: a launch
+// with less than `bytes` traps (a loud launch error) instead of writing past the allocation.
+__device__ __forceinline__ void require_dynamic_smem(uint32_t bytes) {
+  if (dynamic_smem_bytes() < bytes) __trap();
+}
+
 // 16 bytes global -> shared, bypassing L1; `valid` false zero-fills the destination (masked tails).
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)), "l"(gmem),
@@ -48,6 +61,33 @@ __device__ __forceinline__ void mma_16816<FP16>(float (&d)[4], const uint32_t (&
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One k16 step of a warp's (MT m16) x (NT n8) tile of the gate's mma chain, from one shared-memory
+// stage: A = x rows [16 MT][ld] from `a_rows`, B = Wg rows [8 NT][ld] from `b_rows`, K-values kk ..
+// kk + 15 of the stage. The D2T's portable mainloop and the decode gates run their chains through it,
+// so their gate values are the same bits (ldmatrix fragments as the ISA's "Matrix Fragments for
+// mma.m16n8k16").
+template <class Value, int MT, int NT>
+__device__ __forceinline__ void mma_k16_step(float (&acc)[MT][NT][4], const uint16_t* a_rows, const uint16_t* b_rows,
+                                             int ld, int kk, int lane) {
+  static_assert(NT % 2 == 0, "B fragments come in pairs of n8 tiles (one ldmatrix.x4)");
+  uint32_t a[MT][4], b[NT][2];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) ldmatrix_x4(a[i], a_rows + (i * 16 + lane % 16) * ld + kk + (lane / 16) * 8);
+#pragma unroll
+  for (int j = 0; j < NT; j += 2) {
+    uint32_t r[4];
+    ldmatrix_x4(r, b_rows + (j * 8 + lane % 8 + (lane / 16) * 8) * ld + kk + (lane / 8) % 2 * 8);
+    b[j][0] = r[0];
+    b[j][1] = r[1];
+    b[j + 1][0] = r[2];
+    b[j + 1][1] = r[3];
+  }
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) mma_16816<Value>(acc[i][j], a[i], b[j][0], b[j][1]);
 }
 
 }  // namespace twell::device
