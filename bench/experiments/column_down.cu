@@ -5,11 +5,16 @@
 // one of Wd^T per entry: 30 GB through the L2, 3.7 ms. This splits it in two on synthetic compact
 // entry lists (28 or 56 random ascending neurons per row, stride CAP):
 //   up_only  - the same warp-per-row gather, Wu only: h_j = g_j (x . Wu_j) into the list;
-//   col_down - "column-stationary": CTA c keeps Wd^T[:, 16c, 16c + 16) for every neuron in shared
-//              memory (180 KiB at d_ff 5632) and walks every row's list, fmaf per column in entry
+//   col_down - "column-stationary": CTA c keeps Wd^T[:, 16c .. 16c + 16) for every neuron in shared
+//              memory (176 KiB at d_ff 5632) and walks every row's list, fmaf per column in entry
 //              order, so y has the same bits as the fused gather (checked below: `bits` = 0);
 //   col_down_staged - the same, each batch of R rows' compact lists first copied into shared memory;
 //   fused    - the fused gather as a baseline.
+// This file holds the last versions measured (bench/README.md v26): col_down with 1 or 2 threads per row,
+// each loading its (j, h) pairs, and the staged variant. The earlier rows of v26's table (8 or 4 lanes
+// per row sharing the pairs by shuffles, with and without the next row's list prefetched) were
+// intermediate versions of col_down, replaced here. At 1% the staged variant takes 64 and 32 rows per
+// batch (5120 entries of staging), at 0.5% 128 and 64.
 // Build and run (H200): nvcc -O3 -arch=sm_90a -std=c++17 -o column_down column_down.cu && ./column_down
 #include <cstdio>
 #include <cstdint>
@@ -175,10 +180,11 @@ int main(int argc, char** argv) {
     float td4 = d < 0.0075f ? DS(64, 5120) : DS(32, 5120);
     { auto kern = col_down_staged<128, 5120>; CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, N * 32 + 5120 * 8)); }
     { auto kern = col_down_staged<64, 5120>; CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, N * 32 + 5120 * 8)); }
-    // bits: fused y1 vs up4 + col_down<16,8,512>
-    up_only<4><<<sms * 8, 256>>>(m, x, wu, lj, lg, cnt, lh); pack_pairs<<<(m * CAP + 255) / 256, 256>>>(m, lj, lh, lp); col_down<16, 2, 512, 8><<<dim3(K / 16, 1), 512, sm16>>>(m, wd, lp, cnt, y2, 1); CK(cudaDeviceSynchronize());
+    // bits: fused y1 against up_only<4> + col_down<16, 2, 512, 8>, then + col_down_staged<64>; y2 poisoned before each
+    CK(cudaMemset(y2, 0xFF, (size_t)m * K * 2));
+    up_only<4><<<sms * 8, 256>>>(m, x, wu, lj, lg, cnt, lh); pack_pairs<<<(m * CAP + 255) / 256, 256>>>(m, lj, lh, lp); col_down<16, 2, 512, 8><<<dim3(K / 16, 1), 512, sm16>>>(m, wd, lp, cnt, y2, 1); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
     size_t diff0 = 0; { std::vector<uint16_t> a((size_t)m * K), b((size_t)m * K); CK(cudaMemcpy(a.data(), y1, a.size() * 2, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(b.data(), y2, b.size() * 2, cudaMemcpyDeviceToHost)); for (size_t i = 0; i < a.size(); ++i) diff0 += a[i] != b[i]; }
-    CK(cudaMemset(y2, 0xFF, (size_t)m * K * 2)); col_down_staged<64, 5120><<<K / 16, 512, N * 32 + 5120 * 8>>>(m, wd, lpc, off, y2); CK(cudaDeviceSynchronize());
+    CK(cudaMemset(y2, 0xFF, (size_t)m * K * 2)); col_down_staged<64, 5120><<<K / 16, 512, N * 32 + 5120 * 8>>>(m, wd, lpc, off, y2); CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
     std::vector<uint16_t> a((size_t)m * K), b((size_t)m * K); CK(cudaMemcpy(a.data(), y1, a.size() * 2, cudaMemcpyDeviceToHost)); CK(cudaMemcpy(b.data(), y2, b.size() * 2, cudaMemcpyDeviceToHost));
     size_t diff = 0; for (size_t i = 0; i < a.size(); ++i) diff += a[i] != b[i];
     float best = std::min(std::min(td1, td2), std::min(td3, td4));

@@ -132,9 +132,37 @@ namespace {
                                                  llvm::StringRef what, int64_t threads, int64_t maxTokens) {
   using D = DecodeKernelConstraints;
   const bool gate = kind == ::twell::compiler::KernelKind::DecodeGate || kind == ::twell::compiler::KernelKind::DecodeGateSmall;
-  // The consumer's key names every constant below (its down layout included) but the decode ones,
-  // which are fixed per kind.
-  const std::string key = consumer.key() + ";decode=" + what.str();
+  // The config's constants, then the name from their hash: kernels with the same constants have the
+  // same name and source whichever consumer they were made beside (an out_in plan's decode kernels,
+  // made beside its in_out consumer, are those of `twellc emit --down-layout out_in`).
+  std::string config;
+  llvm::raw_string_ostream cs(config);
+  cs << "  using Value = twell::device::" << (consumer.isBF16() ? "BF16" : "FP16") << ";\n";
+  cs << "  static constexpr int d_model = " << consumer.dModel << ";\n";
+  cs << "  static constexpr int d_ff = " << consumer.dFF << ";\n";
+  cs << "  static constexpr int tile_n = " << consumer.layout.getTileN() << ";\n";
+  cs << "  static constexpr int slots = " << consumer.layout.getSlots() << ";\n";
+  cs << "  static constexpr int activation = "
+     << (consumer.layout.getActivation() == Activation::ReLU ? "0;  // ReLU" : "1;  // SiLU") << "\n";
+  cs << "  static constexpr float threshold = " << hexFloat(consumer.layout.getThresholdValue()) << ";  // exact\n";
+  cs << "  static constexpr int threads = " << threads << ";\n";
+  cs << "  static constexpr int max_tokens = " << maxTokens << ";\n";
+  cs << "  static constexpr int cta_m = " << maxTokens << ";\n";
+  const bool small = what == "gate_small";
+  cs << "  static constexpr int slice_n = " << (small ? D::kGateSmallSliceN : D::kSliceN) << ";  // d_ff columns per gate CTA\n";
+  if (small)
+    cs << "  static constexpr bool bulk_rows = "
+       << (D::gateSmallBulkRows(consumer.dModel, consumer.target.getComputeCapability()) ? "true" : "false")
+       << ";  // Wg rows by cp.async.bulk (sm_90+)\n";
+  cs << "  static constexpr int mma_warps = " << D::kGateMmaWarps << ";  // decode_gate's warps that multiply\n";
+  cs << "  static constexpr bool gated = " << (consumer.gated ? "true" : "false") << ";\n";
+  cs << "  static constexpr bool down_in_out = " << (consumer.downLayout == DownLayout::InOut ? "true" : "false") << ";\n";
+  cs << "  static constexpr int down_columns_per_lane = " << D::downColumns(consumer.downLayout == DownLayout::InOut) / 32
+     << ";  // decode_down\n";
+  cs << "  // The overflow recompute repeats the gate kernel's arithmetic, bit for bit.\n";
+  cs << "  static constexpr int gate_mainloop = " << (consumer.gateMainloop == Mainloop::Wgmma ? 2 : 1) << ";\n";
+  cs << "  static constexpr int gate_cta_k = " << consumer.gateCtaK << ";\n";
+  const std::string key = "decode=" + what.str() + ";target=" + printAttr(consumer.target) + ";" + config;
   const auto hash = static_cast<uint32_t>(llvm::xxh3_64bits(key));
   const std::string name = llvm::formatv("twell_decode_{0}_k{1}_n{2}_t{3}_s{4}_{5}_{6}_{7}_{8:x-8}", what,
                                          consumer.dModel, consumer.dFF, consumer.layout.getTileN(),
@@ -148,33 +176,7 @@ namespace {
      << "] (" << stringifyDownLayout(consumer.downLayout) << "), " << printAttr(consumer.layout) << ", "
      << printAttr(consumer.target) << " \u2014 do not edit.\n";
   os << "#include \"twell/device/decode.cuh\"\n";
-  os << "struct " << name << "_config {\n";
-  os << "  using Value = twell::device::" << (consumer.isBF16() ? "BF16" : "FP16") << ";\n";
-  os << "  static constexpr int d_model = " << consumer.dModel << ";\n";
-  os << "  static constexpr int d_ff = " << consumer.dFF << ";\n";
-  os << "  static constexpr int tile_n = " << consumer.layout.getTileN() << ";\n";
-  os << "  static constexpr int slots = " << consumer.layout.getSlots() << ";\n";
-  os << "  static constexpr int activation = "
-     << (consumer.layout.getActivation() == Activation::ReLU ? "0;  // ReLU" : "1;  // SiLU") << "\n";
-  os << "  static constexpr float threshold = " << hexFloat(consumer.layout.getThresholdValue()) << ";  // exact\n";
-  os << "  static constexpr int threads = " << threads << ";\n";
-  os << "  static constexpr int max_tokens = " << maxTokens << ";\n";
-  os << "  static constexpr int cta_m = " << maxTokens << ";\n";
-  const bool small = what == "gate_small";
-  os << "  static constexpr int slice_n = " << (small ? D::kGateSmallSliceN : D::kSliceN) << ";  // d_ff columns per gate CTA\n";
-  if (small)
-    os << "  static constexpr bool bulk_rows = "
-       << (D::gateSmallBulkRows(consumer.dModel, consumer.target.getComputeCapability()) ? "true" : "false")
-       << ";  // Wg rows by cp.async.bulk (sm_90+)\n";
-  os << "  static constexpr int mma_warps = " << D::kGateMmaWarps << ";  // decode_gate's warps that multiply\n";
-  os << "  static constexpr bool gated = " << (consumer.gated ? "true" : "false") << ";\n";
-  os << "  static constexpr bool down_in_out = " << (consumer.downLayout == DownLayout::InOut ? "true" : "false") << ";\n";
-  os << "  static constexpr int down_columns_per_lane = " << D::downColumns(consumer.downLayout == DownLayout::InOut) / 32
-     << ";  // decode_down\n";
-  os << "  // The overflow recompute repeats the gate kernel's arithmetic, bit for bit.\n";
-  os << "  static constexpr int gate_mainloop = " << (consumer.gateMainloop == Mainloop::Wgmma ? 2 : 1) << ";\n";
-  os << "  static constexpr int gate_cta_k = " << consumer.gateCtaK << ";\n";
-  os << "};\n";
+  os << "struct " << name << "_config {\n" << config << "};\n";
   os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ") " << name << "(const twell::device::"
      << (gate ? "GateParams" : "GatedDownParams") << " p, const twell::device::DecodeBuffers d) {\n";
   os << "  twell::device::decode_" << what << "<" << name << "_config>(p, d);\n";

@@ -101,16 +101,34 @@ TEST(PlanLimits, DecodeMaxTokensIsCheckedAndMakesTheDecodeKernels) {
       EXPECT_NE(std::string(e.what()).find("PlanOptions::decode_max_tokens: expected 0..64"), std::string::npos) << e.what();
     }
   }
-  auto decode_kernels = [&](const PlanOptions& options) {
+  // The decode kernels read Wd in the spec's layout (an out_in plan's consumer reads an in_out copy).
+  auto decode_kernels = [&](const PlanOptions& options, WeightLayout layout = WeightLayout::OutIn) {
     int n = 0;
-    const FfnPlan plan = ctx.plan(s, 16, options);  // held: kernels() refers into it
-    for (const KernelReport& k : plan.kernels()) n += k.kind.rfind("decode_", 0) == 0;
+    FfnSpec spec = s;
+    spec.down_layout = layout;
+    const char* expected = layout == WeightLayout::OutIn ? "_out_in_" : "_in_out_";
+    const FfnPlan plan = ctx.plan(spec, 16, options);  // held: kernels() refers into it
+    for (const KernelReport& k : plan.kernels())
+      if (k.kind.rfind("decode_", 0) == 0) {
+        ++n;
+        EXPECT_NE(k.name.find(expected), std::string::npos) << k.name;
+      }
     return n;
   };
   EXPECT_EQ(decode_kernels(PlanOptions{}), 4);
+  EXPECT_EQ(decode_kernels(PlanOptions{}, WeightLayout::InOut), 4);
   PlanOptions off;
   off.decode_max_tokens = 0;
   EXPECT_EQ(decode_kernels(off), 0);
+  // None beside a token-block consumer asked for (its h is rounded; the decode kernels repeat the row
+  // consumers' sums), whatever the layout.
+  FfnSpec block = s;
+  block.consumer = ConsumerVariant::TokenBlock;
+  for (WeightLayout layout : {WeightLayout::OutIn, WeightLayout::InOut}) {
+    block.down_layout = layout;
+    const FfnPlan plan = ctx.plan(block, 16, PlanOptions{});
+    for (const KernelReport& k : plan.kernels()) EXPECT_NE(k.kind.rfind("decode_", 0), 0u) << k.name;
+  }
 }
 
 }  // namespace

@@ -32,6 +32,8 @@ T parse_whole(const std::string& name, const std::string& v, const char* expecte
   T r{};
   try {
     r = parse(v, &used);
+  } catch (const std::out_of_range&) {
+    throw std::invalid_argument(fmt::format("--{}: expected {}, got '{}' (out of range)", name, expected, v));
   } catch (const std::exception&) {
     used = 0;
   }
@@ -51,7 +53,7 @@ long long Args::get_int(const std::string& name, long long fallback, long long m
 
 double Args::get_double(const std::string& name, double fallback) const {
   if (!has(name)) return fallback;
-  return parse_whole<double>(name, get(name), "a number", [](const std::string& v, size_t* used) { return std::stod(v, used); });
+  return parse_whole<double>(name, get(name), "a finite number", [](const std::string& v, size_t* used) { return std::stod(v, used); });
 }
 
 Args parse_args(const std::vector<std::string>& args, const std::vector<std::string>& flags,
@@ -81,7 +83,8 @@ Args parse_args(const std::vector<std::string>& args, const std::vector<std::str
       if (inline_value) throw std::invalid_argument(fmt::format("--{} takes no value, got '{}'", name, value));
     } else if (in(valued, name)) {
       if (!inline_value) {
-        if (i + 1 >= args.size()) throw std::invalid_argument(fmt::format("--{} expects a value", name));
+        if (i + 1 >= args.size())
+          throw std::invalid_argument(fmt::format("--{}: expected a value after it, got the end of the command line", name));
         value = args[++i];
       }
     } else {
@@ -101,7 +104,7 @@ int main(int argc, char** argv) {
       "       twellc emit (FILE.mlir | --d-model D --d-ff F) [--emit mlir|cuda|ptx] [--out DIR]\n"
       "       twellc <command> --help                       options of a command\n";
   if (argc < 2) {
-    std::fputs(usage.c_str(), stderr);
+    std::fprintf(stderr, "twellc: expected a command (run or emit), got none\n%s", usage.c_str());
     return 2;
   }
   const std::string cmd = argv[1];

@@ -51,9 +51,12 @@ struct PlanOptions {
   // the gate, up and down projections spread over every SM for a few rows, which read Wg and the
   // active rows of Wu and Wd once (autoregressive decoding; PERFORMANCE.md, "Small M"). They give the
   // same TwELL matrix and the same y, bit for bit, as the large-M kernels, and read Wd in the layout
-  // given (no transpose). Used by run() on the TwELL path only (run_gate and run_consumer take the
-  // large-M kernels), where the generator made them (a tensor-core gate, d_model % 8 == 0, d_ff <=
-  // 65536, tile_n >= 32). 0 turns them off; at most 64, else Context::plan throws
+  // given (no transpose). Used by run() on the TwELL path with the row consumer only (run_gate and
+  // run_consumer take the large-M kernels, and so does a token bucket where Dispatch::Auto chose the
+  // token-block consumer), where the generator made them: a tensor-core gate, d_model % 8 == 0, d_ff
+  // <= 65536, tile_n >= 32, a target with more than 99 KiB of shared memory per CTA (not sm_86, sm_89,
+  // sm_120, sm_121), and not for FfnSpec::consumer = TokenBlock (that consumer rounds h, the decode
+  // kernels repeat the row consumers' sums). 0 turns them off; at most 64, else Context::plan throws
   // Error(InvalidArgument) naming this field. It is only the cut-off: any value above 0 compiles the
   // same four kernels (decode_gate for up to 64 rows, decode_gate_small for up to 8, decode_up,
   // decode_down), and sizes their workspace: about min(max_tokens, decode_max_tokens) x d_ff x 10 bytes.

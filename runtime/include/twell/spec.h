@@ -43,9 +43,10 @@ struct TwellLayout {
 //               Best at very high sparsity, where rows share few active neurons.
 //   TokenBlock: 16 token rows per CTA on tensor cores: gathers the union of their active neurons'
 //               Wu and Wd^T rows once and multiplies with mma.sync. Best where rows share neurons
-//               (real layers, 2-10% density). Needs d_model 128, 256, 512, 1024 or 2048 and tile_n <= 256;
-//               elsewhere the generator falls back to RowGather. Gated layers only (a non-gated spec
-//               asking for it is an InvalidArgument error).
+//               (real layers, 2-10% density). Needs an in_out Wd (a plan's consumer always has one: it
+//               transposes an out_in Wd first), d_model 128, 256, 512, 1024 or 2048 and tile_n <= 256;
+//               elsewhere the generator falls back to RowGather (twellc emit says so). Gated layers
+//               only (a non-gated spec asking for it is an InvalidArgument error).
 enum class ConsumerVariant : uint8_t { RowGather, TokenBlock };
 
 // One FFN layer: y = (act(x Wg^T) ⊙ (x Wu^T)) Wd^T for gated layers, y = act(x Wg^T) Wd^T for

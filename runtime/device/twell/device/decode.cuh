@@ -318,7 +318,7 @@ __device__ __forceinline__ void decode_gate_small(const GateParams& p, const Dec
       const uint16_t* b_rows = rows + (warp * 8 + lane % 8) * LDB + (lane / 8) % 2 * 8;
       // x's fragments are loaded one block of U chunks ahead of the block that multiplies them (issued
       // after this block's ldmatrix: issued before it, ptxas spills at some d_model), so the chain does
-      // not wait on its own block's x loads: 1 us less at M = 1, 4 at M = 4 (bench/README.md v27).
+      // not wait on its own block's x loads: 1 us less at M = 1, 1-5 at M = 4 (bench/README.md v27).
       uint32_t a[U][2], a_next[U][2];
 #pragma unroll
       for (int u = 0; u < U; ++u) load_x(u, a_next[u]);

@@ -65,9 +65,10 @@ __device__ __forceinline__ void mma_16816<FP16>(float (&d)[4], const uint32_t (&
 
 // One k16 step of a warp's (MT m16) x (NT n8) tile of the gate's mma chain, from one shared-memory
 // stage: A = x rows [16 MT][ld] from `a_rows`, B = Wg rows [8 NT][ld] from `b_rows`, K-values kk ..
-// kk + 15 of the stage. The D2T's portable mainloop and the decode gates run their chains through it,
-// so their gate values are the same bits (ldmatrix fragments as the ISA's "Matrix Fragments for
-// mma.m16n8k16").
+// kk + 15 of the stage. The D2T's portable mainloop and decode_gate run their chains through it
+// (decode_gate_small and the consumers' overflow recompute build the same fragments from bulk-copied
+// rows or global memory), so their gate values are the same bits (ldmatrix fragments as the ISA's
+// "Matrix Fragments for mma.m16n8k16").
 template <class Value, int MT, int NT>
 __device__ __forceinline__ void mma_k16_step(float (&acc)[MT][NT][4], const uint16_t* a_rows, const uint16_t* b_rows,
                                              int ld, int kk, int lane) {

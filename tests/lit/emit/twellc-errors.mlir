@@ -1,0 +1,29 @@
+// twellc emit's bad command lines: each error names the option, what was expected and what was given,
+// and the notes say what was not emitted. (This file is a valid FFN for the last RUN lines.)
+// RUN: not twellc emit --d-model 2048 2>&1 | FileCheck %s --check-prefix=MISSING
+// RUN: not twellc emit --d-ff 2>&1 | FileCheck %s --check-prefix=NOVALUE
+// RUN: not twellc emit %t.does-not-exist.mlir 2>&1 | FileCheck %s --check-prefix=NOFILE
+// RUN: not twellc emit --d-model 64 --d-ff 64 --threshold 1e400 2>&1 | FileCheck %s --check-prefix=RANGE
+// RUN: not twellc emit --d-model 64 --d-ff 64 --threshold 1e39 2>&1 | FileCheck %s --check-prefix=F32
+// RUN: not twellc emit --d-model 64 --d-ff 64 --tile-n 100 2>&1 | FileCheck %s --check-prefix=TILE
+// RUN: not twellc emit --d-model 64 --d-ff 64 --tile-n 64 --slots 65 2>&1 | FileCheck %s --check-prefix=SLOTS
+// RUN: not twellc emit --d-model 64 --d-ff 64 --activation silu 2>&1 | FileCheck %s --check-prefix=SILU
+// RUN: not twellc 2>&1 | FileCheck %s --check-prefix=NOCMD
+// RUN: twellc emit --d-model 2047 --d-ff 64 --emit cuda 2>&1 >/dev/null | FileCheck %s --check-prefix=NODECODE
+// RUN: twellc emit --d-model 2048 --d-ff 5632 --consumer block --emit cuda 2>&1 >/dev/null | FileCheck %s --check-prefix=BLOCK
+
+// MISSING: --d-ff: expected it beside --d-model (a shape needs both d_model and d_ff), got only --d-model
+// NOVALUE: --d-ff: expected a value after it, got the end of the command line
+// NOFILE: FILE.mlir: cannot open '{{.*}}does-not-exist.mlir': No such file or directory
+// RANGE: --threshold: expected a finite number, got '1e400' (out of range)
+// F32: --threshold: expected a finite f32 (|t| <= 3.4e38), got 1e+39
+// TILE: --tile-n: expected a power of two in 32..1024, got 100
+// SLOTS: --slots: expected 1..tile_n (64), got 65
+// SILU: --threshold: expected a value > 0 with --activation silu (a neuron is active iff |silu(g)| > threshold), got 0
+// NOCMD: twellc: expected a command (run or emit), got none
+// NODECODE: note: no decode kernels for this layer
+// BLOCK: note: --consumer block needs --down-layout in_out, {{.*}} emitted the row consumer twell_gated_down_{{.*}}_out_in_{{[0-9a-f]+}} instead
+
+func.func @unused() {
+  return
+}
