@@ -458,6 +458,10 @@ void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDown
   buffers.tile_arrivals = reinterpret_cast<uint32_t*>(p.decode_arrivals->get());
   buffers.entries = reinterpret_cast<uint32_t*>(p.decode_entries->get());
   buffers.act_ld = p.decode_act_ld;
+  buffers.w_up = down.w_up;
+  buffers.w_down = down.w_down;
+  buffers.ldwu = down.ldwu;
+  buffers.ldwd = down.ldwd;
   const int64_t tiles = p.layout.tiles(p.sparse_spec.d_ff);
   const auto slices = static_cast<unsigned>(tiles * (p.layout.tile_n / mlir::twell::DecodeKernelConstraints::kSliceN));
   const int64_t columns = mlir::twell::DecodeKernelConstraints::downColumns(p.spec.down_layout == WeightLayout::InOut);

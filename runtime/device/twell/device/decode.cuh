@@ -375,7 +375,25 @@ __device__ __forceinline__ void decode_gate_small(const GateParams& p, const Dec
   if (n0 < N && x_valid)
 #pragma unroll
     for (int e = 0; e < 2; ++e)
-      if (n0 + c2 + e < N) d.act[g * d.act_ld + n0 + c2 + e] = activate<Value, Config::activation>(Value::from_float(acc[e]));
+      if (n0 + c2 + e < N) {
+        const int j = n0 + c2 + e;
+        const uint16_t v = activate<Value, Config::activation>(Value::from_float(acc[e]));
+        d.act[g * d.act_ld + j] = v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        // An active neuron's Wu row and (in_out) Wd^T row into L2 now, while the gate still streams:
+        // decode_up and decode_down then read them from L2, not DRAM (cp.async.bulk.prefetch, PTX ISA
+        // 8.0: 16-byte aligned rows of 2 d_model bytes, as the runtime checks). An out_in Wd's column
+        // is scattered over d_model rows: not prefetched.
+        if (is_active<Value, Config::activation>(v, Config::threshold)) {
+          if constexpr (Config::gated)
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(d.w_up + static_cast<int64_t>(j) * d.ldwu), "r"(2 * K)
+                         : "memory");
+          if constexpr (Config::down_in_out)
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(d.w_down + static_cast<int64_t>(j) * d.ldwd), "r"(2 * K)
+                         : "memory");
+        }
+#endif
+      }
   decode_gate_arrive_and_pack<Config>(p, d);
 }
 
