@@ -56,6 +56,24 @@ __device__ __forceinline__ void allow_next_kernel() {
 #endif
 }
 
+// Both decode gates, for each active (row, neuron j) they find: j's Wu row and (in_out) Wd^T row into L2
+// now, while the gate still streams Wg, so decode_up and decode_down read them from L2, not DRAM, a
+// kernel boundary later (bench/README.md v28). A hint (cp.async.bulk.prefetch, PTX ISA 8.0, sm_90): rows
+// of 2 d_model bytes, 16-byte aligned as the runtime checks. An out_in Wd's column is scattered over
+// d_model rows: not prefetched. Below sm_90: nothing.
+template <class Config>
+__device__ __forceinline__ void prefetch_neuron_rows(const DecodeBuffers& d, int j) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr uint32_t kBytes = 2 * Config::d_model;
+  if constexpr (Config::gated)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(d.w_up + static_cast<int64_t>(j) * d.ldwu), "r"(kBytes)
+                 : "memory");
+  if constexpr (Config::down_in_out)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(d.w_down + static_cast<int64_t>(j) * d.ldwd), "r"(kBytes)
+                 : "memory");
+#endif
+}
+
 // decode_gate's ring for MT m16 row tiles: stages, and bytes (the host's DecodeKernelConstraints::
 // gateSharedBytes is the same formula; decode_gate traps when launched with less).
 template <class Config>
@@ -168,7 +186,11 @@ __device__ __forceinline__ void decode_gate_rows(const GateParams& p, const Deco
       for (int e = 0; e < 4; ++e) {
         const int row = i * 16 + lane / 4 + (e / 2) * 8;
         const int n = n0 + warp * 16 + j * 8 + (lane % 4) * 2 + e % 2;
-        if (row < p.m && n < N) d.act[row * d.act_ld + n] = activate<Value, Config::activation>(Value::from_float(acc[i][j][e]));
+        if (row < p.m && n < N) {
+          const uint16_t v = activate<Value, Config::activation>(Value::from_float(acc[i][j][e]));
+          d.act[row * d.act_ld + n] = v;
+          if (is_active<Value, Config::activation>(v, Config::threshold)) prefetch_neuron_rows<Config>(d, n);
+        }
       }
 }
 
@@ -379,20 +401,7 @@ __device__ __forceinline__ void decode_gate_small(const GateParams& p, const Dec
         const int j = n0 + c2 + e;
         const uint16_t v = activate<Value, Config::activation>(Value::from_float(acc[e]));
         d.act[g * d.act_ld + j] = v;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        // An active neuron's Wu row and (in_out) Wd^T row into L2 now, while the gate still streams:
-        // decode_up and decode_down then read them from L2, not DRAM (cp.async.bulk.prefetch, PTX ISA
-        // 8.0: 16-byte aligned rows of 2 d_model bytes, as the runtime checks). An out_in Wd's column
-        // is scattered over d_model rows: not prefetched.
-        if (is_active<Value, Config::activation>(v, Config::threshold)) {
-          if constexpr (Config::gated)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(d.w_up + static_cast<int64_t>(j) * d.ldwu), "r"(2 * K)
-                         : "memory");
-          if constexpr (Config::down_in_out)
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(d.w_down + static_cast<int64_t>(j) * d.ldwd), "r"(2 * K)
-                         : "memory");
-        }
-#endif
+        if (is_active<Value, Config::activation>(v, Config::threshold)) prefetch_neuron_rows<Config>(d, j);
       }
   decode_gate_arrive_and_pack<Config>(p, d);
 }

@@ -81,8 +81,8 @@ struct DecodeBuffers {
   uint32_t* tile_arrivals;  // [tiles] decode_gate CTAs done per TwELL tile; 0 between launches
   uint32_t* entries;        // [max_tokens, d_ff] pairs of words per row: column j, fp32 bits of h_j
   int64_t act_ld;           // d_ff rounded up to 8 (16-byte rows)
-  // The call's Wu and Wd (GatedDownParams' pointers and strides), for decode_gate_small's L2 prefetch
-  // of its active neurons' rows (a hint: decode_up and decode_down read them, a kernel boundary later).
+  // The call's Wu and Wd (GatedDownParams' pointers and strides), for the decode gates' L2 prefetch of
+  // their active neurons' rows (a hint: decode_up and decode_down read them, a kernel boundary later).
   const uint16_t* w_up;
   const uint16_t* w_down;
   int64_t ldwu;
