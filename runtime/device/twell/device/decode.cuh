@@ -11,7 +11,8 @@
 //                CTAs, through the mma_sync gate's cp.async ring and the same mma.sync k16 chain, so g
 //                equals the large-M gates' bit for bit. The activated values are staged in global
 //                memory; the last CTA of a TwELL tile to finish (an arrival counter per tile) packs
-//                the tile's rows with pack_twell_tile: the same TwELL matrix as the D2T's.
+//                the tile's rows with pack_twell_tile: the same TwELL matrix as the D2T's. On sm_90 each
+//                active neuron's Wu and in_out Wd^T rows are prefetched into L2 as soon as found.
 //   decode_up    one CTA per (row, tile): the tile-row's entries (an overflowing tile-row from the
 //                backup, or recomputed: load_overflow_tile), h_j = g_j (x . Wu_j) with the row
 //                consumers' warp dot (g_j alone for twell.down), appended to the row's entry list at
