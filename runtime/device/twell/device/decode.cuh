@@ -61,7 +61,7 @@ __device__ __forceinline__ void allow_next_kernel() {
 // now, while the gate still streams Wg, so decode_up and decode_down read them from L2, not DRAM, a
 // kernel boundary later (bench/README.md v28). A hint (cp.async.bulk.prefetch, PTX ISA 8.0, sm_90): rows
 // of 2 d_model bytes, 16-byte aligned as the runtime checks. An out_in Wd's column is scattered over
-// d_model rows: not prefetched. Below sm_90: nothing.
+// d_model rows: not prefetched. Below sm_90 (the portable feature set): nothing; sm_90 and newer: issued.
 template <class Config>
 __device__ __forceinline__ void prefetch_neuron_rows(const DecodeBuffers& d, int j) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

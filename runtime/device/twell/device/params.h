@@ -1,6 +1,6 @@
 // Kernel parameter blocks shared by the host runtime and the generated CUDA kernels.
 //
-// Each generated kernel takes exactly one of these structs by value (one `cuLaunchKernel` argument), so
+// Each generated kernel takes one of these structs by value (the decode kernels a second, DecodeBuffers), so
 // host and device agree on the ABI by construction: this header is compiled by g++ on the host and by
 // NVRTC on the device and holds only fixed-width plain data.
 //
