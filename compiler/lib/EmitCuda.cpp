@@ -200,21 +200,33 @@ namespace {
 
 }  // namespace
 
-std::vector<::twell::compiler::KernelSource> emitDecodeKernels(Operation* consumer, std::optional<DownLayout> downLayout) {
+FailureOr<std::vector<::twell::compiler::KernelSource>> emitDecodeKernels(Operation* consumer) {
+  auto decode = consumer->getAttrOfType<DownLayoutAttr>("decode");
+  if (!decode) return std::vector<::twell::compiler::KernelSource>{};
   FailureOr<KernelInstance> kernel = KernelInstance::read(consumer);
-  if (succeeded(kernel) && downLayout) kernel->downLayout = *downLayout;
+  if (failed(kernel)) return failure();
   // Not beside the token block: its h is rounded to the value type, the decode kernels' is not (they
   // repeat the row consumers' sums).
-  if (failed(kernel) || kernel->kind != ::twell::compiler::KernelKind::GatedDown || kernel->isTokenBlock() ||
+  if (kernel->kind != ::twell::compiler::KernelKind::GatedDown || kernel->isTokenBlock() ||
       !DecodeKernelConstraints::allowed(kernel->gateMainloop != Mainloop::Fma, kernel->dModel, kernel->dFF,
-                                        kernel->layout.getTileN(), kernel->target.getComputeCapability()))
-    return {};
+                                        kernel->layout.getTileN(), kernel->target.getComputeCapability())) {
+    consumer->emitOpError() << "decode: the decode kernels need the row consumer of a tensor-core gate, d_model % 8 == 0, "
+                               "d_ff <= "
+                            << DecodeKernelConstraints::kMaxDFF << ", tile_n a multiple of " << DecodeKernelConstraints::kSliceN
+                            << " and a target with more than 99 KiB of shared memory per CTA; got d_model " << kernel->dModel
+                            << ", d_ff " << kernel->dFF << ", tile_n " << kernel->layout.getTileN() << ", "
+                            << kernel->target << (kernel->isTokenBlock() ? ", the token block" : "")
+                            << " (twell-select-config sets `decode` only where allowed)";
+    return failure();
+  }
+  kernel->downLayout = decode.getValue();
   using ::twell::compiler::KernelKind;
   using D = DecodeKernelConstraints;
-  return {emitDecodeKernel(*kernel, KernelKind::DecodeGate, "gate", D::kGateThreads, D::kMaxTokens),
-          emitDecodeKernel(*kernel, KernelKind::DecodeUp, "up", D::kUpThreads, D::kMaxTokens),
-          emitDecodeKernel(*kernel, KernelKind::DecodeDown, "down", D::kDownThreads, D::kMaxTokens),
-          emitDecodeKernel(*kernel, KernelKind::DecodeGateSmall, "gate_small", D::kGateSmallThreads, D::kGateSmallMaxTokens)};
+  return std::vector<::twell::compiler::KernelSource>{
+      emitDecodeKernel(*kernel, KernelKind::DecodeGate, "gate", D::kGateThreads, D::kMaxTokens),
+      emitDecodeKernel(*kernel, KernelKind::DecodeUp, "up", D::kUpThreads, D::kMaxTokens),
+      emitDecodeKernel(*kernel, KernelKind::DecodeDown, "down", D::kDownThreads, D::kMaxTokens),
+      emitDecodeKernel(*kernel, KernelKind::DecodeGateSmall, "gate_small", D::kGateSmallThreads, D::kGateSmallMaxTokens)};
 }
 
 FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operation* root) {
@@ -277,7 +289,22 @@ struct TwellEmitCuda : impl::TwellEmitCudaBase<TwellEmitCuda> {
       os << "\n";
       os << kernel.source;
     }
+    // The decode kernels of every consumer with a `decode` attribute.
+    bool failedDecode = false;
+    getOperation()->walk([&](Operation* op) {
+      if (!llvm::isa<GatedDownOp, DownOp>(op)) return;
+      FailureOr<std::vector<::twell::compiler::KernelSource>> decode = emitDecodeKernels(op);
+      if (failed(decode)) {
+        failedDecode = true;
+        return;
+      }
+      for (const ::twell::compiler::KernelSource& kernel : *decode)
+        os << "// ----- decode kernel " << kernel.name << " threads=" << kernel.threads << " cta_m=" << kernel.cta_m
+           << " smem_bytes=" << kernel.smem_bytes << "\n"
+           << kernel.source;
+    });
     os.flush();
+    if (failedDecode) return signalPassFailure();
     markAllAnalysesPreserved();
   }
 };

@@ -109,13 +109,14 @@ TwellLayout layoutOf(tw::LayoutAttr layout) {
 
 // Runs the kernel pipeline and the emitter on `module`. Failures are reported through the context's
 // diagnostic handler; returns nullopt then.
-// `clusterM` 0: the heuristic's cluster for the wgmma gate. `decodeDownLayout`: the Wd layout the decode
-// kernels read (unset: the consumer's).
+// `clusterM` 0: the heuristic's cluster for the wgmma gate. `decode`: twell-select-config's option, the
+// Wd layout the decode kernels read ("auto": the consumer's).
 std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& target,
                                        ConsumerVariant variant = ConsumerVariant::RowGather, int clusterM = 0,
-                                       std::optional<tw::DownLayout> decodeDownLayout = std::nullopt) {
+                                       llvm::StringRef decode = "auto") {
   mlir::PassManager pm(module.getContext());
-  tw::buildTwellKernelPipeline(pm, target.arch(), variant == ConsumerVariant::TokenBlock ? "block" : "rows", clusterM);
+  tw::buildTwellKernelPipeline(pm, target.arch(), variant == ConsumerVariant::TokenBlock ? "block" : "rows", clusterM,
+                               decode);
   if (mlir::failed(pm.run(module))) return std::nullopt;
 
   // One gate kernel feeding one consumer (the shape Generate.h documents).
@@ -161,7 +162,9 @@ std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& tar
   result.layout = layoutOf(gate.getLayout());
   result.target = target;
   result.kernels = std::move(*kernels);
-  result.decode = tw::emitDecodeKernels(consumer, decodeDownLayout);
+  mlir::FailureOr<std::vector<KernelSource>> decodeKernels = tw::emitDecodeKernels(consumer);
+  if (mlir::failed(decodeKernels)) return std::nullopt;
+  result.decode = std::move(*decodeKernels);
   return result;
 }
 
@@ -257,15 +260,15 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target, std::optiona
   mlir::func::ReturnOp::create(b, loc, y);
   if (mlir::failed(mlir::verify(*module))) fail(messages.take());
 
-  std::optional<tw::DownLayout> decodeDownLayout;
+  const char* decode = "auto";
   if (decode_down_layout) {
     if (*decode_down_layout != WeightLayout::OutIn && *decode_down_layout != WeightLayout::InOut)
       fail("decode_down_layout: expected WeightLayout::OutIn or InOut, got " +
            std::to_string(static_cast<int>(*decode_down_layout)));
-    decodeDownLayout = *decode_down_layout == WeightLayout::OutIn ? tw::DownLayout::OutIn : tw::DownLayout::InOut;
+    decode = *decode_down_layout == WeightLayout::OutIn ? "out_in" : "in_out";
   }
   std::optional<GeneratedFfn> result = runPipeline(*module, target, spec.consumer.value_or(ConsumerVariant::RowGather),
-                                                   spec.gate_cluster_m.value_or(0), decodeDownLayout);
+                                                   spec.gate_cluster_m.value_or(0), decode);
   if (!result)
     throw Error(ErrorCode::Compile, "generateFfn: the twell pipeline failed: " + messages.take());
   return std::move(*result);

@@ -10,7 +10,8 @@
 
 namespace mlir::twell {
 
-void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::StringRef consumer, int64_t clusterM) {
+void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::StringRef consumer, int64_t clusterM,
+                              llvm::StringRef decode) {
   // Nest explicitly: a func-anchored pass added to a module-anchored manager would not run on funcs
   // (BUILD_NOTES.md).
   OpPassManager& funcPm = pm.nest<func::FuncOp>();
@@ -19,6 +20,7 @@ void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::Str
   options.target = arch.str();
   options.consumer = consumer.str();
   options.clusterM = clusterM;
+  options.decode = decode.str();
   funcPm.addPass(createTwellSelectConfig(options));
   funcPm.addPass(createTwellSpecialize());
 }
@@ -34,6 +36,9 @@ struct KernelPipelineOptions : PassPipelineOptions<KernelPipelineOptions> {
   Option<int64_t> clusterM{*this, "cluster-m",
                            llvm::cl::desc("the wgmma gate's CTAs per cluster: 1 or 2 (0: the heuristic's)"),
                            llvm::cl::init(0)};
+  Option<std::string> decode{*this, "decode",
+                             llvm::cl::desc("the decode kernels' w_down layout: auto, out_in, in_out or none"),
+                             llvm::cl::init("auto")};
 };
 
 }  // namespace
@@ -47,7 +52,7 @@ void registerTwellDialectsAndPasses(DialectRegistry& registry) {
         "twell-kernel-pipeline",
         "Split every twell.gated_ffn into kernels, select their configuration and specialize them",
         [](OpPassManager& pm, const KernelPipelineOptions& options) {
-          buildTwellKernelPipeline(pm, options.target, options.consumer, options.clusterM);
+          buildTwellKernelPipeline(pm, options.target, options.consumer, options.clusterM, options.decode);
         });
   });
 }

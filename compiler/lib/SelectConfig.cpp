@@ -114,6 +114,11 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
                                  << "\"";
       return signalPassFailure();
     }
+    if (decode != "auto" && decode != "out_in" && decode != "in_out" && decode != "none") {
+      getOperation().emitError() << "twell-select-config: decode: expected auto, out_in, in_out or none, got \"" << decode
+                                 << "\"";
+      return signalPassFailure();
+    }
     if (clusterM != 0 && clusterM != 1 && clusterM != 2) {
       getOperation().emitError() << "twell-select-config: cluster-m: expected 1 or 2 (or 0: the heuristic's), got "
                                  << static_cast<int64_t>(clusterM);
@@ -157,6 +162,19 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
       if (auto gate = down.getH().template getDefiningOp<GateMatmulOp>())
         if (ConfigAttr config = gate.getConfigAttr()) gateMainloop = config.getMainloop();
       down.setConfigAttr(consumerConfig(context, gateMainloop, down, consumer));
+      // The decode kernels beside it, where their constraints allow them (the token block rounds h; the
+      // decode kernels repeat the row consumers' sums).
+      if (down.getDecodeAttr() || decode == "none" ||
+          down.getConfigAttr().getCtaM() == GatedDownKernelConstraints::kBlockCtaM)
+        return;
+      const int64_t dFF = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
+      if (!DecodeKernelConstraints::allowed(down.getConfigAttr().getMainloop() != Mainloop::Fma, dModelOf(down), dFF,
+                                            down.getLayout().getTileN(), down.getTargetAttr().getComputeCapability()))
+        return;
+      const DownLayout layout = decode == "auto"     ? down.getDownLayout()
+                                : decode == "out_in" ? DownLayout::OutIn
+                                                     : DownLayout::InOut;
+      down.setDecodeAttr(DownLayoutAttr::get(context, layout));
     };
     getOperation().walk([&](GatedDownOp down) { configure(down); });
     getOperation().walk([&](DownOp down) { configure(down); });

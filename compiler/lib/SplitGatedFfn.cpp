@@ -29,14 +29,14 @@ void split(GatedFfnOp ffn, RewriterBase& rewriter) {
   GateMatmulOp gate = createGate(ffn, rewriter);
   rewriter.replaceOpWithNewOp<GatedDownOp>(ffn, ffn.getY().getType(), ffn.getX(), gate.getH(),
                                            ffn.getWUp(), ffn.getWDown(), ffn.getDownLayoutAttr(),
-                                           TargetAttr(), ConfigAttr(), StringAttr());
+                                           TargetAttr(), ConfigAttr(), StringAttr(), DownLayoutAttr());
 }
 
 // The non-gated layer: the same gate kernel feeding twell.down.
 void split(FfnOp ffn, RewriterBase& rewriter) {
   GateMatmulOp gate = createGate(ffn, rewriter);
   rewriter.replaceOpWithNewOp<DownOp>(ffn, ffn.getY().getType(), ffn.getX(), gate.getH(), ffn.getWDown(),
-                                      ffn.getDownLayoutAttr(), TargetAttr(), ConfigAttr(), StringAttr());
+                                      ffn.getDownLayoutAttr(), TargetAttr(), ConfigAttr(), StringAttr(), DownLayoutAttr());
 }
 
 struct TwellSplitGatedFfn : impl::TwellSplitGatedFfnBase<TwellSplitGatedFfn> {

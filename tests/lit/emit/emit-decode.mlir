@@ -6,6 +6,11 @@
 // RUN: twellc emit %s --emit cuda | FileCheck %s
 // RUN: twellc emit %s --emit cuda --target sm_80 | FileCheck %s --check-prefix=SM80
 // RUN: twellc emit %s --emit cuda --target sm_86 | FileCheck %s --check-prefix=SM86
+// RUN: twell-opt %s --twell-kernel-pipeline --twell-emit-cuda -o /dev/null | FileCheck %s --check-prefix=OPT
+// RUN: twell-opt %s --twell-kernel-pipeline | FileCheck %s --check-prefix=IR
+// OPT: // ----- decode kernel twell_decode_gate_k2048_n5632_t256_s31_relu_bf16_out_in_{{[0-9a-f]+}} threads=256 cta_m=64
+// OPT: // ----- decode kernel twell_decode_gate_small_k2048_n5632_t256_s31_relu_bf16_out_in_{{[0-9a-f]+}} threads=64 cta_m=8
+// IR: twell.gated_down {{.*}}decode = #twell.down_layout<out_in>
 
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 

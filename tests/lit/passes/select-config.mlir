@@ -26,10 +26,10 @@
 // C1: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3>, target
 // CHECK-LABEL: func.func @heuristic
 // CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3, cluster_m = 2>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
-// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
+// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>, decode = #twell.down_layout<out_in>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
 // SM80-LABEL: func.func @heuristic
 // SM80: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
-// SM80: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
+// SM80: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>, decode = #twell.down_layout<out_in>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
 func.func @heuristic(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                      %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %h = twell.gate_matmul %x, %wg

@@ -22,9 +22,9 @@ namespace mlir::twell {
 FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operation* root);
 
 // The decode kernels (GeneratedFfn::decode) of a configured consumer op (twell.gated_down or
-// twell.down after twell-specialize), reading Wd in `downLayout` (unset: the consumer's); none where
-// DecodeKernelConstraints::allowed says no.
-std::vector<::twell::compiler::KernelSource> emitDecodeKernels(Operation* consumer,
-                                                               std::optional<DownLayout> downLayout = std::nullopt);
+// twell.down after twell-specialize) with a `decode` attribute, reading w_down in that layout; none
+// without it. Fails, with an error on the op, where `decode` is set but DecodeKernelConstraints do not
+// allow the kernels (twell-select-config sets it only where they do).
+FailureOr<std::vector<::twell::compiler::KernelSource>> emitDecodeKernels(Operation* consumer);
 
 }  // namespace mlir::twell

@@ -76,11 +76,12 @@ struct GeneratedFfn {
   TwellLayout layout;    // the layout of the hidden activation
   Target target;
   std::vector<KernelSource> kernels;  // GateTwell first, then GatedDown
-  // The decode kernels of the same layer (Wd in the consumer's down layout, or generateFfn's
-  // decode_down_layout): DecodeGate (decode_gate, up to
-  // 64 rows), DecodeUp, DecodeDown, and DecodeGateSmall (decode_gate_small, cta_m 8: up to 8 rows);
-  // or none where DecodeKernelConstraints::allowed says no (an fma gate, d_model % 8 != 0, d_ff >
-  // 65536, a target with 99 KiB of shared memory per CTA) or beside the token-block consumer. Grids:
+  // The decode kernels of the same layer, from the consumer's `decode` attribute (twell-select-config
+  // sets it to the consumer's down layout, or generateFfn's decode_down_layout): DecodeGate
+  // (decode_gate, up to 64 rows), DecodeUp, DecodeDown, and DecodeGateSmall (decode_gate_small,
+  // cta_m 8: up to 8 rows); or none where DecodeKernelConstraints::allowed says no (an fma gate,
+  // d_model % 8 != 0, d_ff > 65536, a target with 99 KiB of shared memory per CTA) or beside the
+  // token-block consumer, so select-config sets no `decode` there. Grids:
   // DecodeGate tiles x tile_n / 32 CTAs, DecodeGateSmall tiles x tile_n / 16, DecodeUp tokens x
   // tiles, DecodeDown tokens x ceil(d_model / (64 in_out, 32 out_in)); tokens <= the kernel's cta_m.
   std::vector<KernelSource> decode;

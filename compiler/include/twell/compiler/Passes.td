@@ -43,7 +43,9 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
     ring of 6..3 stages that fits the target's shared memory) where the shape allows it. The wgmma
     gate (sm_90a: wgmma, tma) takes cta_k 64 (32 where d_model % 64 != 0), the deepest TMA ring that
     fits beside its staging area and `cluster-m` CTAs per cluster (default: 2 where the target has
-    multicast).
+    multicast). Each consumer of a tensor-core gate without a `decode` attribute gets one where
+    DecodeKernelConstraints allow the decode kernels (not beside the token block, not on targets with
+    99 KiB of shared memory per CTA): the consumer's own down layout, or the `decode` option's.
   }];
   let options = [
     Option<"target", "target", "std::string", /*default=*/"\"sm_90a\"",
@@ -54,6 +56,8 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
     Option<"clusterM", "cluster-m", "int64_t", /*default=*/"0",
            "the wgmma gate's CTAs per cluster sharing the w_gate tile by TMA multicast: 1 or 2; 0 = 2 where "
            "the target has multicast, else 1">,
+    Option<"decode", "decode", "std::string", /*default=*/"\"auto\"",
+           "the decode kernels' w_down layout: auto (the consumer's), out_in, in_out, or none (no decode kernels)">,
   ];
   let dependentDialects = ["::mlir::twell::TwellDialect"];
 }

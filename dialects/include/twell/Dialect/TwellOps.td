@@ -43,6 +43,11 @@ def Twell_GatedDownOp : Twell_Op<"gated_down", [Pure]> {
     tensor h. x: [M, d_model]; h: [M, d_ff] with a `#twell.layout` encoding; w_up: [d_ff, d_model];
     w_down: [d_model, d_ff] for `out_in` (nn.Linear, the default) or [d_ff, d_model] for `in_out`;
     y: [M, d_model].
+
+    `decode`, where present: the emitter also makes this consumer's decode kernels (calls of at most
+    64 tokens: runtime/device/twell/device/decode.cuh), which read w_down in that layout (a plan that
+    gives this consumer an in_out copy of an out_in weight keeps its decode calls on the out_in one).
+    twell-select-config sets it where DecodeKernelConstraints (KernelConstraints.h) allow them.
   }];
   let arguments = (ins
     AnyTensor:$x,
@@ -52,7 +57,8 @@ def Twell_GatedDownOp : Twell_Op<"gated_down", [Pure]> {
     DefaultValuedAttr<Twell_DownLayoutAttr, "::mlir::twell::DownLayout::OutIn">:$down_layout,
     OptionalAttr<Twell_TargetAttr>:$target,
     OptionalAttr<Twell_ConfigAttr>:$config,
-    OptionalAttr<StrAttr>:$kernel_name
+    OptionalAttr<StrAttr>:$kernel_name,
+    OptionalAttr<Twell_DownLayoutAttr>:$decode
   );
   let results = (outs AnyTensor:$y);
   let assemblyFormat = [{
@@ -71,7 +77,7 @@ def Twell_DownOp : Twell_Op<"down", [Pure]> {
     already act(x W1^T)). x: [M, d_model], read only to recompute the overflowing tile-rows the
     backup lacks (the gate's arithmetic); h: [M, d_ff] with a `#twell.layout` encoding; w_down:
     [d_model, d_ff] for `out_in` (nn.Linear, the default) or [d_ff, d_model] for `in_out`; y:
-    [M, d_model]. Configs as for twell.gated_down, without the token block.
+    [M, d_model]. Configs, and `decode`, as for twell.gated_down, without the token block.
   }];
   let arguments = (ins
     AnyTensor:$x,
@@ -80,7 +86,8 @@ def Twell_DownOp : Twell_Op<"down", [Pure]> {
     DefaultValuedAttr<Twell_DownLayoutAttr, "::mlir::twell::DownLayout::OutIn">:$down_layout,
     OptionalAttr<Twell_TargetAttr>:$target,
     OptionalAttr<Twell_ConfigAttr>:$config,
-    OptionalAttr<StrAttr>:$kernel_name
+    OptionalAttr<StrAttr>:$kernel_name,
+    OptionalAttr<Twell_DownLayoutAttr>:$decode
   );
   let results = (outs AnyTensor:$y);
   let assemblyFormat = [{
