@@ -214,8 +214,9 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitDecodeKernels(Operat
                                "d_ff <= "
                             << DecodeKernelConstraints::kMaxDFF << ", tile_n a multiple of " << DecodeKernelConstraints::kSliceN
                             << " and a target with more than 99 KiB of shared memory per CTA; got d_model " << kernel->dModel
-                            << ", d_ff " << kernel->dFF << ", tile_n " << kernel->layout.getTileN() << ", "
-                            << kernel->target << (kernel->isTokenBlock() ? ", the token block" : "")
+                            << ", d_ff " << kernel->dFF << ", tile_n " << kernel->layout.getTileN() << ", gate mainloop "
+                            << stringifyMainloop(kernel->gateMainloop) << ", " << kernel->target
+                            << (kernel->isTokenBlock() ? ", the token block" : "")
                             << " (twell-select-config sets `decode` only where allowed)";
     return failure();
   }
@@ -278,6 +279,16 @@ struct TwellEmitCuda : impl::TwellEmitCudaBase<TwellEmitCuda> {
     FailureOr<std::vector<::twell::compiler::KernelSource>> kernels =
         emitCudaKernels(getOperation());
     if (failed(kernels)) return signalPassFailure();
+    // The decode kernels of every consumer with a `decode` attribute, made before anything is printed.
+    std::vector<::twell::compiler::KernelSource> decodeKernels;
+    bool failedDecode = false;
+    getOperation()->walk([&](Operation* op) {
+      if (!llvm::isa<GatedDownOp, DownOp>(op)) return;
+      FailureOr<std::vector<::twell::compiler::KernelSource>> decode = emitDecodeKernels(op);
+      if (failed(decode)) failedDecode = true;
+      else decodeKernels.insert(decodeKernels.end(), decode->begin(), decode->end());
+    });
+    if (failedDecode) return signalPassFailure();
     llvm::raw_ostream& os = llvm::outs();
     for (const ::twell::compiler::KernelSource& kernel : *kernels) {
       os << "// ----- kernel " << kernel.name << " "
@@ -289,22 +300,11 @@ struct TwellEmitCuda : impl::TwellEmitCudaBase<TwellEmitCuda> {
       os << "\n";
       os << kernel.source;
     }
-    // The decode kernels of every consumer with a `decode` attribute.
-    bool failedDecode = false;
-    getOperation()->walk([&](Operation* op) {
-      if (!llvm::isa<GatedDownOp, DownOp>(op)) return;
-      FailureOr<std::vector<::twell::compiler::KernelSource>> decode = emitDecodeKernels(op);
-      if (failed(decode)) {
-        failedDecode = true;
-        return;
-      }
-      for (const ::twell::compiler::KernelSource& kernel : *decode)
-        os << "// ----- decode kernel " << kernel.name << " threads=" << kernel.threads << " cta_m=" << kernel.cta_m
-           << " smem_bytes=" << kernel.smem_bytes << "\n"
-           << kernel.source;
-    });
+    for (const ::twell::compiler::KernelSource& kernel : decodeKernels)
+      os << "// ----- decode kernel " << kernel.name << " threads=" << kernel.threads << " cta_m=" << kernel.cta_m
+         << " smem_bytes=" << kernel.smem_bytes << "\n"
+         << kernel.source;
     os.flush();
-    if (failedDecode) return signalPassFailure();
     markAllAnalysesPreserved();
   }
 };

@@ -156,12 +156,13 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
     if (failed) return signalPassFailure();
     auto configure = [&](auto down) {
       if (!down.getTargetAttr()) down.setTargetAttr(defaultTarget);
-      if (down.getConfigAttr()) return;
-      // Without a visible gate kernel (h is an argument), the main loop one would get here.
-      Mainloop gateMainloop = bestMainloop(dModelOf(down), down.getLayout(), down.getTargetAttr());
-      if (auto gate = down.getH().template getDefiningOp<GateMatmulOp>())
-        if (ConfigAttr config = gate.getConfigAttr()) gateMainloop = config.getMainloop();
-      down.setConfigAttr(consumerConfig(context, gateMainloop, down, consumer));
+      if (!down.getConfigAttr()) {
+        // Without a visible gate kernel (h is an argument), the main loop one would get here.
+        Mainloop gateMainloop = bestMainloop(dModelOf(down), down.getLayout(), down.getTargetAttr());
+        if (auto gate = down.getH().template getDefiningOp<GateMatmulOp>())
+          if (ConfigAttr config = gate.getConfigAttr()) gateMainloop = config.getMainloop();
+        down.setConfigAttr(consumerConfig(context, gateMainloop, down, consumer));
+      }
       // The decode kernels beside it, where their constraints allow them (the token block rounds h; the
       // decode kernels repeat the row consumers' sums).
       if (down.getDecodeAttr() || decode == "none" ||

@@ -23,8 +23,9 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
 
 // The decode kernels (GeneratedFfn::decode) of a configured consumer op (twell.gated_down or
 // twell.down after twell-specialize) with a `decode` attribute, reading w_down in that layout; none
-// without it. Fails, with an error on the op, where `decode` is set but DecodeKernelConstraints do not
-// allow the kernels (twell-select-config sets it only where they do).
+// without it. Fails, with an error on the op, where `decode` is set but the kernels cannot be made: no
+// config or target (run twell-select-config), an fma gate, the token block, or a shape or target
+// DecodeKernelConstraints rule out (twell-select-config sets `decode` only where they can).
 FailureOr<std::vector<::twell::compiler::KernelSource>> emitDecodeKernels(Operation* consumer);
 
 }  // namespace mlir::twell

@@ -110,7 +110,8 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target,
 // feeding a twell.gated_down). `filename` is used in diagnostics. Throws twell::Error(Parse) with the
 // MLIR diagnostics (file:line:col, source line) on parse or verification failure, and
 // Error(InvalidArgument) with the diagnostics when the pipeline rejects the IR (not one FFN, a
-// kernel's explicit #twell.target differs from `target`) or `target` is illegal. Thread-safe.
+// kernel's explicit #twell.target differs from `target`, an explicit `decode` attribute the decode
+// kernels cannot honour) or `target` is illegal. Thread-safe.
 GeneratedFfn generateFromMlir(std::string_view mlir_text, std::string_view filename, const Target& target);
 
 }  // namespace twell::compiler

@@ -57,7 +57,8 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
            "the wgmma gate's CTAs per cluster sharing the w_gate tile by TMA multicast: 1 or 2; 0 = 2 where "
            "the target has multicast, else 1">,
     Option<"decode", "decode", "std::string", /*default=*/"\"auto\"",
-           "the decode kernels' w_down layout: auto (the consumer's), out_in, in_out, or none (no decode kernels)">,
+           "the decode kernels' w_down layout: auto (the consumer's), out_in, in_out, or none (sets no decode "
+           "attribute; one already present is kept)">,
   ];
   let dependentDialects = ["::mlir::twell::TwellDialect"];
 }
