@@ -122,6 +122,29 @@ __device__ __forceinline__ void load_overflow_tile(const GatedDownParams& p, uin
   }
 }
 
+// One warp: the active entries of an activated tile-row (dense_tile: valid_n columns of d_ff from n0),
+// in ascending column order, to cols[first ..] (column j in d_ff) and gates[first ..] (g_j, fp32): one
+// ballot per 32 columns, positions from the ballot prefix. Returns their count on every lane. How the
+// CTA-wide consumers list an overflowing tile-row's entries.
+template <class Config>
+__device__ __forceinline__ int list_active_columns(const uint16_t* dense_tile, int valid_n, int n0, int* cols,
+                                                   float* gates, int first, int lane) {
+  using Value = typename Config::Value;
+  int added = 0;
+  for (int c0 = 0; c0 < valid_n; c0 += 32) {
+    const int c = c0 + lane;
+    const bool active = c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold);
+    const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, active);
+    if (active) {
+      const int e = first + added + __popc(ballot & lanemask_lt());
+      cols[e] = n0 + c;
+      gates[e] = Value::to_float(dense_tile[c]);
+    }
+    added += __popc(ballot);
+  }
+  return added;
+}
+
 // The same with 16-byte loads (8 values per lane per step): for K % 8 == 0 and 16-byte aligned rows.
 template <class Value, int K>
 __device__ __forceinline__ float warp_dot_16B(const uint16_t* a, const uint16_t* b, int lane) {

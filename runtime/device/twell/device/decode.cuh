@@ -461,19 +461,8 @@ __device__ __forceinline__ void decode_up(const GatedDownParams& p, const Decode
     load_overflow_tile<Config>(p, tile_words[1], x, n0, valid_n, dense_tile, tid, THREADS, 0, WARPS);
     __syncthreads();
     if (warp == 0) {
-      uint32_t added = 0;
-      for (int c0 = 0; c0 < valid_n; c0 += 32) {
-        const int c = c0 + lane;
-        const bool active = c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold);
-        const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, active);
-        if (active) {
-          const uint32_t e = added + __popc(ballot & lanemask_lt());
-          cols[e] = n0 + c;
-          gates[e] = Value::to_float(dense_tile[c]);
-        }
-        added += __popc(ballot);
-      }
-      if (lane == 0) overflow_entries = added;
+      const int added = list_active_columns<Config>(dense_tile, valid_n, n0, cols, gates, 0, lane);
+      if (lane == 0) overflow_entries = static_cast<uint32_t>(added);
     }
   }
   __syncthreads();

@@ -153,18 +153,7 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
       load_overflow_tile<Config>(p, slot, x, n0, valid_n, dense_tile, tid, THREADS, 0, WARPS);
       __syncthreads();
       if (warp == 0) {
-        int added = 0;
-        for (int c0 = 0; c0 < TILE_N; c0 += 32) {
-          const int c = c0 + lane;
-          const bool active = c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold);
-          const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, active);
-          if (active) {
-            const int e = count + added + __popc(ballot & lanemask_lt());
-            active_col[e] = n0 + c;
-            active_h[e] = Value::to_float(dense_tile[c]);
-          }
-          added += __popc(ballot);
-        }
+        const int added = list_active_columns<Config>(dense_tile, valid_n, n0, active_col, active_h, count, lane);
         if (lane == 0) overflow_count = added;
       }
       __syncthreads();
