@@ -205,11 +205,9 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitDecodeKernels(Operat
   if (!decode) return std::vector<::twell::compiler::KernelSource>{};
   FailureOr<KernelInstance> kernel = KernelInstance::read(consumer);
   if (failed(kernel)) return failure();
-  // Not beside the token block: its h is rounded to the value type, the decode kernels' is not (they
-  // repeat the row consumers' sums).
-  if (kernel->kind != ::twell::compiler::KernelKind::GatedDown || kernel->isTokenBlock() ||
-      !DecodeKernelConstraints::allowed(kernel->gateMainloop != Mainloop::Fma, kernel->dModel, kernel->dFF,
-                                        kernel->layout.getTileN(), kernel->target.getComputeCapability())) {
+  if (kernel->kind != ::twell::compiler::KernelKind::GatedDown ||
+      !DecodeKernelConstraints::allowed(kernel->gateMainloop != Mainloop::Fma, kernel->config.getCtaM(), kernel->dModel,
+                                        kernel->dFF, kernel->layout.getTileN(), kernel->target.getComputeCapability())) {
     consumer->emitOpError() << "decode: the decode kernels need the row consumer of a tensor-core gate, d_model % 8 == 0, "
                                "d_ff <= "
                             << DecodeKernelConstraints::kMaxDFF << ", tile_n a multiple of " << DecodeKernelConstraints::kSliceN

@@ -163,13 +163,11 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
           if (ConfigAttr config = gate.getConfigAttr()) gateMainloop = config.getMainloop();
         down.setConfigAttr(consumerConfig(context, gateMainloop, down, consumer));
       }
-      // The decode kernels beside it, where their constraints allow them (the token block rounds h; the
-      // decode kernels repeat the row consumers' sums).
-      if (down.getDecodeAttr() || decode == "none" ||
-          down.getConfigAttr().getCtaM() == GatedDownKernelConstraints::kBlockCtaM)
-        return;
+      // The decode kernels beside it, where their constraints allow them.
+      if (down.getDecodeAttr() || decode == "none") return;
       const int64_t dFF = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
-      if (!DecodeKernelConstraints::allowed(down.getConfigAttr().getMainloop() != Mainloop::Fma, dModelOf(down), dFF,
+      const ConfigAttr config = down.getConfigAttr();
+      if (!DecodeKernelConstraints::allowed(config.getMainloop() != Mainloop::Fma, config.getCtaM(), dModelOf(down), dFF,
                                             down.getLayout().getTileN(), down.getTargetAttr().getComputeCapability()))
         return;
       const DownLayout layout = decode == "auto"     ? down.getDownLayout()

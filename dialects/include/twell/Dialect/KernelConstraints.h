@@ -357,9 +357,12 @@ struct DecodeKernelConstraints {
     return gateSmallBulkRows(dModel, sm) ? std::max(staging, kGateSmallSliceN * (2 * dModel + 16)) : staging;
   }
   // Also: decode_gate's shared memory at 64 rows must fit the target (not on the 99 KiB parts:
-  // sm_86, sm_89, sm_120, sm_121).
-  static constexpr bool allowed(bool tensorCoreGate, int64_t dModel, int64_t dFF, int64_t tileN, int sm) {
-    return tensorCoreGate && dModel > 0 && dModel % 8 == 0 && dFF > 0 && dFF <= kMaxDFF && tileN >= kSliceN &&
+  // sm_86, sm_89, sm_120, sm_121), and not beside the token-block consumer (consumerCtaM 16), which
+  // rounds h to the value type where the decode kernels repeat the row consumers' fp32 sums.
+  static constexpr bool allowed(bool tensorCoreGate, int64_t consumerCtaM, int64_t dModel, int64_t dFF, int64_t tileN,
+                                int sm) {
+    return tensorCoreGate && consumerCtaM != GatedDownKernelConstraints::kBlockCtaM && dModel > 0 && dModel % 8 == 0 &&
+           dFF > 0 && dFF <= kMaxDFF && tileN >= kSliceN &&
            tileN % kSliceN == 0 &&
            gateSharedBytes(tileN, kMaxTokens) + kStaticSharedReserve <= GatedDownKernelConstraints::maxDynamicSharedBytes(sm);
   }
