@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "test_data.h"
+#include "twell/compiler/Generate.h"
 #include "twell/context.h"
 #include "twell/dense.h"
 #include "twell/device_memory.h"

@@ -1,5 +1,5 @@
 // CUDA C++ emission: one translation unit per specialized kernel op, instantiating the device
-// templates of runtime/device/twell/device/ with the op's constants. The units include nothing but
+// templates of kernels/device/twell/device/ with the op's constants. The units include nothing but
 // "twell/device/*.cuh" (embedded in the runtime), so NVRTC needs no files on disk.
 #include "twell/compiler/EmitCuda.h"
 
@@ -10,11 +10,14 @@
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Support/xxhash.h"
-#include "twell/Dialect/KernelConstraints.h"
+#include "twell/kernels/constraints.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "twell/compiler/Passes.h"
 
 namespace mlir::twell {
+
+// The kernels' contracts (kernels/include/twell/kernels/constraints.h).
+using namespace ::twell::kernels;
 
 #define GEN_PASS_DEF_TWELLEMITCUDA
 #include "twell/compiler/Passes.h.inc"
@@ -26,6 +29,12 @@ std::string hexFloat(float value) {
   char buffer[64];
   std::snprintf(buffer, sizeof(buffer), "%a", static_cast<double>(value));
   return std::string(buffer) + "f";
+}
+
+::twell::kernels::GateMainloop contractMainloop(Mainloop m) {
+  return m == Mainloop::Wgmma     ? ::twell::kernels::GateMainloop::Wgmma
+         : m == Mainloop::MmaSync ? ::twell::kernels::GateMainloop::MmaSync
+                                  : ::twell::kernels::GateMainloop::Fma;
 }
 
 std::string printAttr(Attribute attr) {
@@ -56,7 +65,7 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
        << stringifyDownLayout(kernel.downLayout) << ") -> y[M, " << kernel.dModel << "]";
   os << ", " << printAttr(kernel.layout) << ", " << printAttr(kernel.target)
      << " \u2014 do not edit.\n";
-  os << "#include \"twell/device/" << kernel.templateName() << ".cuh\"\n";
+  os << "#include \"twell/device/" << (gate ? "gate/" : "consumer/") << kernel.templateName() << ".cuh\"\n";
   os << "struct " << name << "_config {\n";
   os << "  using Value = twell::device::" << (kernel.isBF16() ? "BF16" : "FP16") << ";\n";
   os << "  static constexpr int d_model = " << kernel.dModel
@@ -175,7 +184,7 @@ namespace {
      << (consumer.gated ? "twell.gated_down" : "twell.down") << " x[M, " << consumer.dModel << "] h[M, " << consumer.dFF
      << "] (" << stringifyDownLayout(consumer.downLayout) << "), " << printAttr(consumer.layout) << ", "
      << printAttr(consumer.target) << " \u2014 do not edit.\n";
-  os << "#include \"twell/device/decode.cuh\"\n";
+  os << "#include \"twell/device/decode/decode.cuh\"\n";
   os << "struct " << name << "_config {\n" << config << "};\n";
   os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ") " << name << "(const twell::device::"
      << (gate ? "GateParams" : "GatedDownParams") << " p, const twell::device::DecodeBuffers d) {\n";
@@ -195,6 +204,14 @@ namespace {
                                                                              consumer.target.getComputeCapability()));
   k.operand_alignment = 8;  // x, Wg (cp.async) and Wu rows (16-byte dot) move 16 bytes at a time
   k.gated = consumer.gated;
+  k.d_model = consumer.dModel;
+  k.d_ff = consumer.dFF;
+  k.tile_n = static_cast<int>(consumer.layout.getTileN());
+  k.down_in_out = consumer.downLayout == DownLayout::InOut;
+  k.mainloop = contractMainloop(consumer.gateMainloop);
+  // decode_up and decode_down wait for the kernel before them with griddepcontrol.wait (sm_90 and
+  // later: programmatic dependent launch), so their launch latency overlaps it.
+  k.dependent_launch = !gate && consumer.target.getComputeCapability() >= 90;
   return k;
 }
 
@@ -206,7 +223,7 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitDecodeKernels(Operat
   FailureOr<KernelInstance> kernel = KernelInstance::read(consumer);
   if (failed(kernel)) return failure();
   if (kernel->kind != ::twell::compiler::KernelKind::GatedDown ||
-      !DecodeKernelConstraints::allowed(kernel->gateMainloop != Mainloop::Fma, kernel->config.getCtaM(), kernel->dModel,
+      !DecodeKernelConstraints::allowed(kernel->gateMainloop != Mainloop::Fma, kernel->isTokenBlock(), kernel->dModel,
                                         kernel->dFF, kernel->layout.getTileN(), kernel->target.getComputeCapability())) {
     consumer->emitOpError() << "decode: the decode kernels need the row consumer of a tensor-core gate, d_model % 8 == 0, "
                                "d_ff <= "
@@ -263,6 +280,15 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
                             kernel->config.getMainloop() == Mainloop::Wgmma;
     source.persistent = source.tma_persistent || kernel->isWarpRowConsumer();
     source.gated = kernel->gated;
+    source.d_model = kernel->dModel;
+    source.d_ff = kernel->dFF;
+    source.tile_n = static_cast<int>(kernel->layout.getTileN());
+    source.down_in_out = kernel->downLayout == DownLayout::InOut;
+    source.mainloop = contractMainloop(kernel->gateMainloop);
+    if (kernel->kind == ::twell::compiler::KernelKind::GatedDown)
+      source.consumer = kernel->isTokenBlock()        ? ::twell::kernels::ConsumerKind::TokenBlock
+                        : kernel->isWarpRowConsumer() ? ::twell::kernels::ConsumerKind::WarpRow
+                                                      : ::twell::kernels::ConsumerKind::CtaRow;
     kernels.push_back(std::move(source));
     return WalkResult::advance();
   });
@@ -289,10 +315,10 @@ struct TwellEmitCuda : impl::TwellEmitCudaBase<TwellEmitCuda> {
     if (failedDecode) return signalPassFailure();
     llvm::raw_ostream& os = llvm::outs();
     for (const ::twell::compiler::KernelSource& kernel : *kernels) {
-      os << "// ----- kernel " << kernel.name << " "
-         << (kernel.kind == ::twell::compiler::KernelKind::GateTwell ? "gate_twell" : kernel.gated ? "gated_down" : "down")
+      // A persistent kernel runs with grid.y 1, its CTAs looping over the grid_y tiles (launch.h).
+      os << "// ----- kernel " << kernel.name << " " << ::twell::kernels::report_kind(kernel)
          << " threads=" << kernel.threads << " cta_m=" << kernel.cta_m
-         << " grid_y=" << kernel.grid_y << " smem_bytes=" << kernel.smem_bytes
+         << (kernel.persistent ? " grid=persistent tiles=" : " grid_y=") << kernel.grid_y << " smem_bytes=" << kernel.smem_bytes
          << " operand_alignment=" << kernel.operand_alignment;
       if (kernel.cluster_m > 1) os << " cluster_m=" << kernel.cluster_m;
       os << "\n";

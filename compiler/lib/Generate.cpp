@@ -19,7 +19,7 @@
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
-#include "twell/Dialect/KernelConstraints.h"
+#include "twell/kernels/constraints.h"
 #include "twell/Dialect/TwellOps.h"
 #include "twell/compiler/EmitCuda.h"
 #include "twell/compiler/Passes.h"
@@ -171,10 +171,10 @@ std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& tar
 }  // namespace
 
 bool isSupportedTarget(const Target& target) {
-  return tw::SupportedArchs::isSupported(target.sm, target.arch_specific);
+  return ::twell::kernels::SupportedArchs::isSupported(target.sm, target.arch_specific);
 }
 
-std::string supportedTargets() { return tw::SupportedArchs::list(); }
+std::string supportedTargets() { return ::twell::kernels::SupportedArchs::list(); }
 
 GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target, std::optional<WeightLayout> decode_down_layout) {
   auto fail = [](const std::string& message) {
@@ -204,7 +204,7 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target, std::optiona
   const bool clusterable = llvm::is_contained(features, tw::Feature::Wgmma) &&
                            llvm::is_contained(features, tw::Feature::Tma) &&
                            llvm::is_contained(features, tw::Feature::Multicast) &&
-                           tw::WgmmaGateConstraints::allowed(spec.d_model, spec.tile_n.value_or(256));
+                           ::twell::kernels::WgmmaGateConstraints::allowed(spec.d_model, spec.tile_n.value_or(256));
   if (spec.gate_cluster_m == 2 && !clusterable)
     fail("spec.gate_cluster_m: 2 CTAs per cluster needs the wgmma gate (target sm_90a, d_model % 32 == 0, tile_n 64, "
          "128 or 256); target " + target.arch() + ", d_model " + std::to_string(spec.d_model) + " and tile_n " +

@@ -6,9 +6,12 @@
 #include "llvm/ADT/StringExtras.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/xxhash.h"
-#include "twell/Dialect/KernelConstraints.h"
+#include "twell/kernels/constraints.h"
 
 namespace mlir::twell {
+
+// The kernels' contracts (kernels/include/twell/kernels/constraints.h).
+using namespace ::twell::kernels;
 
 FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
   KernelInstance kernel{};

@@ -4,11 +4,14 @@
 
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "mlir/IR/Diagnostics.h"
-#include "twell/Dialect/KernelConstraints.h"
+#include "twell/kernels/constraints.h"
 #include "twell/Dialect/TwellOps.h"
 #include "twell/compiler/Passes.h"
 
 namespace mlir::twell {
+
+// The kernels' contracts (kernels/include/twell/kernels/constraints.h).
+using namespace ::twell::kernels;
 
 #define GEN_PASS_DEF_TWELLSELECTCONFIG
 #include "twell/compiler/Passes.h.inc"
@@ -167,7 +170,8 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
       if (down.getDecodeAttr() || decode == "none") return;
       const int64_t dFF = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
       const ConfigAttr config = down.getConfigAttr();
-      if (!DecodeKernelConstraints::allowed(config.getMainloop() != Mainloop::Fma, config.getCtaM(), dModelOf(down), dFF,
+      const bool tokenBlock = config.getCtaM() == GatedDownKernelConstraints::kBlockCtaM;
+      if (!DecodeKernelConstraints::allowed(config.getMainloop() != Mainloop::Fma, tokenBlock, dModelOf(down), dFF,
                                             down.getLayout().getTileN(), down.getTargetAttr().getComputeCapability()))
         return;
       const DownLayout layout = decode == "auto"     ? down.getDownLayout()

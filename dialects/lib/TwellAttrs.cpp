@@ -13,10 +13,13 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/DialectImplementation.h"
-#include "twell/Dialect/KernelConstraints.h"
+#include "twell/kernels/constraints.h"
 #include "twell/Dialect/TwellDialect.h"
 
 namespace mlir::twell {
+
+// The kernels' contracts (kernels/include/twell/kernels/constraints.h).
+using namespace ::twell::kernels;
 
 // Parameter syntax used by the generated parsers and printers (TwellAttrs.td).
 static FailureOr<llvm::APFloat> parseF32Parameter(AsmParser& parser);

@@ -10,12 +10,15 @@
 #include "mlir/IR/Builders.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/OpImplementation.h"
-#include "twell/Dialect/KernelConstraints.h"
+#include "twell/kernels/constraints.h"
 
 #define GET_OP_CLASSES
 #include "twell/Dialect/TwellOps.cpp.inc"
 
 namespace mlir::twell {
+
+// The kernels' contracts (kernels/include/twell/kernels/constraints.h).
+using namespace ::twell::kernels;
 namespace {
 
 std::string formatShape(llvm::ArrayRef<int64_t> shape) {

@@ -1,34 +1,44 @@
-// Context internals shared by plan.cpp and cublas_dense.cpp: the device, the kernel cache, and the
-// one place where generated CUDA becomes a loaded kernel.
+// Context internals shared by the plan, the dense path and the neuron reordering: the device, where
+// kernels come from (ahead-of-time bundles, else the registered JIT through the kernel cache), and the
+// one place a kernel binary becomes a loaded module.
 #pragma once
 #include <cuda.h>
 
-#include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "bundle.h"
 #include "cache.h"
 #include "driver.h"
-#include "twell/compiler/Generate.h"
 #include "twell/context.h"
+#include "twell/kernels/kernel_compiler.h"
+#include "twell/kernels/launch.h"
 
 namespace twell {
 
-// A loaded kernel: the module stays loaded as long as any plan holds it.
+// A kernel ready to launch: its description, its binary and, with a GPU, its module. The module stays
+// loaded as long as any plan holds it.
 struct LoadedKernel {
-  compiler::KernelSource source;
+  kernels::KernelSource source;  // the description; source.source is the CUDA C++ ("" if the bundle has none)
   std::shared_ptr<const detail::CacheEntry> binary;
   CUmodule module = nullptr;
   CUfunction function = nullptr;
-  int ctas_per_sm = 1;  // CTAs of this kernel resident on one SM at once (the persistent grid's size)
-  // source.cluster_m > 1: the clusters of this kernel resident on the GPU at once (the persistent
-  // grid is that many clusters; a cluster's CTAs must share a GPC, so this can be less than
-  // SMs * ctas_per_sm / cluster_m).
-  int resident_clusters = 0;
+  kernels::Occupancy occupancy;  // with a GPU: what the device holds of it at once
   KernelReport report;
   ~LoadedKernel();
+};
+
+// The kernels of one FFN (a kernel set of kernel_request.h), loaded.
+struct FfnKernels {
+  std::string ir;
+  TwellLayout layout;
+  std::vector<std::shared_ptr<LoadedKernel>> kernels;  // GateTwell, then GatedDown
+  std::vector<std::shared_ptr<LoadedKernel>> decode;   // DecodeGate, DecodeUp, DecodeDown, DecodeGateSmall, or none
 };
 
 struct Context::Impl {
@@ -42,15 +52,36 @@ struct Context::Impl {
   CUdevice device = 0;
   CUcontext context = nullptr;
   detail::KernelCache cache;
+  std::shared_ptr<const kernels::KernelCompiler> jit;  // null: kernels come from bundles only
+
+  mutable std::mutex bundles_mutex;
+  std::vector<std::shared_ptr<const detail::Bundle>> bundles;
+  // Every kernel set this context obtained, by request key: what save_bundle writes.
+  std::map<std::string, detail::BundleSet> obtained;
+  std::map<std::string, std::shared_ptr<const detail::BundleKernel>> obtained_kernels;
 
   explicit Impl(ContextOptions o);
   ~Impl();
   // Makes the context current on the calling thread (a no-op without a GPU).
   void make_current() const;
-  // NVRTC through the cache (no module is loaded: the target may not be this device's). Thread-safe.
-  std::shared_ptr<LoadedKernel> compile(const compiler::KernelSource& source);
-  // compile(), then, with a GPU, cuModuleLoadData. Thread-safe.
-  std::shared_ptr<LoadedKernel> load(const compiler::KernelSource& source);
+
+  // The kernels of `spec` for this context's target, the decode kernels reading w_down in
+  // `decode_down_layout` (generateFfn's argument): from the first bundle that holds them, else from the
+  // JIT (through the cache), else Error(NotFound) naming the request and the bundles. `who` prefixes
+  // errors. Thread-safe.
+  FfnKernels ffn_kernels(const FfnSpec& spec, std::optional<WeightLayout> decode_down_layout, const char* who);
+  // An auxiliary kernel (kernel.h: WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp), the
+  // same way. Thread-safe.
+  std::shared_ptr<LoadedKernel> auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who);
+  // JIT-compiles `source` through the cache (no module). Throws Error(Unsupported) without a JIT.
+  std::shared_ptr<LoadedKernel> compile(const kernels::KernelSource& source);
+
+ private:
+  std::shared_ptr<LoadedKernel> load(std::shared_ptr<LoadedKernel> k);
+  std::shared_ptr<LoadedKernel> from_bundle(const detail::Bundle& bundle, const std::string& name);
+  void record(const std::string& request, detail::BundleSet set, const std::vector<const LoadedKernel*>& kernels);
+  std::vector<std::shared_ptr<const detail::Bundle>> loaded_bundles() const;
+  std::string bundle_list() const;
 };
 
 // Whether a 16-bit row-major operand's pointer and row stride are `elements`-element aligned (what a
@@ -59,28 +90,7 @@ inline bool operand_aligned(const void* ptr, int64_t ld, int elements) {
   return reinterpret_cast<uintptr_t>(ptr) % (2 * elements) == 0 && ld % elements == 0;
 }
 
-// grid.x of a persistent kernel (KernelSource::persistent) over `tokens` rows, launched with grid.y 1:
-// with clusters, cluster_m consecutive m-blocks times the grid_y tiles make a cluster's work item and
-// as many clusters start as are resident at once (at most one per item, gate_twell_wgmma.cuh);
-// without, min(m-blocks x grid_y tiles, SMs x resident CTAs per SM).
-inline unsigned persistent_grid_x(const LoadedKernel& k, int64_t tokens, int sm_count) {
-  const compiler::KernelSource& src = k.source;
-  const int64_t m_blocks = (tokens + src.cta_m - 1) / src.cta_m;
-  if (src.cluster_m > 1) {
-    const int64_t items = (m_blocks + src.cluster_m - 1) / src.cluster_m * src.grid_y;
-    return static_cast<unsigned>(src.cluster_m * std::min<int64_t>(items, k.resident_clusters));
-  }
-  return static_cast<unsigned>(std::min<int64_t>(m_blocks * src.grid_y, int64_t{sm_count} * k.ctas_per_sm));
-}
-
 // The context behind a Context object (plans and DenseFfn keep it alive).
 std::shared_ptr<Context::Impl> context_impl(Context& c);
-
-// Argument checks shared by FfnPlan::run and DenseFfn::run; throw Error(InvalidArgument) naming the
-// argument: null or misaligned pointers, pointers that are not device memory, strides shorter than
-// the row, token counts out of range.
-// `needs_output` false: y, w_up and w_down are not used (the gate alone) and not checked.
-void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors& t, int64_t tokens, int64_t max_tokens,
-                         bool needs_output = true);
 
 }  // namespace twell

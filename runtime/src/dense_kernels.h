@@ -1,14 +1,21 @@
-// The dense path's fused gated-up kernel (DenseKernels::FusedGatedUp in twell/dense.h): its CUDA source
-// and launch geometry for a spec, made by the runtime from gate_twell_wgmma.cuh (GatedUp). Internal:
-// cublas_dense.cpp launches it, the unit tests compile it.
+// The twell kernels of the dense path (twell/dense.h), obtained like any other (bundle or JIT): one
+// place decides which ones a spec needs, for DenseFfn and for the plans that record them in bundles.
 #pragma once
-#include "twell/compiler/Generate.h"
-#include "twell/spec.h"
+#include <memory>
+
+#include "context_impl.h"
+#include "twell/dense.h"
 
 namespace twell::detail {
 
-// The kernel for a gated spec on sm_90a with d_model % 64 == 0 and d_ff % 8 == 0 (the caller checks):
-// h = act(x Wg^T) * (x Wu^T) into GateParams::h, 128 x 128 CTA tiles, clusters of 2.
-compiler::KernelSource fused_gated_up_source(const FfnSpec& spec);
+struct DenseKernelSet {
+  std::shared_ptr<LoadedKernel> gated_mul;  // DenseGatedMul: h = act(g) * u after cuBLASLt's GEMMs
+  std::shared_ptr<LoadedKernel> fused;      // DenseGatedUp where it applies, else null
+};
+
+// DenseGatedMul always; DenseGatedUp for DenseKernels::FusedGatedUp where DenseGatedUpConstraints
+// allow it (null where not, or where it could not be obtained or loaded: it is optional, the cuBLASLt
+// kernels compute the same function). Throws what obtaining DenseGatedMul throws.
+DenseKernelSet dense_kernels(Context::Impl& context, const FfnSpec& spec, DenseKernels kernels);
 
 }  // namespace twell::detail

@@ -15,8 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "dense_kernels.h"
-#include "nvrtc_compiler.h"
+#include "NvrtcCompiler.h"
 #include "twell/compiler/Generate.h"
 #include "twell/error.h"
 
@@ -149,7 +148,7 @@ TEST(KernelResources, TokenBlockConsumersCompileWithoutSpills) {
           const compiler::GeneratedFfn gen = compiler::generateFfn(s, target);
           ASSERT_EQ(gen.kernels.size(), 2u);
           const compiler::KernelSource& k = gen.kernels[1];
-          ASSERT_EQ(k.cta_m, 16) << "expected the token-block consumer";
+          ASSERT_EQ(k.consumer, kernels::ConsumerKind::TokenBlock) << "expected the token-block consumer";
           const std::string what =
               fmt::format("{} ({}, d_model {}, tile_n {}, {})", k.name, target.arch(), d_model, tile_n, to_string(dtype));
           expect_compiles_without_spills(k, target.arch(), what);
@@ -168,7 +167,7 @@ TEST(KernelResources, FusedGatedUpCompilesWithoutSpills) {
         s.dtype = dtype;
         s.activation = act;
         s.threshold = act == Activation::SiLU ? 0.01f : 0.0f;
-        const compiler::KernelSource k = detail::fused_gated_up_source(s);
+        const compiler::KernelSource k = compiler::generateAuxiliary(compiler::KernelKind::DenseGatedUp, s, Target{90, true});
         expect_compiles_without_spills(k, "sm_90a", fmt::format("{} ({}, {})", k.name, to_string(dtype), to_string(act)));
       }
 }

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "nvrtc_compiler.h"
+#include "NvrtcCompiler.h"
 #include "twell/error.h"
 
 namespace twell::detail {

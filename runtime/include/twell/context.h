@@ -1,30 +1,55 @@
-// The runtime's entry point: one GPU (or none), the kernel cache, and the factory of FFN plans.
+// The runtime's entry point: one GPU (or none), where kernels come from, and the factory of FFN plans.
 //
 //   twell::Context ctx;                                   // device 0, cache in $TWELL_CACHE_DIR
 //   twell::FfnPlan plan = ctx.plan(spec, /*max_tokens=*/131072);
 //   plan.run(stream, {x, w_gate, w_up, w_down, y}, tokens);
 //
-// Thread safety: a Context may be shared by threads (plan() and the cache are synchronized).
+// Kernels come from ahead-of-time bundles (ContextOptions::bundles, load_bundle: made by `twellc
+// compile`), else from the JIT when twell::jit is linked (it registers itself: twell/jit_registry.h)
+// through the kernel cache. A program that links twell::runtime alone runs bundles only.
+//
+// Thread safety: a Context may be shared by threads (plan(), load_bundle() and the cache are synchronized).
 #pragma once
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
-#include "twell/compiler/Generate.h"
+#include "twell/kernels/kernel.h"
 #include "twell/plan.h"
 #include "twell/spec.h"
 
 namespace twell {
 
 struct ContextOptions {
+  // The CUDA device; kNoDevice: none, even where a GPU is present (compile-only use: twellc compile and
+  // emit make kernels for targets the local GPU cannot run).
+  static constexpr int kNoDevice = -1;
   int device = 0;
   // Kernel cache directory; unset: $TWELL_CACHE_DIR, else $XDG_CACHE_HOME/twell, else ~/.cache/twell.
   std::optional<std::filesystem::path> cache_dir;
   bool disk_cache = true;
   // Feature set to generate for; unset: the device's (sm_90a on an H100/H200), or sm_90a without a GPU.
+  // A bundle must be made for this target (an sm_80 bundle on an H200: target = Target{80, false}).
   std::optional<Target> target;
+  // Ahead-of-time bundles to load at construction (as load_bundle, in this order).
+  std::vector<std::filesystem::path> bundles;
+  // Whether kernels missing from the bundles are compiled by the JIT when twell::jit is linked
+  // (IfLinked), or never (Never: a deployment's behaviour, also where the JIT happens to be linked).
+  enum class Jit { IfLinked, Never };
+  Jit jit = Jit::IfLinked;
+};
+
+// What load_bundle found.
+struct BundleInfo {
+  std::filesystem::path dir;
+  Target target;
+  std::string twell_version;  // of the twellc that wrote it
+  size_t kernel_sets = 0;     // FFN kernel sets and auxiliary kernels
+  size_t kernels = 0;
+  double load_ms = 0;         // reading and verifying every file
 };
 
 // A generated kernel compiled by NVRTC (ahead of time or just in time), with its report.
@@ -61,10 +86,27 @@ class Context {
   // illegal spec, Error(Compile) if NVRTC rejects generated code.
   FfnPlan plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options = {});
 
-  // Compiles generated kernels (generated.kernels, then generated.decode) through NVRTC and the cache
-  // for this context's target; needs no GPU.
-  // Throws Error(Compile) with the NVRTC log.
-  std::vector<CompiledKernel> compile(const compiler::GeneratedFfn& generated);
+  // Compiles generated kernels (generated.kernels, then generated.decode) through the JIT and the cache
+  // for this context's target; needs no GPU. Throws Error(Compile) with the NVRTC log,
+  // Error(Unsupported) when no JIT is linked (or ContextOptions::jit is Never).
+  std::vector<CompiledKernel> compile(const kernels::GeneratedFfn& generated);
+
+  // Whether this context compiles kernels its bundles lack (twell::jit linked, ContextOptions::jit).
+  bool has_jit() const;
+
+  // Loads the bundle in `dir` (twellc compile's output for one target): reads manifest.json and every
+  // kernel file, verifying sizes and checksums; later plan() calls take their kernels from it (bundles
+  // loaded earlier first). Modules are loaded by the plans that use them. Throws Error(NotFound) for a
+  // missing directory, manifest or file; Error(Parse) for a damaged or edited manifest or file, another
+  // schema or parameter-block version; Error(InvalidArgument) for a bundle made for another target
+  // than this context's (naming both). On error nothing is loaded and the context is unchanged.
+  BundleInfo load_bundle(const std::filesystem::path& dir);
+
+  // Writes every kernel set this context has obtained so far (its plans', their dense paths', from the
+  // JIT or from bundles), and the neuron reordering kernel, as a bundle for this context's target into
+  // `dir`: what `twellc compile` does after making plans. Throws Error(Io) naming the file when a write
+  // fails (read-only directory, full disk).
+  void save_bundle(const std::filesystem::path& dir);
 
   struct Impl;
 

@@ -47,7 +47,7 @@ struct PlanOptions {
   // Must be a multiple of 64 (the slices of the weights stay 128-byte aligned) and below d_ff, else
   // Context::plan throws Error(InvalidArgument) naming this field.
   int64_t dense_neurons = 0;
-  // Calls of at most this many tokens run the decode kernels (runtime/device/twell/device/decode.cuh):
+  // Calls of at most this many tokens run the decode kernels (kernels/device/twell/device/decode/decode.cuh):
   // the gate, up and down projections spread over every SM for a few rows, which read Wg and the
   // active rows of Wu and Wd once (autoregressive decoding; PERFORMANCE.md, "Small M"). They give the
   // same TwELL matrix and the same y, bit for bit, as the large-M kernels, and read Wd in the layout
@@ -69,13 +69,16 @@ struct KernelReport {
   std::string kind;       // "gate_twell" | "gated_down" | "down" (the non-gated consumer) | "transpose" |
                           // "decode_gate" | "decode_gate_small" | "decode_up" | "decode_down"
                           // (PlanOptions::decode_max_tokens)
-  std::string cache;      // "memory" | "disk" | "miss" (compiled now)
+  std::string cache;      // "memory" | "disk" | "miss" (compiled now by the JIT) | "bundle" (ahead of time)
   double compile_ms = 0;  // NVRTC time (0 on a cache hit)
   double load_ms = 0;     // cache lookup or module load time
   size_t ptx_bytes = 0;
   size_t cubin_bytes = 0;
   std::string arch;       // "sm_90a"
-  int threads = 0, cta_m = 0, grid_y = 0;
+  int threads = 0, cta_m = 0;
+  int grid_y = 0;         // the grid.y it launches with: 1 for a persistent kernel (its CTAs loop over `tiles`)
+  int tiles = 0;          // the N tiles of a gate kernel (its grid.y unless persistent)
+  bool persistent = false;
   int cluster_m = 1;      // CTAs per thread-block cluster (the sm_90a gate multicasting w_gate: 2)
 };
 

@@ -11,6 +11,12 @@
 // RUN: not twellc 2>&1 | FileCheck %s --check-prefix=NOCMD
 // RUN: twellc emit --d-model 2047 --d-ff 64 --emit cuda 2>&1 >/dev/null | FileCheck %s --check-prefix=NODECODE
 // RUN: twellc emit --d-model 2048 --d-ff 5632 --consumer block --emit cuda 2>&1 >/dev/null | FileCheck %s --check-prefix=BLOCK
+// twellc compile: the output directory, the targets, and a bundle that cannot be written.
+// RUN: not twellc compile --d-model 64 --d-ff 64 2>&1 | FileCheck %s --check-prefix=NOOUT
+// RUN: not twellc compile --d-model 64 --d-ff 64 --target sm_90a,sm_90a -o %t.bundle 2>&1 | FileCheck %s --check-prefix=TWICE
+// RUN: not twellc compile --d-model 64 --d-ff 64 --target sm_75 -o %t.bundle 2>&1 | FileCheck %s --check-prefix=OLD
+// RUN: not twellc compile --sample --d-model 64 -o %t.bundle 2>&1 | FileCheck %s --check-prefix=SAMPLE
+// RUN: rm -rf %t.file && touch %t.file && not twellc compile --d-model 64 --d-ff 64 --decode-max-tokens 0 -o %t.file 2>&1 | FileCheck %s --check-prefix=BLOCKED
 
 // MISSING: --d-ff: expected it beside --d-model (a shape needs both d_model and d_ff), got only --d-model
 // NOVALUE: --d-ff: expected a value after it, got the end of the command line
@@ -20,8 +26,13 @@
 // TILE: --tile-n: expected a power of two in 32..1024, got 100
 // SLOTS: --slots: expected 1..tile_n (64), got 65
 // SILU: --threshold: expected a value > 0 with --activation silu (a neuron is active iff |silu(g)| > threshold), got 0
-// NOCMD: twellc: expected a command (run or emit), got none
+// NOCMD: twellc: expected a command (run, emit or compile), got none
 // NODECODE: note: no decode kernels for this layer
+// NOOUT: -o DIR: expected the output directory, got none
+// TWICE: --target: sm_90a given twice
+// OLD: --target: twell needs sm_80 or newer (bf16 cvt), got 'sm_75'
+// SAMPLE: --d-model: --sample gives the shape, got both
+// BLOCKED: twellc compile: error: writing the bundle {{.*}}.file/sm_90a: cannot create the directory
 // BLOCK: note: --consumer block needs --down-layout in_out, {{.*}} emitted the row consumer twell_gated_down_{{.*}}_out_in_{{[0-9a-f]+}} instead
 
 func.func @unused() {

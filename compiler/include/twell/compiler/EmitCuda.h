@@ -1,5 +1,5 @@
 // Emission of CUDA C++: one translation unit per specialized kernel op (after twell-specialize).
-// Each unit instantiates a device template of runtime/device/twell/device/ (gate_twell.cuh,
+// Each unit instantiates a device template of kernels/device/twell/device/ (gate_twell.cuh,
 // gated_down.cuh) with the kernel's constants and defines its extern "C" __global__ entry point.
 #pragma once
 

@@ -1,0 +1,132 @@
+// Kernel parameter blocks shared by the host runtime and the generated CUDA kernels.
+//
+// Each generated kernel takes one of these structs by value (the decode kernels a second, DecodeBuffers), so
+// host and device agree on the ABI by construction: this header is compiled by g++ on the host and by
+// NVRTC on the device and holds only fixed-width plain data.
+//
+// Pointers are device addresses. Element types: activations and weights are 16-bit floats (bf16 or fp16,
+// fixed per kernel by the generator) passed as raw uint16_t bits; the TwELL matrix is uint32 words
+// (docs/TWELL_FORMAT in README.md). Leading dimensions are in elements.
+#pragma once
+#ifdef __CUDACC_RTC__
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef long long int64_t;
+typedef unsigned long long uint64_t;
+#else
+#include <cstdint>
+#endif
+
+namespace twell::device {
+
+// The version of this header's host/device ABI (the structs below and the kernels' argument lists).
+// Ahead-of-time bundles record it per kernel (manifest.json "params_version"); the runtime refuses a
+// kernel built against another version. Bump it with any change to a struct or an argument list.
+constexpr uint32_t kParamsVersion = 1;
+
+// Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
+// recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
+constexpr uint32_t kBackupMissing = 0xFFFFFFFFu;
+
+// The driver's CUtensorMap (cuTensorMapEncodeTiled): 128 opaque bytes, 128-byte aligned (CUDA 13's CUtensorMap). Kernels take
+// it inside a __grid_constant__ parameter, so its address is a parameter-space address, as TMA needs.
+struct alignas(128) TmaDescriptor {
+  uint64_t opaque[16];
+};
+
+// D2T: H = act(X Wg^T) packed into TwELL in the GEMM epilogue.
+struct GateParams {
+  const uint16_t* x;          // [M, K] row-major, row stride ldx
+  const uint16_t* w_gate;     // [N, K] row-major (nn.Linear [d_ff, d_model]), row stride ldw
+  uint32_t* twell;            // [M, tiles * (slots + 1)] words, row-major, dense rows
+  uint16_t* backup;           // [backup_capacity, tile_n] dense tile-rows of overflowing (row, tile)s
+  uint32_t* overflow_count;   // one counter: overflowing tile-rows seen (may exceed backup_capacity)
+  int64_t m;                  // tokens
+  int64_t ldx;
+  int64_t ldw;
+  uint32_t backup_capacity;   // tile-rows the backup can hold
+  uint32_t pad_;
+  // mainloop wgmma only (zeros otherwise): TMA maps of x ({d_model, M}, box {cta_k, cta_m}) and w_gate
+  // ({d_model, d_ff}, box {cta_k, tile_n / cluster_m}), 16-bit elements, swizzled by the box row
+  // (128 bytes at cta_k 64, 64 at cta_k 32), out-of-bounds zero fill.
+  TmaDescriptor x_map;
+  TmaDescriptor w_map;
+  // The fused dense gated-up kernel only (gate_twell_wgmma<Config, true>, the dense path's gate and up
+  // GEMMs in one): the TMA map of w_up (as w_map's), and its output h = act(x Wg^T) * (x Wu^T),
+  // [M, N] row-major with row stride ldh. twell, backup and overflow_count are unused there.
+  TmaDescriptor u_map;
+  uint16_t* h;
+  int64_t ldh;
+};
+
+// Gated consumer: y = ((g ⊙ (x Wu^T)) restricted to the active set of g) Wd^T.
+struct GatedDownParams {
+  const uint16_t* x;          // [M, K], row stride ldx (K = d_model)
+  const uint16_t* w_gate;     // [N, K] row stride ldwg: recomputes overflowing tile-rows the backup lacks
+  const uint16_t* w_up;       // [N, K] row-major, row stride ldwu
+  const uint16_t* w_down;     // out_in: [K, N] row stride ldwd; in_out: [N, K] row stride ldwd
+  const uint32_t* twell;      // as written by the gate kernel
+  const uint16_t* backup;
+  uint16_t* y;                // [M, K] row-major, row stride ldy
+  uint32_t* row_counter;      // the warp-per-row consumer's next unclaimed row: zeroed before each launch
+  int64_t m;
+  int64_t ldx;
+  int64_t ldwg;
+  int64_t ldwu;
+  int64_t ldwd;
+  int64_t ldy;
+  uint32_t backup_capacity;
+  uint32_t pad_;
+};
+
+// The decode kernels' workspace (decode.cuh), beside the TwELL matrix and backup of GateParams /
+// GatedDownParams. Rows: at most the kernels' max_tokens.
+struct DecodeBuffers {
+  uint16_t* act;            // [max_tokens, act_ld] activated gate values, staged by decode_gate
+  uint32_t* tile_arrivals;  // [tiles] decode_gate CTAs done per TwELL tile; 0 between launches
+  uint32_t* entries;        // [max_tokens, d_ff] pairs of words per row: column j, fp32 bits of h_j
+  int64_t act_ld;           // d_ff rounded up to 8 (16-byte rows)
+  // The call's Wu and Wd (GatedDownParams' pointers and strides), for the decode gates' L2 prefetch of
+  // their active neurons' rows (a hint: decode_up and decode_down read them, a kernel boundary later).
+  const uint16_t* w_up;
+  const uint16_t* w_down;
+  int64_t ldwu;
+  int64_t ldwd;
+};
+
+// Dense path helper: h = act(g) * u elementwise over [M, N] (g, u, h row-major with stride ld).
+struct GatedMulParams {
+  const uint16_t* gate;
+  const uint16_t* up;
+  uint16_t* h;
+  int64_t m;
+  int64_t n;
+  int64_t ld;
+};
+
+// out [cols, rows] = in [rows, cols]^T (row-major, strides in elements): the runtime's layout
+// normalization of nn.Linear down weights.
+// Neuron reordering on the device (permute_neurons in twell/neuron_order.h), a 16-bit [rows, cols]
+// matrix: by_rows: out row i = in row order[i]; else out[r][i] = in[r][order[i]] (the columns).
+struct PermuteParams {
+  const uint16_t* in;
+  uint16_t* out;
+  const uint32_t* order;  // rows (by_rows) or cols entries, each a row or column index of `in`
+  int64_t rows;
+  int64_t cols;
+  int64_t ld_in;
+  int64_t ld_out;
+  uint32_t by_rows;
+  uint32_t pad_;
+};
+
+struct TransposeParams {
+  const uint16_t* in;
+  uint16_t* out;
+  int64_t rows;
+  int64_t cols;
+  int64_t ld_in;
+  int64_t ld_out;
+};
+
+}  // namespace twell::device

@@ -1,0 +1,357 @@
+#include "bundle.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "twell/device/params.h"
+#include "twell/error.h"
+
+namespace twell::detail {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string hex64(uint64_t v) { return fmt::format("{:016x}", v); }
+std::string checksum(const void* data, size_t bytes) { return hex64(XXH64(data, bytes, 0)); }
+
+// The manifest's own checksum: XXH64 of its compact text without the "checksum" field.
+std::string manifest_checksum(json manifest) {
+  manifest.erase("checksum");
+  const std::string text = manifest.dump();
+  return checksum(text.data(), text.size());
+}
+
+[[noreturn]] void parse_error(const fs::path& dir, const std::string& what) {
+  throw Error(ErrorCode::Parse, fmt::format("bundle {}: {}", dir.string(), what));
+}
+
+json layout_json(const TwellLayout& l) {
+  return {{"tile_n", l.tile_n}, {"slots", l.slots}, {"value", to_string(l.value)}, {"index_bits", l.index_bits},
+          {"activation", to_string(l.activation)}, {"threshold", l.threshold}};
+}
+
+json spec_json(const FfnSpec& s) {
+  json j = {{"d_model", s.d_model},   {"d_ff", s.d_ff},         {"gated", s.gated},
+            {"activation", to_string(s.activation)}, {"threshold", s.threshold}, {"dtype", to_string(s.dtype)},
+            {"down_layout", to_string(s.down_layout)}};
+  if (s.tile_n) j["tile_n"] = *s.tile_n;
+  if (s.slots) j["slots"] = *s.slots;
+  if (s.consumer) j["consumer"] = to_string(*s.consumer);
+  if (s.gate_cluster_m) j["gate_cluster_m"] = *s.gate_cluster_m;
+  return j;
+}
+
+json kernel_json(const kernels::KernelSource& k) {
+  return {{"kind", kernels::to_string(k.kind)},
+          {"entry", k.name},
+          {"params_version", device::kParamsVersion},
+          {"config",
+           {{"d_model", k.d_model}, {"d_ff", k.d_ff}, {"tile_n", k.tile_n}, {"down_in_out", k.down_in_out},
+            {"mainloop", kernels::to_string(k.mainloop)}, {"consumer", kernels::to_string(k.consumer)},
+            {"gated", k.gated}, {"cta_k", k.cta_k}, {"operand_alignment", k.operand_alignment}}},
+          {"launch",
+           {{"threads", k.threads}, {"cta_m", k.cta_m}, {"cluster_m", k.cluster_m}, {"grid_y", k.grid_y},
+            {"persistent", k.persistent}, {"tma_persistent", k.tma_persistent},
+            {"dependent_launch", k.dependent_launch}}},
+          {"smem_bytes", k.smem_bytes}};
+}
+
+// Reads one typed field, naming it in the error.
+template <typename T>
+T field(const fs::path& dir, const json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key)) parse_error(dir, fmt::format("{}: expected a field \"{}\", found none", where, key));
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception&) {
+    parse_error(dir, fmt::format("{}: field \"{}\": expected a {}, found {}", where, key,
+                                 std::is_same_v<T, std::string> ? "string" : std::is_same_v<T, bool> ? "boolean" : "number",
+                                 j.at(key).dump()));
+  }
+}
+
+template <typename Enum>
+Enum enum_field(const fs::path& dir, const json& j, const char* key, const std::string& where,
+                std::initializer_list<Enum> values) {
+  const std::string text = field<std::string>(dir, j, key, where);
+  std::string names;
+  for (Enum v : values) {
+    if (text == kernels::to_string(v)) return v;
+    names += (names.empty() ? "" : ", ") + std::string(kernels::to_string(v));
+  }
+  parse_error(dir, fmt::format("{}: field \"{}\": expected one of {}, found \"{}\"", where, key, names, text));
+}
+
+kernels::KernelSource kernel_from_json(const fs::path& dir, const std::string& name, const json& j) {
+  const std::string where = "kernel " + name;
+  kernels::KernelSource k;
+  const std::string kind = field<std::string>(dir, j, "kind", where);
+  const auto parsed = kernels::parse_kernel_kind(kind);
+  if (!parsed) parse_error(dir, fmt::format("{}: field \"kind\": expected a twell kernel kind, found \"{}\"", where, kind));
+  k.kind = *parsed;
+  k.name = field<std::string>(dir, j, "entry", where);
+  if (k.name != name) parse_error(dir, fmt::format("{}: field \"entry\": expected \"{}\", found \"{}\"", where, name, k.name));
+  const auto params = field<uint32_t>(dir, j, "params_version", where);
+  if (params != device::kParamsVersion)
+    parse_error(dir, fmt::format("{}: params_version: expected {} (this runtime's parameter blocks), found {}; rebuild the "
+                                 "bundle with this twell's twellc compile", where, device::kParamsVersion, params));
+  const json& c = j.contains("config") ? j.at("config") : json();
+  const std::string cw = where + " config";
+  k.d_model = field<int64_t>(dir, c, "d_model", cw);
+  k.d_ff = field<int64_t>(dir, c, "d_ff", cw);
+  k.tile_n = field<int>(dir, c, "tile_n", cw);
+  k.down_in_out = field<bool>(dir, c, "down_in_out", cw);
+  using kernels::ConsumerKind;
+  using kernels::GateMainloop;
+  k.mainloop = enum_field(dir, c, "mainloop", cw, {GateMainloop::None, GateMainloop::Fma, GateMainloop::MmaSync, GateMainloop::Wgmma});
+  k.consumer = enum_field(dir, c, "consumer", cw,
+                          {ConsumerKind::None, ConsumerKind::CtaRow, ConsumerKind::WarpRow, ConsumerKind::TokenBlock});
+  k.gated = field<bool>(dir, c, "gated", cw);
+  k.cta_k = field<int>(dir, c, "cta_k", cw);
+  k.operand_alignment = field<int>(dir, c, "operand_alignment", cw);
+  const json& l = j.contains("launch") ? j.at("launch") : json();
+  const std::string lw = where + " launch";
+  k.threads = field<int>(dir, l, "threads", lw);
+  k.cta_m = field<int>(dir, l, "cta_m", lw);
+  k.cluster_m = field<int>(dir, l, "cluster_m", lw);
+  k.grid_y = field<int>(dir, l, "grid_y", lw);
+  k.persistent = field<bool>(dir, l, "persistent", lw);
+  k.tma_persistent = field<bool>(dir, l, "tma_persistent", lw);
+  k.dependent_launch = field<bool>(dir, l, "dependent_launch", lw);
+  k.smem_bytes = field<int>(dir, j, "smem_bytes", where);
+  if (k.threads < 32 || k.threads > 1024 || k.cta_m < 1 || k.cluster_m < 1 || k.cluster_m > 8 || k.grid_y < 1 ||
+      k.smem_bytes < 0 || k.smem_bytes > 232448)
+    parse_error(dir, fmt::format("{}: launch: expected threads 32..1024, cta_m >= 1, cluster_m 1..8, grid_y >= 1 and "
+                                 "smem_bytes 0..232448, found {}, {}, {}, {} and {}",
+                                 where, k.threads, k.cta_m, k.cluster_m, k.grid_y, k.smem_bytes));
+  return k;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorCode::NotFound, fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw Error(ErrorCode::Io, fmt::format("cannot read {}", path.string()));
+  return std::move(text).str();
+}
+
+// A kernel file named by the manifest: present, of the recorded size and checksum.
+std::string checked_file(const fs::path& dir, const std::string& kernel, const json& files, const char* role, bool required) {
+  if (!files.is_object() || !files.contains(role)) {
+    if (!required) return {};
+    parse_error(dir, fmt::format("kernel {}: files: expected a \"{}\" entry, found none", kernel, role));
+  }
+  const json& f = files.at(role);
+  const std::string where = fmt::format("kernel {} {} file", kernel, role);
+  const auto name = field<std::string>(dir, f, "path", where);
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+    parse_error(dir, fmt::format("{}: path: expected a file name inside the bundle, found \"{}\"", where, name));
+  const auto bytes = field<uint64_t>(dir, f, "bytes", where);
+  const auto sum = field<std::string>(dir, f, "xxh64", where);
+  const fs::path path = dir / name;
+  std::string data;
+  try {
+    data = read_file(path);
+  } catch (const Error& e) {
+    throw Error(ErrorCode::NotFound, fmt::format("bundle {}: kernel {}: {} file: {}", dir.string(), kernel, role, e.what()));
+  }
+  if (data.size() != bytes)
+    parse_error(dir, fmt::format("kernel {}: {} ({}): expected {} bytes, found {} (truncated or replaced)", kernel, role,
+                                 name, bytes, data.size()));
+  const std::string actual = checksum(data.data(), data.size());
+  if (actual != sum)
+    parse_error(dir, fmt::format("kernel {}: {} ({}): expected XXH64 {}, found {} (the file was changed)", kernel, role,
+                                 name, sum, actual));
+  return data;
+}
+
+// Writes `data` to `path` through a temporary file in the same directory: every step checked.
+void write_file(const fs::path& path, std::string_view data) {
+  const fs::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
+  auto fail = [&](const char* step) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    throw Error(ErrorCode::Io, fmt::format("writing the bundle file {}: {} failed: {}", path.string(), step, std::strerror(err)));
+  };
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open");
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      ::close(fd);
+      fail("write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    fail("fsync");
+  }
+  if (::close(fd) != 0) fail("close");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename");
+}
+
+}  // namespace
+
+std::optional<Target> parse_target(const std::string& arch) {
+  if (arch.size() < 5 || arch.compare(0, 3, "sm_") != 0) return std::nullopt;
+  Target t;
+  std::string digits = arch.substr(3);
+  t.arch_specific = !digits.empty() && digits.back() == 'a';
+  if (t.arch_specific) digits.pop_back();
+  if (digits.empty() || digits.size() > 3 || digits.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  t.sm = std::stoi(digits);
+  return t;
+}
+
+const BundleSet* Bundle::find(const std::string& request) const {
+  const auto it = sets_.find(request);
+  return it == sets_.end() ? nullptr : &it->second;
+}
+
+std::shared_ptr<const BundleKernel> Bundle::kernel(const std::string& name) const {
+  const auto it = kernels_.find(name);
+  return it == kernels_.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw Error(ErrorCode::NotFound, fmt::format("bundle {}: expected a directory made by twellc compile, found {}", dir.string(),
+                                                 fs::exists(dir, ec) ? "a file" : "nothing"));
+  const fs::path manifest_path = dir / "manifest.json";
+  if (!fs::exists(manifest_path, ec))
+    throw Error(ErrorCode::NotFound, fmt::format("bundle {}: expected manifest.json, found none (not a bundle, or its "
+                                                 "writing did not finish)", dir.string()));
+  json m;
+  try {
+    m = json::parse(read_file(manifest_path));
+  } catch (const json::exception& e) {
+    parse_error(dir, fmt::format("manifest.json: expected JSON, found a parse error: {}", e.what()));
+  }
+  if (!m.is_object()) parse_error(dir, "manifest.json: expected a JSON object");
+  const auto format = field<std::string>(dir, m, "format", "manifest");
+  if (format != kBundleFormat) parse_error(dir, fmt::format("manifest: format: expected \"{}\", found \"{}\"", kBundleFormat, format));
+  const auto schema = field<int>(dir, m, "schema_version", "manifest");
+  if (schema != kBundleSchemaVersion)
+    parse_error(dir, fmt::format("manifest: schema_version: expected {}, found {} (made by another twell version; "
+                                 "rebuild it with this one's twellc compile)", kBundleSchemaVersion, schema));
+  const auto sum = field<std::string>(dir, m, "checksum", "manifest");
+  if (sum != manifest_checksum(m))
+    parse_error(dir, fmt::format("manifest: checksum: expected {} (the manifest's contents), found {}: manifest.json was "
+                                 "edited after twellc compile wrote it", manifest_checksum(m), sum));
+  auto bundle = std::make_shared<Bundle>();
+  bundle->dir_ = dir;
+  bundle->twell_version_ = field<std::string>(dir, m, "twell_version", "manifest");
+  const auto arch = field<std::string>(dir, m, "target", "manifest");
+  const auto target = parse_target(arch);
+  if (!target) parse_error(dir, fmt::format("manifest: target: expected an arch like sm_90a, found \"{}\"", arch));
+  bundle->target_ = *target;
+  if (!m.contains("kernels") || !m.at("kernels").is_object()) parse_error(dir, "manifest: kernels: expected an object");
+  for (const auto& [name, j] : m.at("kernels").items()) {
+    auto k = std::make_shared<BundleKernel>();
+    k->source = kernel_from_json(dir, name, j);
+    const json files = j.contains("files") ? j.at("files") : json();
+    CacheEntry binary;
+    binary.ptx = checked_file(dir, name, files, "ptx", true);
+    const std::string cubin = checked_file(dir, name, files, "cubin", true);
+    binary.cubin.assign(cubin.begin(), cubin.end());
+    k->source.source = checked_file(dir, name, files, "source", false);
+    k->binary = std::make_shared<const CacheEntry>(std::move(binary));
+    bundle->kernels_.emplace(name, std::move(k));
+  }
+  if (!m.contains("sets") || !m.at("sets").is_array()) parse_error(dir, "manifest: sets: expected an array");
+  for (const json& s : m.at("sets")) {
+    BundleSet set;
+    set.request = field<std::string>(dir, s, "request", "set");
+    const std::string where = "set " + set.request;
+    set.ir = s.contains("ir") ? field<std::string>(dir, s, "ir", where) : std::string();
+    if (s.contains("layout")) {
+      const json& l = s.at("layout");
+      TwellLayout layout;
+      layout.tile_n = field<int>(dir, l, "tile_n", where + " layout");
+      layout.slots = field<int>(dir, l, "slots", where + " layout");
+      layout.index_bits = field<int>(dir, l, "index_bits", where + " layout");
+      layout.threshold = field<float>(dir, l, "threshold", where + " layout");
+      const auto value = field<std::string>(dir, l, "value", where + " layout");
+      const auto activation = field<std::string>(dir, l, "activation", where + " layout");
+      if ((value != "bf16" && value != "f16") || (activation != "relu" && activation != "silu") || layout.tile_n < 1 ||
+          layout.slots < 1)
+        parse_error(dir, fmt::format("{}: layout: expected value bf16|f16, activation relu|silu, tile_n and slots >= 1, "
+                                     "found {}", where, l.dump()));
+      layout.value = value == "bf16" ? DType::BF16 : DType::FP16;
+      layout.activation = activation == "relu" ? Activation::ReLU : Activation::SiLU;
+      set.layout = layout;
+    }
+    for (const char* list : {"kernels", "decode"}) {
+      if (!s.contains(list)) continue;
+      for (const json& n : s.at(list)) {
+        if (!n.is_string()) parse_error(dir, fmt::format("{}: {}: expected kernel names, found {}", where, list, n.dump()));
+        const std::string name = n.get<std::string>();
+        if (!bundle->kernels_.count(name))
+          parse_error(dir, fmt::format("{}: names the kernel {}, which the manifest's kernels do not hold", where, name));
+        (std::string(list) == "kernels" ? set.kernels : set.decode).push_back(name);
+      }
+    }
+    if (set.kernels.empty()) parse_error(dir, fmt::format("{}: kernels: expected at least one kernel, found none", where));
+    bundle->sets_.emplace(set.request, std::move(set));
+  }
+  return bundle;
+}
+
+void write_bundle(const fs::path& dir, const Target& target, const std::map<std::string, BundleSet>& sets,
+                  const std::map<std::string, std::shared_ptr<const BundleKernel>>& kernels) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(ErrorCode::Io, fmt::format("writing the bundle {}: cannot create the directory: {}", dir.string(), ec.message()));
+  json m;
+  m["format"] = kBundleFormat;
+  m["schema_version"] = kBundleSchemaVersion;
+  m["twell_version"] = TWELL_VERSION;
+  m["target"] = target.arch();
+  m["kernels"] = json::object();
+  for (const auto& [name, k] : kernels) {
+    json j = kernel_json(k->source);
+    json files;
+    auto put = [&](const char* role, const std::string& ext, std::string_view data) {
+      const std::string file = name + ext;
+      write_file(dir / file, data);
+      files[role] = {{"path", file}, {"bytes", data.size()}, {"xxh64", checksum(data.data(), data.size())}};
+    };
+    put("cubin", ".cubin", std::string_view(k->binary->cubin.data(), k->binary->cubin.size()));
+    put("ptx", ".ptx", k->binary->ptx);
+    if (!k->source.source.empty()) put("source", ".cu", k->source.source);
+    j["files"] = files;
+    m["kernels"][name] = j;
+  }
+  m["sets"] = json::array();
+  for (const auto& [request, s] : sets) {
+    json j = {{"request", request}, {"kernels", s.kernels}};
+    if (!s.decode.empty()) j["decode"] = s.decode;
+    if (s.spec) j["spec"] = spec_json(*s.spec);
+    if (s.layout) j["layout"] = layout_json(*s.layout);
+    if (!s.ir.empty()) j["ir"] = s.ir;
+    for (const auto* list : {&s.kernels, &s.decode})
+      for (const std::string& name : *list)
+        if (!kernels.count(name))
+          throw Error(ErrorCode::InvalidArgument, fmt::format("write_bundle: set {} names the kernel {}, which was not given",
+                                                              request, name));
+    m["sets"].push_back(j);
+  }
+  m["checksum"] = manifest_checksum(m);
+  write_file(dir / "manifest.json", m.dump(2) + "\n");
+}
+
+}  // namespace twell::detail

@@ -1,0 +1,196 @@
+// Where a context's kernels come from: a loaded bundle that holds the requested kernel set, else the
+// registered JIT (through the kernel cache), else a NotFound error naming the request. With a GPU
+// every kernel is then loaded as a module and its occupancy queried once.
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "context_impl.h"
+#include "kernel_request.h"
+#include "twell/error.h"
+
+namespace twell {
+
+LoadedKernel::~LoadedKernel() {
+  if (module != nullptr) detail::Driver::get().cuModuleUnload(module);
+}
+
+namespace {
+void fill_report(LoadedKernel& k, const Target& target) {
+  const kernels::KernelSource& s = k.source;
+  k.report.name = s.name;
+  k.report.kind = kernels::report_kind(s);
+  k.report.ptx_bytes = k.binary->ptx.size();
+  k.report.cubin_bytes = k.binary->cubin.size();
+  k.report.arch = target.arch();
+  k.report.threads = s.threads;
+  k.report.cta_m = s.cta_m;
+  k.report.cluster_m = s.cluster_m;
+  k.report.persistent = s.persistent;
+  k.report.grid_y = s.persistent ? 1 : s.grid_y;
+  k.report.tiles = s.kind == kernels::KernelKind::GateTwell || s.kind == kernels::KernelKind::DenseGatedUp ? s.grid_y : 0;
+}
+}  // namespace
+
+std::shared_ptr<LoadedKernel> Context::Impl::compile(const kernels::KernelSource& source) {
+  if (!jit)
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("Context: compiling {} needs the JIT: {}", source.name,
+                            options.jit == ContextOptions::Jit::Never ? "ContextOptions::jit is Never"
+                                                                      : "twell::jit is not linked into this program"));
+  auto k = std::make_shared<LoadedKernel>();
+  k->source = source;
+  // The source and everything else the JIT says can change the binary (compiler, options, device
+  // headers) make the key, so a change to any of them never loads a stale binary.
+  const std::string key = detail::KernelCache::makeKey(source.source, jit->binary_identity(target), {}, target.arch(), TWELL_VERSION);
+  double compile_ms = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto result = cache.getOrCompile(key, [&] {
+    kernels::CompiledBinary out = jit->compile(source, target);
+    compile_ms = out.compile_ms;
+    return detail::CacheEntry{std::move(out.ptx), std::move(out.cubin)};
+  });
+  k->binary = result.entry;
+  fill_report(*k, target);
+  k->report.cache = result.hit == detail::CacheHit::Memory ? "memory" : result.hit == detail::CacheHit::Disk ? "disk" : "miss";
+  k->report.compile_ms = compile_ms;
+  k->report.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - compile_ms;
+  return k;
+}
+
+std::shared_ptr<LoadedKernel> Context::Impl::load(std::shared_ptr<LoadedKernel> k) {
+  if (!gpu) return k;
+  const kernels::KernelSource& source = k->source;
+  const auto t0 = std::chrono::steady_clock::now();
+  make_current();
+  const detail::Driver& d = detail::Driver::get();
+  // A cubin runs only on its own arch; for another target (e.g. the portable sm_80 set on an H200)
+  // the driver compiles the PTX for this device.
+  const bool own_arch = target.sm == device_sm && !k->binary->cubin.empty();
+  const void* image = own_arch ? static_cast<const void*>(k->binary->cubin.data()) : static_cast<const void*>(k->binary->ptx.c_str());
+  detail::check(d.cuModuleLoadData(&k->module, image), fmt::format("cuModuleLoadData({})", source.name).c_str());
+  detail::check(d.cuModuleGetFunction(&k->function, k->module, source.name.c_str()),
+                fmt::format("cuModuleGetFunction({})", source.name).c_str());
+  // A CTA whose static + dynamic shared memory passes 48 KiB must opt in to the dynamic part.
+  if (source.smem_bytes > 0)
+    detail::check(d.cuFuncSetAttribute(k->function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, source.smem_bytes),
+                  fmt::format("cuFuncSetAttribute({}, {} bytes of dynamic shared memory)", source.name, source.smem_bytes).c_str());
+  k->occupancy.sm_count = sm_count;
+  detail::check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(&k->occupancy.ctas_per_sm, k->function, source.threads,
+                                                              static_cast<size_t>(source.smem_bytes)),
+                fmt::format("cuOccupancyMaxActiveBlocksPerMultiprocessor({})", source.name).c_str());
+  if (k->occupancy.ctas_per_sm < 1)
+    throw Error(ErrorCode::Cuda, fmt::format("{}: no CTA of {} threads and {} bytes of shared memory fits on an SM", source.name,
+                                             source.threads, source.smem_bytes));
+  if (source.cluster_m > 1) {
+    // The cluster size is compiled in (__cluster_dims__); the query takes it from the kernel.
+    CUlaunchConfig config{};
+    config.gridDimX = static_cast<unsigned>(source.cluster_m * sm_count);
+    config.gridDimY = config.gridDimZ = 1;
+    config.blockDimX = static_cast<unsigned>(source.threads);
+    config.blockDimY = config.blockDimZ = 1;
+    config.sharedMemBytes = static_cast<unsigned>(source.smem_bytes);
+    detail::check(d.cuOccupancyMaxActiveClusters(&k->occupancy.resident_clusters, k->function, &config),
+                  fmt::format("cuOccupancyMaxActiveClusters({})", source.name).c_str());
+    if (k->occupancy.resident_clusters < 1)
+      throw Error(ErrorCode::Cuda, fmt::format("{}: no cluster of {} CTAs of {} threads and {} bytes of shared memory fits on "
+                                               "this GPU", source.name, source.cluster_m, source.threads, source.smem_bytes));
+  }
+  k->report.load_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return k;
+}
+
+std::shared_ptr<LoadedKernel> Context::Impl::from_bundle(const detail::Bundle& bundle, const std::string& name) {
+  const auto kernel = bundle.kernel(name);  // Bundle::load checked that every set's kernels are there
+  auto k = std::make_shared<LoadedKernel>();
+  k->source = kernel->source;
+  k->binary = kernel->binary;
+  fill_report(*k, target);
+  k->report.cache = "bundle";
+  return load(std::move(k));
+}
+
+void Context::Impl::record(const std::string& request, detail::BundleSet set, const std::vector<const LoadedKernel*>& loaded) {
+  std::lock_guard lock(bundles_mutex);
+  for (const LoadedKernel* k : loaded)
+    obtained_kernels.emplace(k->source.name, std::make_shared<const detail::BundleKernel>(detail::BundleKernel{k->source, k->binary}));
+  set.request = request;
+  obtained.insert_or_assign(request, std::move(set));
+}
+
+std::vector<std::shared_ptr<const detail::Bundle>> Context::Impl::loaded_bundles() const {
+  std::lock_guard lock(bundles_mutex);
+  return bundles;
+}
+
+std::string Context::Impl::bundle_list() const {
+  const auto bundles = loaded_bundles();
+  if (bundles.empty()) return "no bundle is loaded";
+  std::string list;
+  for (const auto& b : bundles) list += (list.empty() ? "" : ", ") + b->dir().string();
+  return "the loaded bundles (" + list + ") do not hold it";
+}
+
+namespace {
+[[noreturn]] void not_found(const char* who, const std::string& request, const std::string& bundles, const ContextOptions& o) {
+  throw Error(ErrorCode::NotFound,
+              fmt::format("{}: no kernels for \"{}\": {}, and {} (make a bundle for it with `twellc compile`, or link "
+                          "twell::jit)", who, request, bundles,
+                          o.jit == ContextOptions::Jit::Never ? "ContextOptions::jit is Never" : "twell::jit is not linked"));
+}
+}  // namespace
+
+FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightLayout> decode_down_layout, const char* who) {
+  const std::string request = detail::ffn_request(spec, target, decode_down_layout);
+  for (const auto& bundle : loaded_bundles()) {
+    if (const detail::BundleSet* set = bundle->find(request)) {
+      FfnKernels out;
+      out.ir = set->ir;
+      out.layout = set->layout.value_or(TwellLayout{});
+      std::vector<const LoadedKernel*> loaded;
+      for (const std::string& name : set->kernels) loaded.push_back((out.kernels.emplace_back(from_bundle(*bundle, name))).get());
+      for (const std::string& name : set->decode) loaded.push_back((out.decode.emplace_back(from_bundle(*bundle, name))).get());
+      record(request, *set, loaded);
+      return out;
+    }
+  }
+  if (!jit) not_found(who, request, bundle_list(), options);
+  kernels::GeneratedFfn generated = jit->generate_ffn(spec, target, decode_down_layout);
+  FfnKernels out;
+  out.ir = std::move(generated.ir);
+  out.layout = generated.layout;
+  detail::BundleSet set;
+  set.spec = spec;
+  set.layout = generated.layout;
+  set.ir = out.ir;
+  std::vector<const LoadedKernel*> loaded;
+  for (const auto& k : generated.kernels) {
+    loaded.push_back(out.kernels.emplace_back(load(compile(k))).get());
+    set.kernels.push_back(k.name);
+  }
+  for (const auto& k : generated.decode) {
+    loaded.push_back(out.decode.emplace_back(load(compile(k))).get());
+    set.decode.push_back(k.name);
+  }
+  record(request, std::move(set), loaded);
+  return out;
+}
+
+std::shared_ptr<LoadedKernel> Context::Impl::auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who) {
+  const std::string request = detail::auxiliary_request(kind, spec, target);
+  for (const auto& bundle : loaded_bundles()) {
+    if (const detail::BundleSet* set = bundle->find(request)) {
+      auto k = from_bundle(*bundle, set->kernels.front());
+      record(request, *set, {k.get()});
+      return k;
+    }
+  }
+  if (!jit) not_found(who, request, bundle_list(), options);
+  auto k = load(compile(jit->generate_auxiliary(kind, spec, target)));
+  detail::BundleSet set;
+  set.kernels = {k->source.name};
+  record(request, std::move(set), {k.get()});
+  return k;
+}
+
+}  // namespace twell

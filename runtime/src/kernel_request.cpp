@@ -1,0 +1,37 @@
+#include "kernel_request.h"
+
+#include <bit>
+#include <cstdint>
+
+#include <fmt/format.h>
+
+namespace twell::detail {
+namespace {
+template <typename T>
+std::string optional_text(const std::optional<T>& v) {
+  return v ? fmt::format("{}", *v) : std::string("auto");
+}
+std::string threshold_bits(float t) { return fmt::format("{:#010x}", std::bit_cast<uint32_t>(t)); }
+}  // namespace
+
+std::string ffn_request(const FfnSpec& s, const Target& target, std::optional<WeightLayout> decode) {
+  return fmt::format(
+      "ffn d_model={} d_ff={} gated={} activation={} threshold={} dtype={} down_layout={} tile_n={} slots={} consumer={} "
+      "gate_cluster_m={} decode={} target={}",
+      s.d_model, s.d_ff, s.gated ? 1 : 0, to_string(s.activation), threshold_bits(s.threshold), to_string(s.dtype),
+      to_string(s.down_layout), optional_text(s.tile_n), optional_text(s.slots),
+      s.consumer ? to_string(*s.consumer) : "auto", optional_text(s.gate_cluster_m),
+      decode ? to_string(*decode) : "auto", target.arch());
+}
+
+std::string auxiliary_request(kernels::KernelKind kind, const FfnSpec& s, const Target& target) {
+  using kernels::KernelKind;
+  std::string key = fmt::format("aux {} target={}", kernels::to_string(kind), target.arch());
+  if (kind == KernelKind::DenseGatedMul) key += fmt::format(" dtype={} activation={}", to_string(s.dtype), to_string(s.activation));
+  if (kind == KernelKind::DenseGatedUp)
+    key += fmt::format(" d_model={} d_ff={} activation={} threshold={} dtype={}", s.d_model, s.d_ff, to_string(s.activation),
+                       threshold_bits(s.threshold), to_string(s.dtype));
+  return key;
+}
+
+}  // namespace twell::detail

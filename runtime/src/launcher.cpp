@@ -1,0 +1,27 @@
+#include "launcher.h"
+
+#include <fmt/format.h>
+
+namespace twell::detail {
+
+void launch(const LoadedKernel& k, const kernels::LaunchShape& shape, void** args, CUstream stream, const char* who) {
+  const kernels::LaunchConfig c = kernels::launch_config(k.source, shape, k.occupancy);
+  CUlaunchAttribute attribute{};
+  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+  attribute.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchConfig config{};
+  config.gridDimX = c.grid_x;
+  config.gridDimY = c.grid_y;
+  config.gridDimZ = c.grid_z;
+  config.blockDimX = c.block_x;
+  config.blockDimY = c.block_y;
+  config.blockDimZ = c.block_z;
+  config.sharedMemBytes = c.shared_bytes;
+  config.hStream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = c.dependent_launch ? 1 : 0;
+  check(Driver::get().cuLaunchKernelEx(&config, k.function, args, nullptr),
+        fmt::format("{}: launching {} ({})", who, k.source.name, c.describe()).c_str());
+}
+
+}  // namespace twell::detail

@@ -1,0 +1,133 @@
+// FfnPlan's launch sequences, all on the caller's stream with no host synchronization:
+//   memset(overflow counter) -> [transpose Wd] -> gate_twell (D2T) -> gated_down
+//   or, for a call of at most decode_max_tokens rows: decode_gate[_small] -> decode_up -> decode_down
+// The dense neurons (PlanOptions::dense_neurons) are added by plan_dispatch.cpp after these.
+#include <fmt/format.h>
+
+#include "launcher.h"
+#include "plan_impl.h"
+#include "tma_map.h"
+#include "twell/device/params.h"
+#include "twell/error.h"
+
+namespace twell {
+
+namespace {
+// The decode kernels (decode.cuh) on `tokens` <= decode_max_tokens rows. The overflow counter is
+// zeroed before, as for the D2T. Up to 8 rows: decode_gate_small (no ring); else decode_gate, whose
+// ring is sized by the rows it holds (16 or 64; launch.h).
+void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDownParams& down, int64_t tokens, CUstream cu) {
+  device::DecodeBuffers buffers{};
+  buffers.act = reinterpret_cast<uint16_t*>(p.decode_act->get());
+  buffers.tile_arrivals = reinterpret_cast<uint32_t*>(p.decode_arrivals->get());
+  buffers.entries = reinterpret_cast<uint32_t*>(p.decode_entries->get());
+  buffers.act_ld = p.decode_act_ld;
+  buffers.w_up = down.w_up;
+  buffers.w_down = down.w_down;
+  buffers.ldwu = down.ldwu;
+  buffers.ldwd = down.ldwd;
+  const kernels::LaunchShape shape{tokens, 0, 0};
+  void* gate_args[2] = {&gate, &buffers};
+  void* down_args[2] = {&down, &buffers};
+  const LoadedKernel& first = tokens <= p.decode_gate_small->source.cta_m ? *p.decode_gate_small : *p.decode_gate;
+  detail::launch(first, shape, gate_args, cu, "FfnPlan::run");
+  detail::launch(*p.decode_up, shape, down_args, cu, "FfnPlan::run");
+  detail::launch(*p.decode_down, shape, down_args, cu, "FfnPlan::run");
+}
+}  // namespace
+
+void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t tokens, Stages stages) {
+  const bool gate_only = stages == Stages::GateOnly;
+  const bool consumer_only = stages == Stages::ConsumerOnly;
+  const char* who = gate_only ? "FfnPlan::run_gate" : consumer_only ? "FfnPlan::run_consumer" : "FfnPlan::run";
+  Impl& p = checked_plan(impl_, gate_only ? "run_gate" : "run");
+  if (!p.context->gpu)
+    throw Error(ErrorCode::NoDevice, fmt::format("{}: this plan was made without a GPU ({})", who, p.context->no_gpu_reason));
+  p.context->make_current();
+  check_run_arguments(who, p.spec, user_tensors, tokens, p.max_tokens, !gate_only);
+  // From here on the TwELL part: its neurons' slices of the weights, its spec.
+  // (The slices start 128-byte multiples past the user's pointers: the same alignment, so the
+  // user's pointers are checked, and named in the errors.)
+  check_operand_alignment(p, user_tensors, gate_only);
+  // The dense neurons' part (run() adds it after these kernels): what can fail there (its arguments,
+  // cuBLASLt's algorithms for its operands) fails now, before y is written.
+  if (stages == Stages::All && p.hot && tokens > 0) p.hot->prepare(neuron_slice(p.spec, user_tensors, 0), tokens);
+  const FfnTensors t = p.dense_neurons > 0 ? neuron_slice(p.spec, user_tensors, p.dense_neurons) : user_tensors;
+  const detail::Driver& d = detail::Driver::get();
+  const FfnSpec& s = p.sparse_spec;
+  const bool in_out = s.down_layout == WeightLayout::InOut;
+  auto u16 = [](const void* ptr) { return static_cast<const uint16_t*>(ptr); };
+  auto cu = reinterpret_cast<CUstream>(stream);
+  if (p.wanted_capacity > p.backup_capacity && !consumer_only) {
+    // last_overflow() synchronized the stream after the run that filled the old backup, and calls on
+    // a plan are ordered, so no kernel still reads it.
+    p.allocate_backup(p.wanted_capacity);
+  }
+  if (!consumer_only) {
+    detail::check(d.cuMemsetD32Async(p.counter->get(), 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(overflow counter)");
+    p.matrix_capacity = p.backup_capacity;
+  }
+  p.last_tokens = tokens;
+  p.last_path = "twell";
+  if (tokens == 0) return;
+
+  device::GateParams gate{};
+  gate.x = u16(t.x);
+  gate.w_gate = u16(t.w_gate);
+  gate.twell = reinterpret_cast<uint32_t*>(p.twell->get());
+  gate.backup = reinterpret_cast<uint16_t*>(p.backup->get());
+  gate.overflow_count = reinterpret_cast<uint32_t*>(p.counter->get());
+  gate.m = tokens;
+  gate.ldx = t.ld_x ? t.ld_x : s.d_model;
+  gate.ldw = t.ld_gate ? t.ld_gate : s.d_model;
+  gate.backup_capacity = p.backup_capacity;
+
+  device::GatedDownParams down{};
+  down.x = gate.x;
+  down.w_gate = gate.w_gate;
+  down.w_up = u16(t.w_up);
+  down.w_down = u16(t.w_down);
+  down.twell = gate.twell;
+  down.backup = gate.backup;
+  down.y = static_cast<uint16_t*>(t.y);
+  down.row_counter = reinterpret_cast<uint32_t*>(p.counter->get() + 4);
+  down.m = tokens;
+  down.ldx = gate.ldx;
+  down.ldwg = gate.ldw;
+  down.ldwu = t.ld_up ? t.ld_up : s.d_model;
+  down.ldwd = t.ld_down ? t.ld_down : (in_out ? s.d_model : s.d_ff);
+  down.ldy = t.ld_y ? t.ld_y : s.d_model;
+  down.backup_capacity = p.backup_capacity;
+  if (stages == Stages::All && !p.use_block && p.decode_gate && tokens <= p.decode_max_tokens) {
+    launch_decode(p, gate, down, tokens, cu);  // reads w_down as given: no transpose
+    return;
+  }
+  if (p.transpose && !gate_only) {
+    device::TransposeParams tp{u16(t.w_down), reinterpret_cast<uint16_t*>(p.w_down_t->get()), s.d_model, s.d_ff, down.ldwd, s.d_model};
+    void* args[1] = {&tp};
+    detail::launch(*p.transpose, kernels::LaunchShape{0, s.d_model, s.d_ff}, args, cu, who);
+    down.w_down = reinterpret_cast<const uint16_t*>(p.w_down_t->get());
+    down.ldwd = s.d_model;
+  }
+  if (!consumer_only) {
+    const kernels::KernelSource& src = p.gate->source;
+    if (src.tma_persistent) {
+      detail::encode_tma_map(gate.x_map, s.dtype, gate.x, tokens, s.d_model, gate.ldx, src.cta_m, src.cta_k, "FfnPlan::run: cuTensorMapEncodeTiled(x)");
+      // A cluster's CTAs each load tile_n / cluster_m rows of the w_gate tile and multicast them.
+      detail::encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n / src.cluster_m, src.cta_k,
+                             "FfnPlan::run: cuTensorMapEncodeTiled(w_gate)");
+    }
+    void* args[1] = {&gate};
+    detail::launch(*p.gate, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
+  }
+  if (!gate_only) {
+    // The token-block consumer in place of the row consumer when run() chose it.
+    const LoadedKernel& k = p.use_block ? *p.block_consumer : *p.consumer;
+    if (k.source.persistent)  // the warps claim rows from 0
+      detail::check(d.cuMemsetD32Async(p.counter->get() + 4, 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(row counter)");
+    void* args[1] = {&down};
+    detail::launch(k, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
+  }
+}
+
+}  // namespace twell

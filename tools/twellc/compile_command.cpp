@@ -1,0 +1,115 @@
+// `twellc compile`: ahead-of-time bundles. For each target, the kernels every plan of the layer needs
+// (the gate, the consumers, the decode kernels, the transpose, the dense path's kernels, the neuron
+// reordering), compiled by NVRTC, written with a manifest.json into DIR/<target>/ (README.md,
+// "Ahead-of-time bundles"). Needs no GPU. A program linking twell::runtime alone loads the result.
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "twell/context.h"
+#include "twell/error.h"
+#include "twell/layer_data.h"
+#include "twell/safetensors.h"
+
+// The embedded sample (sample.S): what `twellc run` runs without files.
+extern "C" const unsigned char twell_sample_begin[];
+extern "C" const unsigned char twell_sample_end[];
+
+namespace twellc {
+
+namespace {
+
+const char* kCompileHelp =
+    "usage: twellc compile --d-model D --d-ff F [options] -o DIR    from a shape\n"
+    "       twellc compile --sample [options] -o DIR                the embedded sample's shape (twellc run)\n"
+    "  -o DIR, --out DIR       write one bundle per target into DIR/<target>/ (manifest.json, .cubin, .ptx, .cu)\n"
+    "  --target LIST           comma-separated targets (default sm_90a), e.g. sm_90a,sm_80\n"
+    "  --max-tokens M          the plans' max_tokens (default 131072; only sizes workspaces, not kernels)\n"
+    "  --decode-max-tokens N   0 leaves the decode kernels out (default 64)\n"
+    "  shape options: --tile-n T --slots S --threshold t --activation relu|silu --dtype bf16|f16\n"
+    "                 --down-layout out_in|in_out --non-gated --consumer rows|block --cluster-m 1|2\n"
+    "  The runtime finds a bundle's kernels for exactly this spec (shape and options as given here).\n";
+
+std::vector<twell::Target> parse_targets(const std::string& list) {
+  std::vector<twell::Target> targets;
+  std::stringstream in(list);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const twell::Target t = parse_target(item);
+    for (const auto& seen : targets)
+      if (seen.arch() == t.arch()) throw std::invalid_argument(fmt::format("--target: {} given twice", item));
+    targets.push_back(t);
+  }
+  if (targets.empty()) throw std::invalid_argument(fmt::format("--target: expected a comma-separated list like sm_90a,sm_80, got '{}'", list));
+  return targets;
+}
+
+}  // namespace
+
+int compile_command(const std::vector<std::string>& argv) {
+  try {
+    std::vector<std::string> valued{"target", "out", "o", "max-tokens", "decode-max-tokens"};
+    valued.insert(valued.end(), kShapeValueOptions.begin(), kShapeValueOptions.end());
+    // -o is spelled like the other options' short form would be; parse_args takes --name only.
+    std::vector<std::string> args_in = argv;
+    for (auto& a : args_in)
+      if (a == "-o") a = "--o";
+    const Args args = parse_args(args_in, {"help", "non-gated", "sample"}, valued);
+    if (args.has("help")) {
+      std::fputs(kCompileHelp, stdout);
+      return 0;
+    }
+    if (!args.positional.empty())
+      throw std::invalid_argument(fmt::format("expected no positional arguments (a shape or --sample), got '{}'", args.positional[0]));
+    if (args.has("o") && args.has("out")) throw std::invalid_argument("-o and --out: expected one of them, got both");
+    const std::string out = args.has("o") ? args.get("o") : args.get("out");
+    if (out.empty()) throw std::invalid_argument("-o DIR: expected the output directory, got none");
+    const auto targets = parse_targets(args.get("target", "sm_90a"));
+    twell::FfnSpec spec;
+    if (args.has("sample")) {
+      for (const auto& o : {"d-model", "d-ff"})
+        if (args.has(o)) throw std::invalid_argument(fmt::format("--{}: --sample gives the shape, got both", o));
+      const twell::LayerData d = twell::load_layer(
+          {twell::SafeTensors::parse(std::vector<uint8_t>(twell_sample_begin, twell_sample_end), "<embedded sample>")},
+          std::nullopt, false);
+      std::vector<std::string> with_shape(args_in);
+      with_shape.insert(with_shape.end(), {"--d-model", std::to_string(d.d_model), "--d-ff", std::to_string(d.d_ff)});
+      std::vector<std::string> flags{"help", "non-gated", "sample"};
+      spec = spec_from_args(parse_args(with_shape, flags, valued));
+    } else {
+      spec = spec_from_args(args);
+    }
+    twell::PlanOptions options;  // Dispatch::Auto: the dense path's kernels too
+    options.decode_max_tokens = args.get_int("decode-max-tokens", 64, 0, 64);
+    const int64_t max_tokens = args.get_int("max-tokens", 131072, 1, (int64_t{1} << 31) - 1);
+    for (const twell::Target& target : targets) {
+      twell::ContextOptions context_options;
+      context_options.target = target;
+      context_options.device = twell::ContextOptions::kNoDevice;  // compile only: any target, no workspace
+      twell::Context ctx(context_options);
+      const twell::FfnPlan plan = ctx.plan(spec, max_tokens, options);
+      const std::filesystem::path dir = std::filesystem::path(out) / target.arch();
+      ctx.save_bundle(dir);
+      std::printf("%s: %zu kernels of the plan (layout tile_n %d, slots %d) and the dense path's -> %s\n", target.arch().c_str(),
+                  plan.kernels().size(), plan.layout().tile_n, plan.layout().slots, dir.c_str());
+      for (const auto& k : plan.kernels())
+        std::printf("  %-18s %-60s cache %-6s cubin %7zu B  threads %d cta_m %d %s\n", k.kind.c_str(), k.name.c_str(),
+                    k.cache.c_str(), k.cubin_bytes, k.threads, k.cta_m,
+                    k.persistent ? (k.tiles > 0 ? fmt::format("persistent over {} tiles", k.tiles) : std::string("persistent")).c_str()
+                                 : fmt::format("grid.y {}", k.grid_y).c_str());
+    }
+    return 0;
+  } catch (const twell::Error& e) {
+    std::fprintf(stderr, "twellc compile: error: %s\n", e.what());
+    return 1;
+  } catch (const std::invalid_argument& e) {
+    std::fprintf(stderr, "twellc compile: %s\n%s", e.what(), kCompileHelp);
+    return 2;
+  }
+}
+
+}  // namespace twellc
