@@ -4,6 +4,7 @@
 // naming what was expected and what was found, and the context keeps working.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -22,7 +23,10 @@ using namespace twell;
 
 namespace {
 
-const fs::path kBundles = TWELL_TEST_BUNDLES;
+// The bundles ctest's fixture made; $TWELL_TEST_BUNDLES and $TWELL_SOURCE_DIR override the build's
+// paths (a build copied to a GPU machine).
+const fs::path kBundles = std::getenv("TWELL_TEST_BUNDLES") ? std::getenv("TWELL_TEST_BUNDLES") : TWELL_TEST_BUNDLES;
+const fs::path kSourceDir = std::getenv("TWELL_SOURCE_DIR") ? std::getenv("TWELL_SOURCE_DIR") : TWELL_SOURCE_DIR;
 
 ContextOptions options_for(Target target) {
   ContextOptions o;
@@ -33,7 +37,7 @@ ContextOptions options_for(Target target) {
 
 // The spec of the embedded sample (what `twellc compile --sample` compiles).
 FfnSpec sample_spec() {
-  const LayerData d = load_layer({SafeTensors::read(fs::path(TWELL_SOURCE_DIR) / "tests/data/tiny_l1.safetensors")},
+  const LayerData d = load_layer({SafeTensors::read(kSourceDir / "tests/data/tiny_l1.safetensors")},
                                  std::nullopt, false);
   return FfnSpec{.d_model = d.d_model, .d_ff = d.d_ff};
 }
