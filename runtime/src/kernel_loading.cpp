@@ -23,6 +23,7 @@ void fill_report(LoadedKernel& k, const Target& target) {
   k.report.ptx_bytes = k.binary->ptx.size();
   k.report.cubin_bytes = k.binary->cubin.size();
   k.report.arch = target.arch();
+  k.report.consumer = s.consumer == kernels::ConsumerKind::None ? "" : kernels::to_string(s.consumer);
   k.report.threads = s.threads;
   k.report.cta_m = s.cta_m;
   k.report.cluster_m = s.cluster_m;

@@ -450,7 +450,7 @@ TEST(GpuFfn, TokenBlockConsumer) {
     const auto f = make_random_ffn(c.spec, c.m, c.density, static_cast<uint32_t>(c.m * 31 + c.spec.d_model));
     FfnPlan plan = context().plan(f.spec, f.tokens, sparse());
     bool block = false;
-    for (const KernelReport& k : plan.kernels()) block |= k.kind == "gated_down" && k.cta_m == 16;
+    for (const KernelReport& k : plan.kernels()) block |= k.kind == "gated_down" && k.consumer == "token_block";
     EXPECT_TRUE(block) << what << ": the plan holds no token-block consumer";
     expect_good(run_and_compare(f), what);
   }

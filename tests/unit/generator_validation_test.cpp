@@ -161,15 +161,15 @@ TEST(GeneratorValidation, TokenBlockWhereTheShapeAllowsIt) {
   s.d_ff = 1408;
   s.down_layout = WeightLayout::InOut;
   s.consumer = ConsumerVariant::TokenBlock;
-  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).cta_m, 16);
-  EXPECT_EQ(compiler::generateFfn(s, Target{80, false}).kernels.at(1).cta_m, 16);
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).consumer, kernels::ConsumerKind::TokenBlock);
+  EXPECT_EQ(compiler::generateFfn(s, Target{80, false}).kernels.at(1).consumer, kernels::ConsumerKind::TokenBlock);
   s.d_model = 520;
-  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).cta_m, 8);
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).consumer, kernels::ConsumerKind::WarpRow);
   s.d_model = 768;  // a multiple of 128, but Wd^T rows of 96 chunks do not tile 256 threads
-  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).cta_m, 8);
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).consumer, kernels::ConsumerKind::WarpRow);
   s.d_model = 512;
   s.down_layout = WeightLayout::OutIn;
-  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).cta_m, 1);
+  EXPECT_EQ(compiler::generateFfn(s, Target{90, true}).kernels.at(1).consumer, kernels::ConsumerKind::CtaRow);
 }
 
 TEST(GeneratorValidation, EveryValidEnumValueGenerates) {

@@ -218,8 +218,8 @@ int run_command(const std::vector<std::string>& argv) {
     for (const auto& k : plan.kernels()) {
       if (k.kind == "gate_twell") hopper = k.threads == 384;
       if (k.kind == "gated_down" || k.kind == "down") {
-        warp_rows |= k.cta_m > 1 && k.cta_m < 16;
-        token_block |= k.cta_m == 16;
+        warp_rows |= k.consumer == "warp_row";
+        token_block |= k.consumer == "token_block";
       }
     }
     say(fmt::format("== kernels for {} ({} gate GEMM with the TwELL epilogue, {} consumers; decode kernels for calls of "
@@ -231,12 +231,17 @@ int run_command(const std::vector<std::string>& argv) {
                     ms_since(t0)));
     nlohmann::json kernels = nlohmann::json::array();
     for (const auto& k : plan.kernels()) {
-      say(fmt::format("   {:<17} {:<70} cache {:<6} compile {:7.1f} ms  PTX {:6} B  cubin {:6} B  CTA {} rows x {} threads, grid.y {}{}",
-                      k.kind, k.name, k.cache, k.compile_ms, k.ptx_bytes, k.cubin_bytes, k.cta_m, k.threads, k.grid_y,
+      // The grid the runtime launches (launch.h): a persistent kernel runs grid.y 1, looping over its tiles.
+      say(fmt::format("   {:<17} {:<70} cache {:<6} compile {:7.1f} ms  PTX {:6} B  cubin {:6} B  CTA {} rows x {} threads, {}{}",
+                      k.kind, k.name, k.cache, k.compile_ms, k.ptx_bytes, k.cubin_bytes, k.cta_m, k.threads,
+                      k.persistent ? (k.tiles > 0 ? fmt::format("persistent (grid.y 1, over {} tiles)", k.tiles)
+                                                  : std::string("persistent (grid.y 1)"))
+                                   : fmt::format("grid.y {}", k.grid_y),
                       k.cluster_m > 1 ? fmt::format(", clusters of {} CTAs", k.cluster_m) : std::string()));
       kernels.push_back({{"kind", k.kind}, {"name", k.name}, {"cache", k.cache}, {"compile_ms", k.compile_ms},
                          {"ptx_bytes", k.ptx_bytes}, {"cubin_bytes", k.cubin_bytes}, {"arch", k.arch},
-                         {"cta_m", k.cta_m}, {"threads", k.threads}, {"grid_y", k.grid_y}, {"cluster_m", k.cluster_m}});
+                         {"cta_m", k.cta_m}, {"threads", k.threads}, {"grid_y", k.grid_y}, {"persistent", k.persistent},
+                         {"tiles", k.tiles}, {"consumer", k.consumer}, {"cluster_m", k.cluster_m}});
     }
     report["target"] = ctx.target().arch();
     report["kernels"] = kernels;

@@ -75,6 +75,7 @@ struct KernelReport {
   size_t ptx_bytes = 0;
   size_t cubin_bytes = 0;
   std::string arch;       // "sm_90a"
+  std::string consumer;   // a gated_down / down kernel's variant: "cta_row" | "warp_row" | "token_block" ("" otherwise)
   int threads = 0, cta_m = 0;
   int grid_y = 0;         // the grid.y it launches with: 1 for a persistent kernel (its CTAs loop over `tiles`)
   int tiles = 0;          // the N tiles of a gate kernel (its grid.y unless persistent)
