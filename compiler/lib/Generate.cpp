@@ -113,10 +113,14 @@ TwellLayout layoutOf(tw::LayoutAttr layout) {
 // Wd layout the decode kernels read ("auto": the consumer's).
 std::optional<GeneratedFfn> runPipeline(mlir::ModuleOp module, const Target& target,
                                        ConsumerVariant variant = ConsumerVariant::RowGather, int clusterM = 0,
-                                       llvm::StringRef decode = "auto") {
+                                       tw::DecodeChoice decode = tw::DecodeChoice::Auto) {
   mlir::PassManager pm(module.getContext());
-  tw::buildTwellKernelPipeline(pm, target.arch(), variant == ConsumerVariant::TokenBlock ? "block" : "rows", clusterM,
-                               decode);
+  tw::TwellSelectConfigOptions options;
+  options.target = target.arch();
+  options.consumer = variant == ConsumerVariant::TokenBlock ? tw::ConsumerChoice::Block : tw::ConsumerChoice::Rows;
+  options.clusterM = clusterM;
+  options.decode = decode;
+  tw::buildTwellKernelPipeline(pm, options);
   if (mlir::failed(pm.run(module))) return std::nullopt;
 
   // One gate kernel feeding one consumer (the shape Generate.h documents).
@@ -260,12 +264,12 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target, std::optiona
   mlir::func::ReturnOp::create(b, loc, y);
   if (mlir::failed(mlir::verify(*module))) fail(messages.take());
 
-  const char* decode = "auto";
+  tw::DecodeChoice decode = tw::DecodeChoice::Auto;
   if (decode_down_layout) {
     if (*decode_down_layout != WeightLayout::OutIn && *decode_down_layout != WeightLayout::InOut)
       fail("decode_down_layout: expected WeightLayout::OutIn or InOut, got " +
            std::to_string(static_cast<int>(*decode_down_layout)));
-    decode = *decode_down_layout == WeightLayout::OutIn ? "out_in" : "in_out";
+    decode = *decode_down_layout == WeightLayout::OutIn ? tw::DecodeChoice::OutIn : tw::DecodeChoice::InOut;
   }
   std::optional<GeneratedFfn> result = runPipeline(*module, target, spec.consumer.value_or(ConsumerVariant::RowGather),
                                                    spec.gate_cluster_m.value_or(0), decode);

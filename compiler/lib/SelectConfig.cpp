@@ -84,13 +84,13 @@ int64_t dModelOf(Operation* op) {
 
 // One row per warp wherever allowed (measured faster at the paper's shape: bench/README.md v9), else
 // one row per CTA.
-// With consumer = "block": 16 token rows per CTA on tensor cores (gated_down_block.cuh) with the
+// With consumer = block: 16 token rows per CTA on tensor cores (gated_down_block.cuh) with the
 // deepest ring that fits the target's shared memory, where the shape allows it (gated layers only).
 // ConsumerOp: GatedDownOp or DownOp.
 template <class ConsumerOp>
-ConfigAttr consumerConfig(MLIRContext* context, Mainloop gateMainloop, ConsumerOp down, llvm::StringRef consumer) {
+ConfigAttr consumerConfig(MLIRContext* context, Mainloop gateMainloop, ConsumerOp down, ConsumerChoice consumer) {
   using Down = GatedDownKernelConstraints;
-  if (consumer == "block" && std::is_same_v<ConsumerOp, GatedDownOp>) {
+  if (consumer == ConsumerChoice::Block && std::is_same_v<ConsumerOp, GatedDownOp>) {
     const int64_t tileN = down.getLayout().getTileN();
     const int64_t dFF = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
     const int64_t stages = Down::blockStages(dModelOf(down), dFF, tileN,
@@ -112,16 +112,6 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
   void runOnOperation() override {
     MLIRContext* context = &getContext();
     std::string arch = target;
-    if (consumer != "rows" && consumer != "block") {
-      getOperation().emitError() << "twell-select-config: consumer: expected \"rows\" or \"block\", got \"" << consumer
-                                 << "\"";
-      return signalPassFailure();
-    }
-    if (decode != "auto" && decode != "out_in" && decode != "in_out" && decode != "none") {
-      getOperation().emitError() << "twell-select-config: decode: expected auto, out_in, in_out or none, got \"" << decode
-                                 << "\"";
-      return signalPassFailure();
-    }
     if (clusterM != 0 && clusterM != 1 && clusterM != 2) {
       getOperation().emitError() << "twell-select-config: cluster-m: expected 1 or 2 (or 0: the heuristic's), got "
                                  << static_cast<int64_t>(clusterM);
@@ -167,15 +157,15 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
         down.setConfigAttr(consumerConfig(context, gateMainloop, down, consumer));
       }
       // The decode kernels beside it, where their constraints allow them.
-      if (down.getDecodeAttr() || decode == "none") return;
+      if (down.getDecodeAttr() || decode == DecodeChoice::None) return;
       const int64_t dFF = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
       const ConfigAttr config = down.getConfigAttr();
       const bool tokenBlock = config.getCtaM() == GatedDownKernelConstraints::kBlockCtaM;
       if (!DecodeKernelConstraints::allowed(config.getMainloop() != Mainloop::Fma, tokenBlock, dModelOf(down), dFF,
                                             down.getLayout().getTileN(), down.getTargetAttr().getComputeCapability()))
         return;
-      const DownLayout layout = decode == "auto"     ? down.getDownLayout()
-                                : decode == "out_in" ? DownLayout::OutIn
+      const DownLayout layout = decode == DecodeChoice::Auto    ? down.getDownLayout()
+                                : decode == DecodeChoice::OutIn ? DownLayout::OutIn
                                                      : DownLayout::InOut;
       down.setDecodeAttr(DownLayoutAttr::get(context, layout));
     };

@@ -2,8 +2,11 @@
 // RUN: twell-opt %s -twell-split-gated-ffn -twell-select-config="target=sm_80 consumer=block" | FileCheck %s --check-prefix=SM80
 // RUN: twell-opt %s -twell-split-gated-ffn -twell-select-config | FileCheck %s --check-prefix=ROWS
 // RUN: not twell-opt %s -twell-select-config=consumer=tiles 2>&1 | FileCheck %s --check-prefix=BAD
+// The kernel pipeline takes twell-select-config's options (declared once, enum-typed, in Passes.td).
+// RUN: twell-opt %s -twell-kernel-pipeline="target=sm_80 consumer=block" | FileCheck %s --check-prefix=SM80
+// RUN: not twell-opt %s -twell-kernel-pipeline=consumer=tiles 2>&1 | FileCheck %s --check-prefix=BAD
 
-// BAD: error: twell-select-config: consumer: expected "rows" or "block", got "tiles"
+// BAD: for the --consumer option: Cannot find option named 'tiles'!
 
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 

@@ -69,7 +69,7 @@ func.func @explicit_config(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>,
 // CHECK: twell.gated_down {{.*}}decode = #twell.down_layout<in_out>
 // NONE-LABEL: func.func @explicit
 // NONE: twell.gated_down {{.*}}decode = #twell.down_layout<in_out>
-// BAD: error: twell-select-config: decode: expected auto, out_in, in_out or none, got "rows"
+// BAD: for the --decode option: Cannot find option named 'rows'!
 func.func @explicit(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
                     %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %y = twell.gated_down %x, %h, %wu, %wd {decode = #twell.down_layout<in_out>}

@@ -9,16 +9,20 @@
 
 namespace mlir::twell {
 
+// twell-select-config's enum-typed options (Passes.td; the generator and the kernel pipeline pass
+// them as these values, the command line as their names).
+enum class ConsumerChoice { Rows, Block };                // consumer=rows|block
+enum class DecodeChoice { Auto, OutIn, InOut, None };     // decode=auto|out_in|in_out|none
+
 #define GEN_PASS_DECL
 #include "twell/compiler/Passes.h.inc"
 
 // Adds, nested on every func.func of the module `pm` runs on: twell-split-gated-ffn,
-// twell-select-config{target=arch} and twell-specialize. After it every kernel op is explicit and
-// named, ready for emitCudaKernels (EmitCuda.h). `pm` must be anchored on builtin.module.
-// `clusterM`: the wgmma gate's cluster_m (0: the heuristic's). `decode`: twell-select-config's option
-// (auto, out_in, in_out or none: the w_down layout of the consumers' decode kernels).
-void buildTwellKernelPipeline(OpPassManager& pm, llvm::StringRef arch, llvm::StringRef consumer = "rows",
-                              int64_t clusterM = 0, llvm::StringRef decode = "auto");
+// twell-select-config with `options` (the one declaration of its options: Passes.td) and
+// twell-specialize. After it every kernel op is explicit and named, ready for emitCudaKernels
+// (EmitCuda.h). `pm` must be anchored on builtin.module. The registered pipeline
+// `twell-kernel-pipeline` takes the same options as twell-select-config.
+void buildTwellKernelPipeline(OpPassManager& pm, const TwellSelectConfigOptions& options);
 
 #define GEN_PASS_REGISTRATION
 #include "twell/compiler/Passes.h.inc"

@@ -31,7 +31,7 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
     Sets `target` (the `target` option's arch with its default features: wgmma, tma, multicast on
     sm_90a; mma_sync, cp_async elsewhere) and `config` on each twell.gate_matmul and
     twell.gated_down that lacks them; attributes already present are kept. The configuration comes
-    from a heuristic (KernelConstraints.h). The gate kernel uses the tensor-core main loop,
+    from a heuristic (twell/kernels/constraints.h). The gate kernel uses the tensor-core main loop,
     `mainloop = mma_sync`, wherever it is allowed (d_model % 8 == 0 and 64 <= tile_n <= 1024, on
     every target): cta_m = min(128, 32768 / tile_n), cta_k = 32, 256 threads and the deepest
     cp.async pipeline of 4, 3 or 2 stages whose shared memory fits 200 KiB. Otherwise it uses
@@ -50,15 +50,21 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
   let options = [
     Option<"target", "target", "std::string", /*default=*/"\"sm_90a\"",
            "GPU architecture, sm_<major><minor>[a]">,
-    Option<"consumer", "consumer", "std::string", /*default=*/"\"rows\"",
-           "gated consumer variant: rows (one token row per warp or CTA) or block (16 rows on tensor cores, "
-           "where the shape allows it)">,
+    Option<"consumer", "consumer", "::mlir::twell::ConsumerChoice", /*default=*/"::mlir::twell::ConsumerChoice::Rows",
+           "gated consumer variant", [{::llvm::cl::values(
+             clEnumValN(::mlir::twell::ConsumerChoice::Rows, "rows", "one token row per warp or CTA"),
+             clEnumValN(::mlir::twell::ConsumerChoice::Block, "block",
+                        "16 token rows per CTA on tensor cores, where the shape allows it"))}]>,
     Option<"clusterM", "cluster-m", "int64_t", /*default=*/"0",
            "the wgmma gate's CTAs per cluster sharing the w_gate tile by TMA multicast: 1 or 2; 0 = 2 where "
            "the target has multicast, else 1">,
-    Option<"decode", "decode", "std::string", /*default=*/"\"auto\"",
-           "the decode kernels' w_down layout: auto (the consumer's), out_in, in_out, or none (sets no decode "
-           "attribute; one already present is kept)">,
+    Option<"decode", "decode", "::mlir::twell::DecodeChoice", /*default=*/"::mlir::twell::DecodeChoice::Auto",
+           "the decode kernels' w_down layout", [{::llvm::cl::values(
+             clEnumValN(::mlir::twell::DecodeChoice::Auto, "auto", "the consumer's down layout"),
+             clEnumValN(::mlir::twell::DecodeChoice::OutIn, "out_in", "nn.Linear [d_model, d_ff]"),
+             clEnumValN(::mlir::twell::DecodeChoice::InOut, "in_out", "[d_ff, d_model]"),
+             clEnumValN(::mlir::twell::DecodeChoice::None, "none",
+                        "no decode attribute (one already present is kept)"))}]>,
   ];
   let dependentDialects = ["::mlir::twell::TwellDialect"];
 }
