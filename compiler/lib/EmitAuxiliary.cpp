@@ -82,6 +82,7 @@ KernelSource denseGatedUp(const FfnSpec& s) {
   k.threads = static_cast<int>(C::kThreads);
   k.cta_m = static_cast<int>(C::kCtaM);
   k.cta_k = static_cast<int>(C::kCtaK);
+  k.stages = static_cast<int>(C::kStages);
   k.cluster_m = static_cast<int>(C::kClusterM);
   k.grid_y = static_cast<int>((s.d_ff + C::kTileN - 1) / C::kTileN);
   k.smem_bytes = static_cast<int>(C::kSharedBytes);

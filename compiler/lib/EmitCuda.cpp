@@ -270,6 +270,7 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operatio
     source.threads = static_cast<int>(kernel->config.getThreads());
     source.cta_m = static_cast<int>(kernel->config.getCtaM());
     source.cta_k = static_cast<int>(kernel->config.getCtaK());
+    source.stages = static_cast<int>(kernel->config.getStages());
     source.cluster_m = static_cast<int>(kernel->config.getClusterM());
     source.grid_y = static_cast<int>(kernel->gridY());
     // The pipelines of the mma_sync and wgmma gates, the token-block consumer's ring and the

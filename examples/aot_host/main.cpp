@@ -97,7 +97,9 @@ int main(int argc, char** argv) {
       d.w_down = random_bf16(size_t(d.d_model * d.d_ff), 0.013f, 4);
     }
     if (tokens > 0 && tokens < d.tokens) d.tokens = tokens;
-    const twell::FfnSpec spec{.d_model = d.d_model, .d_ff = d.d_ff};  // bf16, ReLU, nn.Linear layouts
+    twell::FfnSpec spec;  // bf16, ReLU, nn.Linear layouts
+    spec.d_model = d.d_model;
+    spec.d_ff = d.d_ff;
     const auto t0 = std::chrono::steady_clock::now();
     if (bundle != "-") {
       const twell::BundleInfo info = ctx.load_bundle(bundle);

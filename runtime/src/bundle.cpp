@@ -1,10 +1,13 @@
 #include "bundle.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <limits>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -14,6 +17,7 @@
 
 #include "twell/device/params.h"
 #include "twell/error.h"
+#include "twell/kernels/validate.h"
 
 namespace twell::detail {
 namespace {
@@ -58,7 +62,7 @@ json kernel_json(const kernels::KernelSource& k) {
           {"config",
            {{"d_model", k.d_model}, {"d_ff", k.d_ff}, {"tile_n", k.tile_n}, {"down_in_out", k.down_in_out},
             {"mainloop", kernels::to_string(k.mainloop)}, {"consumer", kernels::to_string(k.consumer)},
-            {"gated", k.gated}, {"cta_k", k.cta_k}, {"operand_alignment", k.operand_alignment}}},
+            {"gated", k.gated}, {"cta_k", k.cta_k}, {"stages", k.stages}, {"operand_alignment", k.operand_alignment}}},
           {"launch",
            {{"threads", k.threads}, {"cta_m", k.cta_m}, {"cluster_m", k.cluster_m}, {"grid_y", k.grid_y},
             {"persistent", k.persistent}, {"tma_persistent", k.tma_persistent},
@@ -66,16 +70,35 @@ json kernel_json(const kernels::KernelSource& k) {
           {"smem_bytes", k.smem_bytes}};
 }
 
-// Reads one typed field, naming it in the error.
+// A value as an error message shows it: at most 80 characters of its JSON.
+std::string shown(const json& v) {
+  std::string text = v.dump();
+  return text.size() > 80 ? text.substr(0, 77) + "..." : text;
+}
+
+// Reads one typed field, naming it in the error: integers must be JSON integers within T's range
+// (no silent narrowing, no floats or booleans), booleans booleans, strings strings.
 template <typename T>
 T field(const fs::path& dir, const json& j, const char* key, const std::string& where) {
   if (!j.is_object() || !j.contains(key)) parse_error(dir, fmt::format("{}: expected a field \"{}\", found none", where, key));
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    parse_error(dir, fmt::format("{}: field \"{}\": expected a {}, found {}", where, key,
-                                 std::is_same_v<T, std::string> ? "string" : std::is_same_v<T, bool> ? "boolean" : "number",
-                                 j.at(key).dump()));
+  const json& v = j.at(key);
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (v.is_string()) return v.get<std::string>();
+    parse_error(dir, fmt::format("{}: field \"{}\": expected a string, found {}", where, key, shown(v)));
+  } else if constexpr (std::is_same_v<T, bool>) {
+    if (v.is_boolean()) return v.get<bool>();
+    parse_error(dir, fmt::format("{}: field \"{}\": expected true or false, found {}", where, key, shown(v)));
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (v.is_number()) return v.get<T>();
+    parse_error(dir, fmt::format("{}: field \"{}\": expected a number, found {}", where, key, shown(v)));
+  } else {
+    const bool fits = v.is_number_unsigned()
+                          ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                          : v.is_number_integer() && v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+                                (std::is_unsigned_v<T> || v.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max()));
+    if (fits) return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>()) : static_cast<T>(v.get<int64_t>());
+    parse_error(dir, fmt::format("{}: field \"{}\": expected an integer in {}..{}, found {}", where, key,
+                                 std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), shown(v)));
   }
 }
 
@@ -117,6 +140,7 @@ kernels::KernelSource kernel_from_json(const fs::path& dir, const std::string& n
                           {ConsumerKind::None, ConsumerKind::CtaRow, ConsumerKind::WarpRow, ConsumerKind::TokenBlock});
   k.gated = field<bool>(dir, c, "gated", cw);
   k.cta_k = field<int>(dir, c, "cta_k", cw);
+  k.stages = field<int>(dir, c, "stages", cw);
   k.operand_alignment = field<int>(dir, c, "operand_alignment", cw);
   const json& l = j.contains("launch") ? j.at("launch") : json();
   const std::string lw = where + " launch";
@@ -128,22 +152,33 @@ kernels::KernelSource kernel_from_json(const fs::path& dir, const std::string& n
   k.tma_persistent = field<bool>(dir, l, "tma_persistent", lw);
   k.dependent_launch = field<bool>(dir, l, "dependent_launch", lw);
   k.smem_bytes = field<int>(dir, j, "smem_bytes", where);
-  if (k.threads < 32 || k.threads > 1024 || k.cta_m < 1 || k.cluster_m < 1 || k.cluster_m > 8 || k.grid_y < 1 ||
-      k.smem_bytes < 0 || k.smem_bytes > 232448)
-    parse_error(dir, fmt::format("{}: launch: expected threads 32..1024, cta_m >= 1, cluster_m 1..8, grid_y >= 1 and "
-                                 "smem_bytes 0..232448, found {}, {}, {}, {} and {}",
-                                 where, k.threads, k.cta_m, k.cluster_m, k.grid_y, k.smem_bytes));
+  // Every value is checked against its kind's contract once the binaries are read (validate.h).
   return k;
 }
 
-std::string read_file(const fs::path& path) {
+// The bytes of a regular file (after symbolic links) of at most `max_bytes`: anything else (a FIFO,
+// a device, a directory) is refused before it is opened, so a load never blocks or reads without end.
+std::string read_file(const fs::path& path, uint64_t max_bytes) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw Error(ErrorCode::NotFound, fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
+  if (!S_ISREG(st.st_mode))
+    throw Error(ErrorCode::Parse, fmt::format("{}: expected a regular file, found {}", path.string(),
+                                              S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, socket or device"));
+  if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    throw Error(ErrorCode::Parse, fmt::format("{}: expected at most {} bytes, found {}", path.string(), max_bytes, st.st_size));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(ErrorCode::NotFound, fmt::format("cannot open {}: {}", path.string(), std::strerror(errno)));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw Error(ErrorCode::Io, fmt::format("cannot read {}", path.string()));
-  return std::move(text).str();
+  std::string data(static_cast<size_t>(st.st_size), '\0');
+  in.read(data.data(), static_cast<std::streamsize>(data.size()));
+  if (static_cast<uint64_t>(in.gcount()) != data.size())
+    throw Error(ErrorCode::Io, fmt::format("cannot read {}: expected {} bytes, read {}", path.string(), data.size(), in.gcount()));
+  return data;
 }
+
+constexpr uint64_t kMaxManifestBytes = uint64_t{64} << 20;
+constexpr uint64_t kMaxKernelFileBytes = uint64_t{256} << 20;
+constexpr int kMaxManifestDepth = 16;  // the schema nests 5 deep
 
 // A kernel file named by the manifest: present, of the recorded size and checksum.
 std::string checked_file(const fs::path& dir, const std::string& kernel, const json& files, const char* role, bool required) {
@@ -154,16 +189,20 @@ std::string checked_file(const fs::path& dir, const std::string& kernel, const j
   const json& f = files.at(role);
   const std::string where = fmt::format("kernel {} {} file", kernel, role);
   const auto name = field<std::string>(dir, f, "path", where);
-  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
-    parse_error(dir, fmt::format("{}: path: expected a file name inside the bundle, found \"{}\"", where, name));
+  const bool printable = std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c != 0x7f; });
+  if (name.empty() || !printable || name.find('/') != std::string::npos || name == "." || name == "..")
+    parse_error(dir, fmt::format("{}: path: expected a file name inside the bundle, found {}", where, shown(json(name))));
   const auto bytes = field<uint64_t>(dir, f, "bytes", where);
+  if (bytes < 1 || bytes > kMaxKernelFileBytes)
+    parse_error(dir, fmt::format("{}: bytes: expected 1..{}, found {}", where, kMaxKernelFileBytes, bytes));
   const auto sum = field<std::string>(dir, f, "xxh64", where);
   const fs::path path = dir / name;
   std::string data;
   try {
-    data = read_file(path);
+    // At most the recorded size + 1: a longer file is reported as such without reading it whole.
+    data = read_file(path, bytes);
   } catch (const Error& e) {
-    throw Error(ErrorCode::NotFound, fmt::format("bundle {}: kernel {}: {} file: {}", dir.string(), kernel, role, e.what()));
+    throw Error(e.code(), fmt::format("bundle {}: kernel {}: {} file ({}): {}", dir.string(), kernel, role, name, e.what()));
   }
   if (data.size() != bytes)
     parse_error(dir, fmt::format("kernel {}: {} ({}): expected {} bytes, found {} (truncated or replaced)", kernel, role,
@@ -216,6 +255,48 @@ std::optional<Target> parse_target(const std::string& arch) {
   return t;
 }
 
+// A set's kernels are what its request asks for: an FFN set a gate and a consumer (and the four
+// decode kernels, or none) of one shape and its layout; an auxiliary set one kernel of its kind.
+void Bundle::check_set(const Bundle& b, const BundleSet& set) {
+  const std::string where = "set " + set.request;
+  auto kind_of = [&](const std::string& name) { return b.kernels_.at(name)->source; };
+  auto expect_kinds = [&](const char* list, const std::vector<std::string>& names, std::initializer_list<kernels::KernelKind> kinds) {
+    std::string expected, found;
+    for (kernels::KernelKind k : kinds) expected += (expected.empty() ? "" : ", ") + std::string(kernels::to_string(k));
+    for (const std::string& n : names) found += (found.empty() ? "" : ", ") + std::string(kernels::to_string(kind_of(n).kind));
+    if (expected != found) parse_error(b.dir_, fmt::format("{}: {}: expected the kinds [{}], found [{}]", where, list, expected, found));
+  };
+  using kernels::KernelKind;
+  if (set.request.rfind("ffn ", 0) == 0) {
+    expect_kinds("kernels", set.kernels, {KernelKind::GateTwell, KernelKind::GatedDown});
+    if (!set.decode.empty())
+      expect_kinds("decode", set.decode, {KernelKind::DecodeGate, KernelKind::DecodeUp, KernelKind::DecodeDown, KernelKind::DecodeGateSmall});
+    if (!set.layout) parse_error(b.dir_, fmt::format("{}: expected a layout, found none", where));
+    const TwellLayout& l = *set.layout;
+    if ((l.tile_n & (l.tile_n - 1)) != 0 || l.tile_n < 32 || l.tile_n > 1024 || l.slots < 1 || l.slots > l.tile_n || l.index_bits != 16)
+      parse_error(b.dir_, fmt::format("{}: layout: expected tile_n a power of two in 32..1024, slots 1..tile_n and index_bits 16, "
+                                      "found {}, {} and {}", where, l.tile_n, l.slots, l.index_bits));
+    const kernels::KernelSource gate = kind_of(set.kernels.front());
+    for (const auto* list : {&set.kernels, &set.decode})
+      for (const std::string& n : *list) {
+        const kernels::KernelSource k = kind_of(n);
+        if (k.d_model != gate.d_model || k.d_ff != gate.d_ff || k.tile_n != l.tile_n)
+          parse_error(b.dir_, fmt::format("{}: kernel {}: expected d_model {}, d_ff {} and the layout's tile_n {}, found {}, {} and {}",
+                                          where, n, gate.d_model, gate.d_ff, l.tile_n, k.d_model, k.d_ff, k.tile_n));
+      }
+    return;
+  }
+  if (set.request.rfind("aux ", 0) == 0) {
+    const std::string kind = set.request.substr(4, set.request.find(' ', 4) - 4);
+    const auto parsed = kernels::parse_kernel_kind(kind);
+    if (!parsed || set.kernels.size() != 1 || !set.decode.empty() || kind_of(set.kernels.front()).kind != *parsed)
+      parse_error(b.dir_, fmt::format("{}: expected one kernel of kind {}, found {} kernels{}", where, kind, set.kernels.size(),
+                                      set.kernels.empty() ? "" : std::string(" (the first: ") + kernels::to_string(kind_of(set.kernels.front()).kind) + ")"));
+    return;
+  }
+  parse_error(b.dir_, fmt::format("{}: request: expected \"ffn ...\" or \"aux ...\"", where));
+}
+
 const BundleSet* Bundle::find(const std::string& request) const {
   const auto it = sets_.find(request);
   return it == sets_.end() ? nullptr : &it->second;
@@ -236,10 +317,23 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
     throw Error(ErrorCode::NotFound, fmt::format("bundle {}: expected manifest.json, found none (not a bundle, or its "
                                                  "writing did not finish)", dir.string()));
   json m;
+  std::string text;
   try {
-    m = json::parse(read_file(manifest_path));
+    text = read_file(manifest_path, kMaxManifestBytes);
+  } catch (const Error& e) {
+    throw Error(e.code(), fmt::format("bundle {}: manifest.json: {}", dir.string(), e.what()));
+  }
+  try {
+    // Nesting is bounded while parsing: a manifest nested without end must not exhaust the stack
+    // (the checksum's dump recurses).
+    m = json::parse(text, [](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxManifestDepth) throw std::length_error("nested deeper than " + std::to_string(kMaxManifestDepth) + " levels");
+      return true;
+    });
   } catch (const json::exception& e) {
     parse_error(dir, fmt::format("manifest.json: expected JSON, found a parse error: {}", e.what()));
+  } catch (const std::length_error& e) {
+    parse_error(dir, fmt::format("manifest.json: expected the bundle schema, found JSON {}", e.what()));
   }
   if (!m.is_object()) parse_error(dir, "manifest.json: expected a JSON object");
   const auto format = field<std::string>(dir, m, "format", "manifest");
@@ -269,6 +363,13 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
     const std::string cubin = checked_file(dir, name, files, "cubin", true);
     binary.cubin.assign(cubin.begin(), cubin.end());
     k->source.source = checked_file(dir, name, files, "source", false);
+    // The files must be this kernel's: its entry point in the PTX and in the cubin's symbols.
+    if (binary.ptx.find(".entry " + name) == std::string::npos)
+      parse_error(dir, fmt::format("kernel {}: ptx: expected the entry {}, found a PTX without it", name, name));
+    if (cubin.find(name) == std::string::npos)
+      parse_error(dir, fmt::format("kernel {}: cubin: expected the entry {}, found a cubin without it", name, name));
+    if (const std::string wrong = kernels::validate_kernel(k->source, bundle->target_); !wrong.empty())
+      parse_error(dir, fmt::format("kernel {} ({}): {}", name, kernels::to_string(k->source.kind), wrong));
     k->binary = std::make_shared<const CacheEntry>(std::move(binary));
     bundle->kernels_.emplace(name, std::move(k));
   }
@@ -305,8 +406,9 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
         (std::string(list) == "kernels" ? set.kernels : set.decode).push_back(name);
       }
     }
-    if (set.kernels.empty()) parse_error(dir, fmt::format("{}: kernels: expected at least one kernel, found none", where));
-    bundle->sets_.emplace(set.request, std::move(set));
+    check_set(*bundle, set);
+    if (!bundle->sets_.emplace(set.request, std::move(set)).second)
+      parse_error(dir, fmt::format("{}: expected each request once, found it twice", where));
   }
   return bundle;
 }
@@ -352,6 +454,14 @@ void write_bundle(const fs::path& dir, const Target& target, const std::map<std:
   }
   m["checksum"] = manifest_checksum(m);
   write_file(dir / "manifest.json", m.dump(2) + "\n");
+  // A bundle written over another keeps no kernel files of the old one.
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string ext = entry.path().extension().string();
+    const std::string stem = entry.path().stem().string();
+    if ((ext == ".cubin" || ext == ".ptx" || ext == ".cu") && !kernels.count(stem)) stale.push_back(entry.path());
+  }
+  for (const fs::path& p : stale) fs::remove(p, ec);
 }
 
 }  // namespace twell::detail

@@ -58,6 +58,7 @@ class Bundle {
   size_t kernel_count() const { return kernels_.size(); }
 
  private:
+  static void check_set(const Bundle& b, const BundleSet& set);
   std::filesystem::path dir_;
   Target target_;
   std::string twell_version_;

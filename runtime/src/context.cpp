@@ -96,6 +96,14 @@ BundleInfo Context::load_bundle(const std::filesystem::path& dir) {
   BundleInfo info{dir, bundle->target(), bundle->twell_version(), bundle->sets().size(), bundle->kernel_count(), 0};
   {
     std::lock_guard lock(impl->bundles_mutex);
+    // One holder per kernel set: a second bundle holding one would be shadowed silently.
+    for (const auto& loaded : impl->bundles)
+      for (const auto& [request, set] : bundle->sets())
+        if (loaded->find(request) != nullptr)
+          throw Error(ErrorCode::InvalidArgument,
+                      fmt::format("Context::load_bundle: {}: expected kernel sets no loaded bundle holds, found \"{}\", which {} "
+                                  "holds already (load each bundle once; one bundle per shape)",
+                                  dir.string(), request, loaded->dir().string()));
     impl->bundles.push_back(std::move(bundle));
   }
   info.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -1,6 +1,7 @@
 // Where a context's kernels come from: a loaded bundle that holds the requested kernel set, else the
 // registered JIT (through the kernel cache), else a NotFound error naming the request. With a GPU
 // every kernel is then loaded as a module and its occupancy queried once.
+#include <bit>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -8,6 +9,7 @@
 #include "context_impl.h"
 #include "kernel_request.h"
 #include "twell/error.h"
+#include "twell/kernels/validate.h"
 
 namespace twell {
 
@@ -39,6 +41,10 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const kernels::KernelSource
                 fmt::format("Context: compiling {} needs the JIT: {}", source.name,
                             options.jit == ContextOptions::Jit::Never ? "ContextOptions::jit is Never"
                                                                       : "twell::jit is not linked into this program"));
+  // The emitter and the contracts must agree on every kernel (launch.h launches by the description).
+  if (const std::string wrong = kernels::validate_kernel(source, target); !wrong.empty())
+    throw Error(ErrorCode::Compile, fmt::format("Context: the JIT's kernel {} ({}) breaks its contract: {} (a twell bug)", source.name,
+                                                kernels::to_string(source.kind), wrong));
   auto k = std::make_shared<LoadedKernel>();
   k->source = source;
   // The source and everything else the JIT says can change the binary (compiler, options, device
@@ -133,6 +139,33 @@ std::string Context::Impl::bundle_list() const {
 }
 
 namespace {
+// A bundle's FFN set against the spec that asked for it (the request key names these fields; the
+// manifest's set is checked against them too, so an edited one cannot hand a plan another shape).
+void check_bundle_set(const detail::Bundle& bundle, const detail::BundleSet& set, const FfnSpec& spec,
+                      std::optional<WeightLayout> decode) {
+  auto bad = [&](const std::string& what) {
+    throw Error(ErrorCode::Parse, fmt::format("bundle {}: set {}: {}", bundle.dir().string(), set.request, what));
+  };
+  const kernels::KernelSource& gate = bundle.kernel(set.kernels.at(0))->source;
+  const kernels::KernelSource& consumer = bundle.kernel(set.kernels.at(1))->source;
+  const TwellLayout& l = *set.layout;
+  if (gate.d_model != spec.d_model || gate.d_ff != spec.d_ff)
+    bad(fmt::format("expected d_model {} and d_ff {}, found {} and {}", spec.d_model, spec.d_ff, gate.d_model, gate.d_ff));
+  if (l.value != spec.dtype || l.activation != spec.activation || std::bit_cast<uint32_t>(l.threshold) != std::bit_cast<uint32_t>(spec.threshold))
+    bad(fmt::format("layout: expected value {}, activation {} and threshold {}, found {}, {} and {}", to_string(spec.dtype),
+                    to_string(spec.activation), spec.threshold, to_string(l.value), to_string(l.activation), l.threshold));
+  if ((spec.tile_n && *spec.tile_n != l.tile_n) || (spec.slots && *spec.slots != l.slots))
+    bad(fmt::format("layout: expected the spec's tile_n and slots, found {} and {}", l.tile_n, l.slots));
+  if (consumer.gated != spec.gated || consumer.down_in_out != (spec.down_layout == WeightLayout::InOut))
+    bad("the consumer: expected the spec's gated flag and down layout");
+  if (spec.consumer && (*spec.consumer == ConsumerVariant::TokenBlock) != (consumer.consumer == kernels::ConsumerKind::TokenBlock) &&
+      *spec.consumer == ConsumerVariant::RowGather)
+    bad("the consumer: expected the row gather (FfnSpec::consumer), found the token block");
+  for (const std::string& name : set.decode)
+    if (decode && bundle.kernel(name)->source.down_in_out != (*decode == WeightLayout::InOut))
+      bad(fmt::format("decode kernel {}: expected w_down {}", name, to_string(*decode)));
+}
+
 [[noreturn]] void not_found(const char* who, const std::string& request, const std::string& bundles, const ContextOptions& o) {
   throw Error(ErrorCode::NotFound,
               fmt::format("{}: no kernels for \"{}\": {}, and {} (make a bundle for it with `twellc compile`, or link "
@@ -145,6 +178,7 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
   const std::string request = detail::ffn_request(spec, target, decode_down_layout);
   for (const auto& bundle : loaded_bundles()) {
     if (const detail::BundleSet* set = bundle->find(request)) {
+      check_bundle_set(*bundle, *set, spec, decode_down_layout);
       FfnKernels out;
       out.ir = set->ir;
       out.layout = set->layout.value_or(TwellLayout{});

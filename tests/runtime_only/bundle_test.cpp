@@ -28,6 +28,14 @@ namespace {
 const fs::path kBundles = std::getenv("TWELL_TEST_BUNDLES") ? std::getenv("TWELL_TEST_BUNDLES") : TWELL_TEST_BUNDLES;
 const fs::path kSourceDir = std::getenv("TWELL_SOURCE_DIR") ? std::getenv("TWELL_SOURCE_DIR") : TWELL_SOURCE_DIR;
 
+FfnSpec spec_of(int64_t d_model, int64_t d_ff, bool gated = true) {
+  FfnSpec s;
+  s.d_model = d_model;
+  s.d_ff = d_ff;
+  s.gated = gated;
+  return s;
+}
+
 ContextOptions options_for(Target target) {
   ContextOptions o;
   o.target = target;
@@ -39,7 +47,7 @@ ContextOptions options_for(Target target) {
 FfnSpec sample_spec() {
   const LayerData d = load_layer({SafeTensors::read(kSourceDir / "tests/data/tiny_l1.safetensors")},
                                  std::nullopt, false);
-  return FfnSpec{.d_model = d.d_model, .d_ff = d.d_ff};
+  return spec_of(d.d_model, d.d_ff);
 }
 
 std::string read(const fs::path& p) {
@@ -83,7 +91,10 @@ TEST(RuntimeOnly, HasNoJit) {
   Context ctx(options_for(Target{90, true}));
   EXPECT_FALSE(ctx.has_jit()) << "this test program links twell::runtime alone";
   kernels::GeneratedFfn g;
-  g.kernels.push_back(kernels::KernelSource{.name = "k", .source = "extern \"C\" __global__ void k() {}"});
+  kernels::KernelSource k;
+  k.name = "k";
+  k.source = "extern \"C\" __global__ void k() {}";
+  g.kernels.push_back(k);
   const auto [code, what] = error_of([&] { ctx.compile(g); });
   EXPECT_EQ(code, ErrorCode::Unsupported) << what;
   EXPECT_NE(what.find("twell::jit is not linked"), std::string::npos) << what;
@@ -113,7 +124,7 @@ TEST(RuntimeOnly, PlanFromBundle) {
 TEST(RuntimeOnly, NonGatedBundle) {
   Context ctx(options_for(Target{90, true}));
   ctx.load_bundle(kBundles / "non_gated/sm_90a");
-  FfnSpec s{.d_model = 512, .d_ff = 1408, .gated = false};
+  const FfnSpec s = spec_of(512, 1408, false);
   const FfnPlan plan = ctx.plan(s, 1024);
   bool down = false;
   for (const KernelReport& k : plan.kernels()) down |= k.kind == "down";
@@ -123,7 +134,7 @@ TEST(RuntimeOnly, NonGatedBundle) {
 TEST(RuntimeOnly, MissingKernelSetNamesTheRequest) {
   Context ctx(options_for(Target{90, true}));
   ctx.load_bundle(kBundles / "sample/sm_90a");
-  FfnSpec other{.d_model = 1024, .d_ff = 4096};
+  const FfnSpec other = spec_of(1024, 4096);
   const auto [code, what] = error_of([&] { ctx.plan(other, 128); });
   EXPECT_EQ(code, ErrorCode::NotFound);
   EXPECT_NE(what.find("d_model=1024 d_ff=4096"), std::string::npos) << what;
@@ -245,6 +256,126 @@ TEST(RuntimeOnly, SaveBundleReportsWriteFailures) {
   EXPECT_EQ(code, ErrorCode::Io) << what;
   EXPECT_NE(what.find("blocked"), std::string::npos) << what;
   fs::remove_all(dir);
+}
+
+}  // namespace
+
+// Manifests edited by a tool that recomputes the checksum (or nested, or replaced by a FIFO): every
+// field is still checked against the contracts, so none makes the runtime launch a wrong kernel.
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using nlohmann::json;
+
+// Applies `edit` to the manifest of a fresh copy of the sample's sm_90a bundle and re-signs it.
+template <class Edit>
+fs::path forged(const std::string& name, Edit edit) {
+  const fs::path dir = copy_bundle("forged-" + name);
+  json m = json::parse(read(dir / "manifest.json"));
+  edit(m, dir);
+  m.erase("checksum");
+  const std::string text = m.dump();
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH64(text.data(), text.size(), 0)));
+  m["checksum"] = hex;
+  write(dir / "manifest.json", m.dump(2));
+  return dir;
+}
+
+std::string first_of_kind(const json& m, const std::string& kind) {
+  for (const auto& [name, k] : m["kernels"].items())
+    if (k["kind"] == kind) return name;
+  return "";
+}
+
+// Loading `dir` fails with a Parse error whose message holds every one of `parts`.
+void expect_refused(const fs::path& dir, std::initializer_list<const char*> parts) {
+  Context ctx(options_for(Target{90, true}));
+  const auto [code, what] = error_of([&] { ctx.load_bundle(dir); });
+  EXPECT_EQ(code, ErrorCode::Parse) << what;
+  for (const char* p : parts) EXPECT_NE(what.find(p), std::string::npos) << "expected '" << p << "' in: " << what;
+  // The context still works.
+  ctx.load_bundle(kBundles / "sample/sm_90a");
+  EXPECT_NO_THROW(ctx.plan(sample_spec(), 64));
+  fs::remove_all(dir);
+}
+
+TEST(RuntimeOnlyForged, LaunchValuesAgainstTheContract) {
+  expect_refused(forged("threads", [](json& m, const fs::path&) { m["kernels"][first_of_kind(m, "gate_twell")]["launch"]["threads"] = 33; }),
+                 {"gate_twell", "threads: expected 384", "found 33"});
+  expect_refused(forged("smem", [](json& m, const fs::path&) { m["kernels"][first_of_kind(m, "gated_down")]["smem_bytes"] = 4096; }),
+                 {"smem_bytes: expected"});
+  expect_refused(forged("cta_m", [](json& m, const fs::path&) { m["kernels"][first_of_kind(m, "decode_up")]["launch"]["cta_m"] = 0; }),
+                 {"decode_up", "cta_m: expected 64 (decode_up), found 0"});
+  expect_refused(forged("tile_n", [](json& m, const fs::path&) { m["kernels"][first_of_kind(m, "decode_gate")]["config"]["tile_n"] = 0; }),
+                 {"tile_n: expected 32..1024, found 0"});
+  expect_refused(forged("narrow", [](json& m, const fs::path&) {
+                   m["kernels"][first_of_kind(m, "gate_twell")]["launch"]["threads"] = (uint64_t{1} << 32) + 384;
+                 }),
+                 {"threads", "expected an integer in"});
+  expect_refused(forged("float", [](json& m, const fs::path&) { m["kernels"][first_of_kind(m, "transpose")]["smem_bytes"] = 0.5; }),
+                 {"smem_bytes", "expected an integer"});
+}
+
+TEST(RuntimeOnlyForged, SetsAgainstTheirRequests) {
+  auto ffn_set = [](json& m) -> json& {
+    for (json& s : m["sets"])
+      if (s["request"].get<std::string>().rfind("ffn ", 0) == 0 && s.contains("decode")) return s;
+    throw std::runtime_error("no ffn set");
+  };
+  expect_refused(forged("slots", [&](json& m, const fs::path&) { ffn_set(m)["layout"]["slots"] = 1000; }), {"layout", "slots 1..tile_n"});
+  expect_refused(forged("decode-order", [&](json& m, const fs::path&) {
+                   json& d = ffn_set(m)["decode"];
+                   std::swap(d[0], d[3]);
+                 }),
+                 {"decode: expected the kinds [decode_gate, decode_up, decode_down, decode_gate_small]"});
+  expect_refused(forged("consumer-is-gate", [&](json& m, const fs::path&) { ffn_set(m)["kernels"][1] = ffn_set(m)["kernels"][0]; }),
+                 {"kernels: expected the kinds [gate_twell, gated_down]"});
+  expect_refused(forged("aux-kind", [&](json& m, const fs::path&) {
+                   for (json& s : m["sets"])
+                     if (s["request"].get<std::string>().rfind("aux transpose", 0) == 0) s["kernels"][0] = first_of_kind(m, "gate_twell");
+                 }),
+                 {"expected one kernel of kind transpose"});
+  expect_refused(forged("duplicate", [&](json& m, const fs::path&) { m["sets"].push_back(m["sets"][0]); }), {"twice"});
+  // Another kernel's files, re-signed: the entry point is not in them.
+  expect_refused(forged("swapped", [](json& m, const fs::path&) {
+                   const std::string gate = first_of_kind(m, "gate_twell"), up = first_of_kind(m, "decode_up");
+                   m["kernels"][gate]["files"]["cubin"] = m["kernels"][up]["files"]["cubin"];
+                 }),
+                 {"cubin: expected the entry"});
+  expect_refused(forged("schema", [](json& m, const fs::path&) { m["schema_version"] = (uint64_t{1} << 32) + 1; }),
+                 {"schema_version", "expected an integer in"});
+}
+
+TEST(RuntimeOnlyForged, NestingFifosAndOverlaps) {
+  // A manifest nested 100000 deep is refused while parsing (no stack overflow).
+  const fs::path deep = copy_bundle("deep");
+  std::string m = read(deep / "manifest.json");
+  m.insert(m.rfind('}'), ", \"x\": " + std::string(100000, '[') + std::string(100000, ']'));
+  write(deep / "manifest.json", m);
+  expect_refused(deep, {"nested deeper than"});
+  // A FIFO in place of a kernel file is refused without opening it (no hang).
+  const fs::path fifo = copy_bundle("fifo");
+  const fs::path ptx = first_with(fifo, ".ptx");
+  fs::remove(ptx);
+  ASSERT_EQ(::mkfifo(ptx.c_str(), 0644), 0);
+  expect_refused(fifo, {"expected a regular file, found a FIFO"});
+  // A directory in place of manifest.json says so.
+  const fs::path dirm = copy_bundle("dir-manifest");
+  fs::remove(dirm / "manifest.json");
+  fs::create_directory(dirm / "manifest.json");
+  expect_refused(dirm, {"expected a regular file, found a directory"});
+  // One holder per kernel set: loading a bundle twice is refused, naming the one already loaded.
+  Context ctx(options_for(Target{90, true}));
+  ctx.load_bundle(kBundles / "sample/sm_90a");
+  const auto [code, what] = error_of([&] { ctx.load_bundle(kBundles / "sample/sm_90a"); });
+  EXPECT_EQ(code, ErrorCode::InvalidArgument);
+  EXPECT_NE(what.find("holds already"), std::string::npos) << what;
+  EXPECT_NO_THROW(ctx.plan(sample_spec(), 64));
 }
 
 }  // namespace

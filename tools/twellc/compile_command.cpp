@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "twell/context.h"
 #include "twell/error.h"
+#include "twell/kernels/constraints.h"
 #include "twell/layer_data.h"
 #include "twell/safetensors.h"
 
@@ -36,10 +37,14 @@ const char* kCompileHelp =
 
 std::vector<twell::Target> parse_targets(const std::string& list) {
   std::vector<twell::Target> targets;
+  if (list.empty() || list.back() == ',')
+    throw std::invalid_argument(fmt::format("--target: expected a comma-separated list like sm_90a,sm_80, got '{}'", list));
   std::stringstream in(list);
   std::string item;
   while (std::getline(in, item, ',')) {
     const twell::Target t = parse_target(item);
+    if (!twell::kernels::SupportedArchs::isSupported(t.sm, t.arch_specific))
+      throw std::invalid_argument(fmt::format("--target: expected one of {}, got '{}'", twell::kernels::SupportedArchs::list(), item));
     for (const auto& seen : targets)
       if (seen.arch() == t.arch()) throw std::invalid_argument(fmt::format("--target: {} given twice", item));
     targets.push_back(t);
@@ -86,12 +91,18 @@ int compile_command(const std::vector<std::string>& argv) {
     twell::PlanOptions options;  // Dispatch::Auto: the dense path's kernels too
     options.decode_max_tokens = args.get_int("decode-max-tokens", 64, 0, 64);
     const int64_t max_tokens = args.get_int("max-tokens", 131072, 1, (int64_t{1} << 31) - 1);
+    // Every target's plan first, then the writes: a spec one target rejects writes no bundle at all.
+    std::vector<std::pair<twell::Context, twell::FfnPlan>> plans;
     for (const twell::Target& target : targets) {
       twell::ContextOptions context_options;
       context_options.target = target;
       context_options.device = twell::ContextOptions::kNoDevice;  // compile only: any target, no workspace
       twell::Context ctx(context_options);
-      const twell::FfnPlan plan = ctx.plan(spec, max_tokens, options);
+      twell::FfnPlan plan = ctx.plan(spec, max_tokens, options);
+      plans.emplace_back(std::move(ctx), std::move(plan));
+    }
+    for (auto& [ctx, plan] : plans) {
+      const twell::Target& target = ctx.target();
       const std::filesystem::path dir = std::filesystem::path(out) / target.arch();
       ctx.save_bundle(dir);
       std::printf("%s: %zu kernels of the plan (layout tile_n %d, slots %d) and the dense path's -> %s\n", target.arch().c_str(),

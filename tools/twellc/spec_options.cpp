@@ -55,16 +55,20 @@ twell::FfnSpec spec_from_args(const Args& args) {
   spec.activation = act == "relu" ? twell::Activation::ReLU : twell::Activation::SiLU;
   if (act == "silu" && !(spec.threshold > 0.0f))
     throw std::invalid_argument(fmt::format(
-    "--threshold: expected a value > 0 with --activation silu (a neuron is active iff |silu(g)| > threshold), got {}",
-    spec.threshold));
+        "--threshold: expected a value > 0 with --activation silu (a neuron is active iff |silu(g)| > threshold), got {}",
+        spec.threshold));
   spec.dtype = dtype == "bf16" ? twell::DType::BF16 : twell::DType::FP16;
   spec.down_layout = down == "out_in" ? twell::WeightLayout::OutIn : twell::WeightLayout::InOut;
   spec.gated = !args.has("non-gated");
+  if (act == "relu" && spec.threshold < 0.0f)
+    throw std::invalid_argument(fmt::format("--threshold: expected a value >= 0 with --activation relu, got {}", spec.threshold));
   if (args.has("consumer")) {
     const std::string consumer = args.get("consumer");
     if (consumer != "rows" && consumer != "block")
       throw std::invalid_argument(fmt::format("--consumer: expected rows or block, got '{}'", consumer));
     spec.consumer = consumer == "rows" ? twell::ConsumerVariant::RowGather : twell::ConsumerVariant::TokenBlock;
+    if (!spec.gated && consumer == "block")
+      throw std::invalid_argument("--consumer: the token block is a gated kernel; with --non-gated expected rows, got 'block'");
   }
   if (args.has("cluster-m")) spec.gate_cluster_m = static_cast<int>(args.get_int("cluster-m", 2, 1, 2));
   return spec;

@@ -16,6 +16,10 @@
 // RUN: not twellc compile --d-model 64 --d-ff 64 --target sm_90a,sm_90a -o %t.bundle 2>&1 | FileCheck %s --check-prefix=TWICE
 // RUN: not twellc compile --d-model 64 --d-ff 64 --target sm_75 -o %t.bundle 2>&1 | FileCheck %s --check-prefix=OLD
 // RUN: not twellc compile --sample --d-model 64 -o %t.bundle 2>&1 | FileCheck %s --check-prefix=SAMPLE
+// RUN: not twellc compile --d-model 64 --d-ff 64 --target sm_90a, -o %t.bundle 2>&1 | FileCheck %s --check-prefix=COMMA
+// RUN: not twellc compile --d-model 64 --d-ff 64 --target sm_90a,sm_999 -o %t.bundle 2>&1 | FileCheck %s --check-prefix=BADARCH
+// RUN: not twellc compile --d-model 64 --d-ff 64 --non-gated --consumer block -o %t.bundle 2>&1 | FileCheck %s --check-prefix=NGBLOCK
+// RUN: not twellc compile --d-model 64 --d-ff 64 --threshold -0.5 -o %t.bundle 2>&1 | FileCheck %s --check-prefix=NEGRELU
 // RUN: rm -rf %t.file && touch %t.file && not twellc compile --d-model 64 --d-ff 64 --decode-max-tokens 0 -o %t.file 2>&1 | FileCheck %s --check-prefix=BLOCKED
 
 // MISSING: --d-ff: expected it beside --d-model (a shape needs both d_model and d_ff), got only --d-model
@@ -32,6 +36,10 @@
 // TWICE: --target: sm_90a given twice
 // OLD: --target: twell needs sm_80 or newer (bf16 cvt), got 'sm_75'
 // SAMPLE: --d-model: --sample gives the shape, got both
+// COMMA: --target: expected a comma-separated list like sm_90a,sm_80, got 'sm_90a,'
+// BADARCH: --target: expected one of sm_80, {{.*}}, got 'sm_999'
+// NGBLOCK: --consumer: the token block is a gated kernel; with --non-gated expected rows, got 'block'
+// NEGRELU: --threshold: expected a value >= 0 with --activation relu, got -0.5
 // BLOCKED: twellc compile: error: writing the bundle {{.*}}.file/sm_90a: cannot create the directory
 // BLOCK: note: --consumer block needs --down-layout in_out, {{.*}} emitted the row consumer twell_gated_down_{{.*}}_out_in_{{[0-9a-f]+}} instead
 

@@ -10,7 +10,11 @@
 #include <limits>
 #include <string>
 
+#include "twell/device/shared_memory.h"
+
 namespace twell::kernels {
+
+namespace smem = ::twell::device::shared_memory;
 
 namespace detail {
 // For a, b >= 0: a * b and a + b, saturating at INT64_MAX instead of overflowing (so that an absurd
@@ -23,6 +27,9 @@ constexpr int64_t saturatingAdd(int64_t a, int64_t b) {
   int64_t sum = 0;
   return __builtin_add_overflow(a, b, &sum) ? std::numeric_limits<int64_t>::max() : sum;
 }
+// An extent as the shared-memory layouts (twell/device/shared_memory.h) take it: negative counts as 0,
+// beyond 2^20 as 2^20 (every layout is then far over any limit, and no product of a few overflows).
+constexpr int64_t layoutExtent(int64_t v) { return std::clamp<int64_t>(v, 0, int64_t{1} << 20); }
 }  // namespace detail
 
 // Gate GEMM with the TwELL epilogue, main loop `fma` (#twell.config mainloop = fma, the default): a CTA
@@ -38,13 +45,8 @@ struct GateKernelConstraints {
   // overflowing (so that an absurd configuration reads as too large, never as small). Negative
   // arguments count as 0.
   static constexpr int64_t staticSharedBytes(int64_t ctaM, int64_t ctaK, int64_t tileN) {
-    ctaM = std::max<int64_t>(ctaM, 0);
-    ctaK = std::max<int64_t>(ctaK, 0);
-    tileN = std::max<int64_t>(tileN, 0);
-    using detail::saturatingAdd;
-    using detail::saturatingMul;
-    return std::max(saturatingMul(saturatingMul(ctaK, saturatingAdd(ctaM, tileN)), 4),
-                    saturatingMul(saturatingMul(ctaM, tileN), 2));
+    using detail::layoutExtent;
+    return smem::fma_gate_bytes(layoutExtent(ctaM), layoutExtent(ctaK), layoutExtent(tileN));
   }
 
   // The K step twell-select-config gives a tile width: 16, halved while the operands would not fit
@@ -81,7 +83,7 @@ struct MmaSyncGateConstraints {
   // and the pointers must be multiples of 8 elements.
   static constexpr int64_t kDModelMultiple = 8;
   static constexpr int64_t kOperandAlignment = 8;  // elements (16 bytes)
-  static constexpr int64_t kPaddedRow = 40;        // elements per stage row (cta_k = 32 + 8 padding)
+  static constexpr int64_t kPaddedRow = smem::kMmaSyncRow;  // elements per stage row (cta_k = 32 + 8 padding)
   static constexpr int64_t kElementBytes = 2;
   static constexpr int64_t kMaxSharedBytes = 200 * 1024;  // dynamic, opted into by the runtime
   static constexpr int64_t kMinStages = 2;
@@ -98,22 +100,10 @@ struct MmaSyncGateConstraints {
   static constexpr int64_t ctaM(int64_t tileN) {
     return tileN <= 0 ? 0 : std::min(kMaxCtaM, kMaxTileElements / tileN);
   }
-  // (cta_m + tile_n) * 40 * 2: one pipeline stage of both operands.
-  static constexpr int64_t stageBytes(int64_t ctaM, int64_t tileN) {
-    using detail::saturatingAdd;
-    using detail::saturatingMul;
-    return saturatingMul(saturatingAdd(std::max<int64_t>(ctaM, 0), std::max<int64_t>(tileN, 0)),
-                         kPaddedRow * kElementBytes);
-  }
-  // cta_m * tile_n * 2: the activated tile of the epilogue.
-  static constexpr int64_t epilogueBytes(int64_t ctaM, int64_t tileN) {
-    using detail::saturatingMul;
-    return saturatingMul(saturatingMul(std::max<int64_t>(ctaM, 0), std::max<int64_t>(tileN, 0)), kElementBytes);
-  }
-  // The dynamic shared memory of a CTA: max(stages * stage_bytes, epilogue_bytes).
+  // The dynamic shared memory of a CTA: max(stages x (cta_m + tile_n) x 40 x 2, cta_m x tile_n x 2).
   static constexpr int64_t sharedBytes(int64_t ctaM, int64_t tileN, int64_t stages) {
-    return std::max(detail::saturatingMul(std::max<int64_t>(stages, 0), stageBytes(ctaM, tileN)),
-                    epilogueBytes(ctaM, tileN));
+    using detail::layoutExtent;
+    return smem::mma_sync_gate_bytes(layoutExtent(ctaM), layoutExtent(tileN), layoutExtent(stages));
   }
   // The deepest pipeline (4, 3 or 2 stages) whose shared memory fits kMaxSharedBytes at cta_m =
   // ctaM(tileN); 0 if none does.
@@ -162,26 +152,15 @@ struct WgmmaGateConstraints {
   }
   // The K step for d_model: the default where it divides d_model, else the smaller one.
   static constexpr int64_t ctaKFor(int64_t dModel) { return dModel % kDefaultCtaK == 0 ? kDefaultCtaK : kMinCtaK; }
-  static constexpr int64_t stageBytes(int64_t tileN, int64_t ctaK) {
-    return detail::saturatingMul(detail::saturatingAdd(kCtaM, std::max<int64_t>(tileN, 0)),
-                                 std::max<int64_t>(ctaK, 0) * 2);
-  }
-  static constexpr int64_t stagingBytes(int64_t tileN) {
-    return detail::saturatingMul(kCtaM, detail::saturatingMul(detail::saturatingAdd(std::max<int64_t>(tileN, 0), 8), 2));
-  }
   static constexpr int64_t sharedBytes(int64_t tileN, int64_t ctaK, int64_t stages) {
-    stages = std::max<int64_t>(stages, 0);
-    using detail::saturatingAdd;
-    // + 32 bytes: the epilogue's 4 mbarriers (staged, packed per consumer warpgroup).
-    return saturatingAdd(saturatingAdd(detail::saturatingMul(stages, saturatingAdd(stageBytes(tileN, ctaK), 16)),
-                                       stagingBytes(tileN)),
-                         1024 + 32);
+    using detail::layoutExtent;
+    return smem::wgmma_gate_bytes(kCtaM, layoutExtent(tileN), layoutExtent(ctaK), layoutExtent(stages), 1);
   }
   // The dense path's fused gated-up variant of the same kernel (GatedUp; DenseGatedUpConstraints):
   // each ring stage also holds a Wu tile of tile_n rows.
   static constexpr int64_t gatedUpSharedBytes(int64_t tileN, int64_t ctaK, int64_t stages) {
-    return detail::saturatingAdd(sharedBytes(tileN, ctaK, stages),
-                                 detail::saturatingMul(std::max<int64_t>(stages, 0), stageBytes(tileN, ctaK) - stageBytes(0, ctaK)));
+    using detail::layoutExtent;
+    return smem::wgmma_gate_bytes(kCtaM, layoutExtent(tileN), layoutExtent(ctaK), layoutExtent(stages), 2);
   }
   // The deepest ring (kMaxStages down to kMinStages) that fits kMaxSharedBytes; 0 if none does.
   static constexpr int64_t maxStages(int64_t tileN, int64_t ctaK) {
@@ -290,11 +269,11 @@ struct GatedDownKernelConstraints {
   // Dynamic shared memory of a warp-per-row CTA (gated_down_warp): each warp's x row, d_model rounded
   // up to 256 values of 2 bytes (32 KiB at d_model 2048).
   static constexpr int64_t warpRowSharedBytes(int64_t dModel) {
-    return kWarpRowThreads / 32 * ((dModel + 255) / 256 * 256) * 2;
+    return smem::warp_row_consumer_bytes(detail::layoutExtent(dModel), kWarpRowThreads / 32);
   }
 
-  // Token block (gated_down_block.cuh, BlockConsumerShape: the device side of blockSharedBytes).
-  static constexpr int64_t kBlockCtaM = 16;
+  // Token block (gated_down_block.cuh; its layout is smem::block_consumer_layout, twell/device/shared_memory.h).
+  static constexpr int64_t kBlockCtaM = smem::kBlockRows;
   static constexpr int64_t kBlockThreads = 256;
   static constexpr int64_t kBlockDModelMultiple = 128;
   static constexpr int64_t kBlockMaxDModel = 2048;
@@ -302,7 +281,7 @@ struct GatedDownKernelConstraints {
   static constexpr int64_t kBlockOperandAlignment = 8;
   static constexpr int64_t kBlockMinStages = 3;
   static constexpr int64_t kBlockMaxStages = 6;
-  static constexpr int64_t kBlockChunk = 256;  // union columns per chunk
+  static constexpr int64_t kBlockChunk = smem::kBlockChunk;  // union columns per chunk
   // Dynamic shared memory of one CTA: the ring (stages x max(up stage, down stage)), G/H [16, 256],
   // one dense tile-row per warp, the union bits, the nnz headers, the chunk's column list and tile
   // bases, and two ints. 0 when the shape is outside the variant.
@@ -310,11 +289,7 @@ struct GatedDownKernelConstraints {
     if (dModel <= 0 || dModel > kBlockMaxDModel || tileN <= 0 || tileN > kBlockMaxTileN || dFF <= 0 ||
         dFF > (int64_t{1} << 24) || stages < 0 || stages > kBlockMaxStages)
       return 0;
-    const int64_t tiles = (dFF + tileN - 1) / tileN, maskWords = (tileN + 31) / 32;
-    const int64_t upBytes = (kBlockChunk + kBlockCtaM) * 64 * 2;
-    const int64_t downBytes = (dModel > 1024 ? 8 : 16) * dModel * 2;
-    return stages * std::max(upBytes, downBytes) + kBlockCtaM * kBlockChunk * 2 + 8 * tileN * 2 +
-           tiles * maskWords * 4 + kBlockCtaM * tiles * 4 + kBlockChunk * 4 + tiles * 4 + 8;
+    return smem::block_consumer_layout(dModel, dFF, tileN, stages).bytes;
   }
   // The deepest ring (6 down to 3 stages) that fits `maxSharedBytes`; 0 if none does.
   static constexpr int64_t blockStages(int64_t dModel, int64_t dFF, int64_t tileN, int64_t maxSharedBytes) {
@@ -359,13 +334,11 @@ struct DecodeKernelConstraints {
   // K-values (rows padded to kGateLd) of the 16 or 64 rows of x that `tokens` rows need and of the
   // kSliceN rows of Wg, 4 stages at 16 rows and 2 at 64 (two CTAs per SM either way); at least
   // the rows x tile_n values the last CTA of a tile stages for packing.
-  static constexpr int64_t kGateCtaK = 256;
-  static constexpr int64_t kGateLd = kGateCtaK + 8;
+  static constexpr int64_t kGateCtaK = smem::kDecodeGateCtaK;
+  static constexpr int64_t kGateLd = smem::kDecodeGateLd;
   static constexpr int64_t gateRows(int64_t tokens) { return tokens <= 16 ? 16 : 64; }
   static constexpr int64_t gateSharedBytes(int64_t tileN, int64_t tokens) {
-    const int64_t rows = gateRows(tokens);
-    const int64_t stages = rows == 16 ? 4 : 2;
-    return std::max(stages * (rows + kSliceN) * kGateLd * 2, rows * std::max<int64_t>(tileN, 0) * 2);
+    return smem::decode_gate_bytes(gateRows(tokens), kSliceN, detail::layoutExtent(tileN));
   }
   // decode_gate_small (at most kGateSmallMaxTokens rows): one warp per n8 tile of its kGateSmallSliceN
   // columns. On sm_90 and later (bulkRows) each Wg row of the slice is one bulk copy into a shared row
@@ -383,8 +356,8 @@ struct DecodeKernelConstraints {
            bytes + kStaticSharedReserve <= GatedDownKernelConstraints::maxDynamicSharedBytes(sm);
   }
   static constexpr int64_t gateSmallSharedBytes(int64_t tileN, int64_t dModel, int sm) {
-    const int64_t staging = kGateSmallMaxTokens * std::max<int64_t>(tileN, 0) * 2;
-    return gateSmallBulkRows(dModel, sm) ? std::max(staging, kGateSmallSliceN * (2 * dModel + 16)) : staging;
+    return smem::decode_gate_small_bytes(kGateSmallMaxTokens, detail::layoutExtent(tileN), kGateSmallSliceN,
+                                         detail::layoutExtent(dModel), gateSmallBulkRows(dModel, sm));
   }
   // Also: decode_gate's shared memory at 64 rows must fit the target (not on the 99 KiB parts:
   // sm_86, sm_89, sm_120, sm_121), and not beside the token-block consumer, which rounds h to the

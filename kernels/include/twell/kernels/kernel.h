@@ -86,6 +86,7 @@ struct KernelSource {
   int threads = 0;     // threads per CTA
   int cta_m = 0;       // token rows per CTA: grid.x = ceil(tokens / cta_m) (persistent: at most that)
   int cta_k = 0;       // the K step of a gate kernel (0: no K loop)
+  int stages = 0;      // the shared-memory ring's depth (mma_sync and wgmma gates, token block; 0: none)
   // CTAs per thread-block cluster, compiled in with __cluster_dims__: a tma_persistent kernel's
   // clusters share the w_gate tile, whose TMA box is then {cta_k, tile_n / cluster_m}; grid.x must be
   // a multiple of it, and a persistent grid is sized by the clusters resident at once

@@ -211,9 +211,9 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   __shared__ uint16_t dense_tiles[WARPS][TILE_N];  // an overflowing tile-row per warp (backup or recompute)
   __shared__ uint32_t next_row[WARPS];             // the row each warp claimed to take after its current one
   // Dynamic: the warps' x rows, XS * 256 values each (shared memory, not registers: two entries' loads in
-  // flight need the registers; GatedDownKernelConstraints::warpRowSharedBytes is the host's side).
+  // flight need the registers; the host sizes it by the same shared_memory.h function).
   extern __shared__ __align__(128) unsigned char smem[];
-  require_dynamic_smem(WARPS * XS * 256 * 2);  // the x rows
+  require_dynamic_smem(shared_memory::warp_row_consumer_bytes(K, WARPS));  // the x rows (XS * 256 values per warp)
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;

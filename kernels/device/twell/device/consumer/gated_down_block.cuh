@@ -50,23 +50,23 @@ struct BlockConsumerShape {
   static constexpr int TILE_N = Config::tile_n;
   static constexpr int TILES = (N + TILE_N - 1) / TILE_N;
   static constexpr int MASK_WORDS = (TILE_N + 31) / 32;  // union bits per tile
-  static constexpr int BM = 16;                          // token rows per CTA (mma M)
-  static constexpr int WARPS = 8;
-  static constexpr int CHUNK = 256;                      // union columns per chunk
-  static constexpr int UP_K = 64;                        // K values per up stage
-  static constexpr int DOWN_ROWS = K > 1024 ? 8 : 16;    // Wd^T rows per down stage (<= 32 KiB)
+  static constexpr int BM = shared_memory::kBlockRows;      // token rows per CTA (mma M)
+  static constexpr int WARPS = shared_memory::kBlockWarps;
+  static constexpr int CHUNK = shared_memory::kBlockChunk;   // union columns per chunk
+  static constexpr int UP_K = shared_memory::kBlockUpK;      // K values per up stage
+  static constexpr int DOWN_ROWS = K > 1024 ? 8 : 16;        // Wd^T rows per down stage (<= 32 KiB)
   static constexpr int STAGES = Config::stages;
-  static constexpr int UP_BYTES = (CHUNK + BM) * UP_K * 2;
-  static constexpr int DOWN_BYTES = DOWN_ROWS * K * 2;
-  static constexpr int STAGE_BYTES = UP_BYTES > DOWN_BYTES ? UP_BYTES : DOWN_BYTES;
-  static constexpr int G_OFFSET = STAGES * STAGE_BYTES;
-  static constexpr int DENSE_OFFSET = G_OFFSET + BM * CHUNK * 2;
-  static constexpr int MASK_OFFSET = DENSE_OFFSET + WARPS * TILE_N * 2;
-  static constexpr int NNZ_OFFSET = MASK_OFFSET + TILES * MASK_WORDS * 4;
-  static constexpr int COLS_OFFSET = NNZ_OFFSET + BM * TILES * 4;
-  static constexpr int BASE_OFFSET = COLS_OFFSET + CHUNK * 4;
-  static constexpr int CHUNK_OFFSET = BASE_OFFSET + TILES * 4;  // the chunk's end tile and padded width
-  static constexpr int BYTES = CHUNK_OFFSET + 8;
+  // The layout (shared_memory.h: the host sizes launches by the same function).
+  static constexpr shared_memory::BlockConsumerLayout L = shared_memory::block_consumer_layout(K, N, TILE_N, STAGES);
+  static constexpr int STAGE_BYTES = L.stage_bytes;
+  static constexpr int G_OFFSET = L.g_offset;
+  static constexpr int DENSE_OFFSET = L.dense_offset;
+  static constexpr int MASK_OFFSET = L.mask_offset;
+  static constexpr int NNZ_OFFSET = L.nnz_offset;
+  static constexpr int COLS_OFFSET = L.cols_offset;
+  static constexpr int BASE_OFFSET = L.base_offset;
+  static constexpr int CHUNK_OFFSET = L.chunk_offset;  // the chunk's end tile and padded width
+  static constexpr int BYTES = L.bytes;
   static_assert(K == 128 || K == 256 || K == 512 || K == 1024 || K == 2048,
                 "token-block consumer: d_model 128, 256, 512, 1024 or 2048 (whole Wd^T rows per load pass)");
   static_assert(TILE_N <= CHUNK, "token-block consumer: tile_n <= 256");

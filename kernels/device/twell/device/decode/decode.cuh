@@ -79,14 +79,11 @@ __device__ __forceinline__ void prefetch_neuron_rows(const DecodeBuffers& d, int
 // gateSharedBytes is the same formula; decode_gate traps when launched with less).
 template <class Config>
 struct DecodeGateRing {
-  static constexpr int kCtaK = 256;  // K per stage: 512 contiguous bytes of each Wg row (DRAM bursts)
-  static constexpr int kLd = kCtaK + 8;  // +16 bytes: the 8 rows of an ldmatrix hit distinct banks
-  static constexpr int stages(int mt) { return mt == 1 ? 4 : 2; }  // two CTAs per SM at any MT
-  static constexpr int bytes(int mt) {
-    const int ring = stages(mt) * (16 * mt + Config::slice_n) * kLd * 2;
-    const int staging = 16 * mt * Config::tile_n * 2;  // the last CTA's tile rows for packing
-    return ring > staging ? ring : staging;
-  }
+  // The layout is shared_memory.h's (the host sizes launches by it).
+  static constexpr int kCtaK = shared_memory::kDecodeGateCtaK;  // K per stage: 512 contiguous bytes of each Wg row (DRAM bursts)
+  static constexpr int kLd = shared_memory::kDecodeGateLd;      // +16 bytes: the 8 rows of an ldmatrix hit distinct banks
+  static constexpr int stages(int mt) { return shared_memory::decode_gate_stages(16 * mt); }  // two CTAs per SM at any MT
+  static constexpr int bytes(int mt) { return shared_memory::decode_gate_bytes(16 * mt, Config::slice_n, Config::tile_n); }
 };
 
 // decode_gate's GEMM with MT m16 row tiles (16 * MT >= p.m rows): this CTA's slice of act(x Wg^T) into
@@ -270,11 +267,7 @@ __device__ __forceinline__ void decode_gate_small(const GateParams& p, const Dec
   if (p.m > Config::max_tokens) __trap();
   allow_next_kernel();
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
-  {
-    constexpr uint32_t staging = Config::max_tokens * TILE_N * 2;
-    constexpr uint32_t rows = Config::bulk_rows ? SLICE * (2 * K + 16) : 0;
-    require_dynamic_smem(rows > staging ? rows : staging);
-  }
+  require_dynamic_smem(shared_memory::decode_gate_small_bytes(Config::max_tokens, TILE_N, SLICE, K, Config::bulk_rows));
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int slice0 = blockIdx.x / SLICES * TILE_N + static_cast<int>(blockIdx.x % SLICES) * SLICE;

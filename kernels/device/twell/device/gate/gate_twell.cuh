@@ -37,9 +37,7 @@ __device__ __forceinline__ void gate_twell_fma(const GateParams& p) {
 
   // Main loop operands (fp32, K-major so the inner product reads broadcast/consecutive words) and the
   // epilogue's activated tile share one buffer: the epilogue starts after the last K step.
-  constexpr int OPERAND_BYTES = CTA_K * (CTA_M + TILE_N) * 4;
-  constexpr int EPILOGUE_BYTES = CTA_M * TILE_N * 2;
-  constexpr int SMEM_BYTES = OPERAND_BYTES > EPILOGUE_BYTES ? OPERAND_BYTES : EPILOGUE_BYTES;
+  constexpr int SMEM_BYTES = shared_memory::fma_gate_bytes(CTA_M, CTA_K, TILE_N);
   static_assert(SMEM_BYTES <= 48 * 1024, "static shared memory is limited to 48 KiB: lower cta_k (config)");
   __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
   float (*As)[CTA_M] = reinterpret_cast<float (*)[CTA_M]>(smem);
@@ -125,11 +123,12 @@ __device__ __forceinline__ void gate_twell_mma(const GateParams& p) {
   static_assert(WM % 16 == 0 && WN % 16 == 0, "warp tile must be a multiple of 16 x 16");
   // Shared-memory rows of 32 K-elements padded to 40 (80 bytes): the 8 row addresses of an ldmatrix
   // land in 8 disjoint groups of 4 banks (no conflicts).
-  constexpr int LD = 40;
-  constexpr int STAGE_ELEMS = (CTA_M + TILE_N) * LD;
+  constexpr int LD = shared_memory::kMmaSyncRow;
+  constexpr int STAGE_ELEMS = shared_memory::mma_sync_gate_stage_elements(CTA_M, TILE_N);
   constexpr int KT = (K + CTA_K - 1) / CTA_K;
   constexpr int TILES = (N + TILE_N - 1) / TILE_N;
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
+  require_dynamic_smem(shared_memory::mma_sync_gate_bytes(CTA_M, TILE_N, STAGES));  // the host sized it by the same layout
   uint16_t* smem = reinterpret_cast<uint16_t*>(dynamic_smem);
 
   const int tid = threadIdx.x;

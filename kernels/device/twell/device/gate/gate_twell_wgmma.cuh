@@ -59,10 +59,12 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
                 "wgmma main loop: cta_m 128 (two consumer warpgroups of 64 rows), cta_k 32 or 64, 384 threads");
   static_assert(TILE_N == 64 || TILE_N == 128 || TILE_N == 256, "wgmma N is the tile width: 64, 128 or 256");
   static_assert(STAGES >= 2, "the TMA ring needs at least 2 stages");
-  constexpr int A_BYTES = CTA_M * CTA_K * 2;
-  constexpr int B_BYTES = TILE_N * CTA_K * 2;
+  // The layout (shared_memory.h, which the host sizes launches by).
+  constexpr int A_BYTES = shared_memory::wgmma_gate_a_bytes(CTA_M, CTA_K);
+  constexpr int B_BYTES = shared_memory::wgmma_gate_b_bytes(TILE_N, CTA_K);
   constexpr int OPERANDS = GatedUp ? 2 : 1;  // weight tiles per stage: Wg (and Wu)
-  constexpr int STAGE_BYTES = A_BYTES + OPERANDS * B_BYTES;  // multiple of 1024: every tile stays swizzle-aligned
+  // A multiple of 1024: every tile stays swizzle-aligned.
+  constexpr int STAGE_BYTES = shared_memory::wgmma_gate_stage_bytes(CTA_M, TILE_N, CTA_K, OPERANDS);
   static_assert(A_BYTES % 1024 == 0 && B_BYTES % 1024 == 0, "operand tiles must keep the ring swizzle-aligned");
   constexpr int KT = (K + CTA_K - 1) / CTA_K;
   constexpr int TILES_N = (N + TILE_N - 1) / TILE_N;
@@ -73,7 +75,7 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   constexpr int MMA_N = GatedUp ? 2 * TILE_N : TILE_N;
   static_assert(MMA_N <= 256, "GatedUp: tile_n up to 128 (one wgmma of N = 256)");
   static_assert(!GatedUp || N % 8 == 0, "GatedUp: h is stored 8 columns (16 bytes) at a time: d_ff % 8 == 0");
-  constexpr int STAGE_STRIDE = TILE_N + 8;  // staging row stride in 16-bit values
+  constexpr int STAGE_STRIDE = shared_memory::wgmma_gate_staging_stride(TILE_N);  // staging row stride in 16-bit values
 
   extern __shared__ __align__(1024) unsigned char dynamic_smem[];
   // The runtime allocates 1 KiB extra: align the ring to the 1024 bytes 128-byte swizzling needs.
@@ -85,8 +87,11 @@ __device__ __forceinline__ void gate_twell_wgmma(const GateParams& p) {
   uint64_t* packed = staged + 2;      // [2]: the packer warps are done with that staging area
 
   const int tid = threadIdx.x;
-  // The launcher computes the dynamic shared memory separately (KernelConstraints.h, cublas_dense.cpp):
-  // a launch with less than this layout needs stops here instead of overrunning it.
+  // The launcher sizes the dynamic shared memory by the same layout (shared_memory.h): a launch with less
+  // than it needs stops here instead of overrunning it.
+  static_assert(shared_memory::wgmma_gate_bytes(CTA_M, TILE_N, CTA_K, STAGES, OPERANDS) ==
+                    1024 + STAGES * STAGE_BYTES + CTA_M * STAGE_STRIDE * 2 + (2 * STAGES + 4) * 8,
+                "the pointers below follow shared_memory.h's wgmma gate layout");
   if (tid == 0 && static_cast<uint32_t>(reinterpret_cast<unsigned char*>(packed + 2) - dynamic_smem) > dynamic_smem_bytes())
     __trap();
   // Work item w: d_ff tile w % TILES_N of the CLUSTER_M consecutive m-blocks CLUSTER_M * (w / TILES_N)

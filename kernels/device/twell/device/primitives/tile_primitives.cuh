@@ -3,6 +3,7 @@
 // "Matrix Fragments for mma.m16n8k16 with floating point type".
 #pragma once
 #include "twell/device/primitives/numerics.cuh"
+#include "twell/device/shared_memory.h"
 
 namespace twell::device {
 
@@ -19,7 +20,7 @@ __device__ __forceinline__ uint32_t dynamic_smem_bytes() {
   return bytes;
 }
 
-// Kernels whose shared-memory layout the host sizes (KernelConstraints.h) check it on entry: a launch
+// Kernels whose shared-memory layout the host sizes (shared_memory.h, through constraints.h) check it on entry: a launch
 // with less than `bytes` traps (a loud launch error) instead of writing past the allocation.
 __device__ __forceinline__ void require_dynamic_smem(uint32_t bytes) {
   if (dynamic_smem_bytes() < bytes) __trap();

@@ -1,0 +1,87 @@
+// The shared-memory layouts of the kernels, written once: the device templates lay out their shared
+// memory with these functions (compiled by NVRTC) and the host contracts size launches and check
+// configurations with them (twell/kernels/constraints.h, compiled by g++). Plain constexpr integer
+// arithmetic with no includes, so both compilers take it. Bytes; the host passes in-range values (its
+// wrappers clamp absurd ones first, so no product overflows).
+#pragma once
+
+namespace twell::device::shared_memory {
+
+// fma gate (gate/gate_twell.cuh, static shared memory): the fp32 operands of one K step, cta_k x
+// (cta_m + tile_n), then the activated tile (16-bit) in the same buffer.
+constexpr long long fma_gate_bytes(long long cta_m, long long cta_k, long long tile_n) {
+  const long long operands = cta_k * (cta_m + tile_n) * 4, epilogue = cta_m * tile_n * 2;
+  return operands > epilogue ? operands : epilogue;
+}
+
+// mma_sync gate (gate/gate_twell.cuh): `stages` stages of cta_m + tile_n rows of 32 K-values padded to
+// kMmaSyncRow (80 bytes: ldmatrix without bank conflicts), then the activated tile in the same buffer.
+constexpr long long kMmaSyncRow = 40;
+constexpr long long mma_sync_gate_stage_elements(long long cta_m, long long tile_n) { return (cta_m + tile_n) * kMmaSyncRow; }
+constexpr long long mma_sync_gate_bytes(long long cta_m, long long tile_n, long long stages) {
+  const long long ring = stages * mma_sync_gate_stage_elements(cta_m, tile_n) * 2, epilogue = cta_m * tile_n * 2;
+  return ring > epilogue ? ring : epilogue;
+}
+
+// wgmma gate and the dense path's gated-up variant (gate/gate_twell_wgmma.cuh): 1 KiB to align the
+// ring to the 128-byte swizzle, `stages` stages of the x box (cta_m x cta_k) and `operands` weight
+// tiles (tile_n x cta_k: Wg, and Wu for gated-up), the staging area (cta_m rows of tile_n + 8 values),
+// full and empty mbarriers per stage, the epilogue's 4 mbarriers.
+constexpr long long wgmma_gate_a_bytes(long long cta_m, long long cta_k) { return cta_m * cta_k * 2; }
+constexpr long long wgmma_gate_b_bytes(long long tile_n, long long cta_k) { return tile_n * cta_k * 2; }
+constexpr long long wgmma_gate_stage_bytes(long long cta_m, long long tile_n, long long cta_k, long long operands) {
+  return wgmma_gate_a_bytes(cta_m, cta_k) + operands * wgmma_gate_b_bytes(tile_n, cta_k);
+}
+constexpr long long wgmma_gate_staging_stride(long long tile_n) { return tile_n + 8; }
+constexpr long long wgmma_gate_bytes(long long cta_m, long long tile_n, long long cta_k, long long stages,
+                                     long long operands) {
+  return 1024 + stages * wgmma_gate_stage_bytes(cta_m, tile_n, cta_k, operands) +
+         cta_m * wgmma_gate_staging_stride(tile_n) * 2 + stages * 2 * 8 + 4 * 8;
+}
+
+// Warp-per-row consumer (consumer/gated_down.cuh): each warp's x row, d_model rounded up to 256 values.
+constexpr long long warp_row_consumer_bytes(long long d_model, long long warps) { return warps * ((d_model + 255) / 256 * 256) * 2; }
+
+// Token-block consumer (consumer/gated_down_block.cuh): the ring (stages x max(up stage, down stage)),
+// G/H [16, 256], one dense tile-row per warp, the union bits, the nnz headers, the chunk's column list
+// and tile bases, the chunk's end tile and padded width.
+constexpr long long kBlockRows = 16, kBlockWarps = 8, kBlockChunk = 256, kBlockUpK = 64;
+struct BlockConsumerLayout {
+  long long stage_bytes, g_offset, dense_offset, mask_offset, nnz_offset, cols_offset, base_offset, chunk_offset, bytes;
+};
+constexpr BlockConsumerLayout block_consumer_layout(long long d_model, long long d_ff, long long tile_n, long long stages) {
+  const long long tiles = (d_ff + tile_n - 1) / tile_n, mask_words = (tile_n + 31) / 32;
+  const long long up = (kBlockChunk + kBlockRows) * kBlockUpK * 2;
+  const long long down = (d_model > 1024 ? 8 : 16) * d_model * 2;  // Wd^T rows per down stage (<= 32 KiB)
+  BlockConsumerLayout l{};
+  l.stage_bytes = up > down ? up : down;
+  l.g_offset = stages * l.stage_bytes;
+  l.dense_offset = l.g_offset + kBlockRows * kBlockChunk * 2;
+  l.mask_offset = l.dense_offset + kBlockWarps * tile_n * 2;
+  l.nnz_offset = l.mask_offset + tiles * mask_words * 4;
+  l.cols_offset = l.nnz_offset + kBlockRows * tiles * 4;
+  l.base_offset = l.cols_offset + kBlockChunk * 4;
+  l.chunk_offset = l.base_offset + tiles * 4;
+  l.bytes = l.chunk_offset + 8;
+  return l;
+}
+
+// decode_gate (decode/decode.cuh): a cp.async ring of kDecodeGateCtaK K-values per stage (rows padded to
+// kDecodeGateLd) of the `rows` rows of x (16 or 64) and the slice's rows of Wg, 4 stages at 16 rows and
+// 2 at 64 (two CTAs per SM either way); at least the rows x tile_n values the last CTA of a tile stages.
+constexpr long long kDecodeGateCtaK = 256, kDecodeGateLd = kDecodeGateCtaK + 8;
+constexpr long long decode_gate_stages(long long rows) { return rows <= 16 ? 4 : 2; }
+constexpr long long decode_gate_bytes(long long rows, long long slice_n, long long tile_n) {
+  const long long ring = decode_gate_stages(rows) * (rows + slice_n) * kDecodeGateLd * 2, staging = rows * tile_n * 2;
+  return ring > staging ? ring : staging;
+}
+
+// decode_gate_small (decode/decode.cuh): the packing's max_tokens x tile_n values, or (bulk_rows) the
+// slice's Wg rows, 2 d_model + 16 bytes each, if larger.
+constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile_n, long long slice_n, long long d_model,
+                                            bool bulk_rows) {
+  const long long staging = max_tokens * tile_n * 2, rows = bulk_rows ? slice_n * (2 * d_model + 16) : 0;
+  return rows > staging ? rows : staging;
+}
+
+}  // namespace twell::device::shared_memory
