@@ -80,11 +80,11 @@ FailureOr<KernelInstance> KernelInstance::read(Operation* op) {
 }
 
 bool KernelInstance::isTokenBlock() const {
-  return kind == ::twell::compiler::KernelKind::GatedDown && config.getCtaM() == GatedDownKernelConstraints::kBlockCtaM;
+  return kind == ::twell::compiler::KernelKind::GatedDown && config.getConsumer() == ConsumerVariant::TokenBlock;
 }
 
 bool KernelInstance::isWarpRowConsumer() const {
-  return kind == ::twell::compiler::KernelKind::GatedDown && config.getCtaM() > 1 && !isTokenBlock();
+  return kind == ::twell::compiler::KernelKind::GatedDown && config.getConsumer() == ConsumerVariant::WarpRow;
 }
 
 int64_t KernelInstance::dynamicSharedBytes() const {

@@ -43,8 +43,8 @@ struct KernelInstance {
   // Launch geometry: grid.y (number of N tiles for the gate kernel, 1 for the consumer).
   int64_t gridY() const;
   bool isBF16() const { return layout.getValue().isBF16(); }
-  // The consumer variants, told apart by cta_m (GatedDownKernelConstraints): the token block
-  // (cta_m = 16) and one token row per warp (any other cta_m > 1; persistent).
+  // The consumer variants, named by the config's `consumer` (#twell.config): the token block and one
+  // token row per warp (persistent); cta_row otherwise.
   bool isTokenBlock() const;
   bool isWarpRowConsumer() const;
   // Dynamic shared memory per CTA: the mma_sync and wgmma gate kernels' pipeline and epilogue buffer,

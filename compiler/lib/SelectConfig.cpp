@@ -58,7 +58,7 @@ ConfigAttr wgmmaGateConfig(MLIRContext* context, int64_t dModel, LayoutAttr layo
   const int64_t ctaK = Wg::ctaKFor(dModel);
   if (clusterM == 0) clusterM = target.hasFeature(Feature::Multicast) ? Wg::kDefaultClusterM : 1;
   return ConfigAttr::get(context, Wg::kCtaM, ctaK, Wg::kThreads, Mainloop::Wgmma, Wg::maxStages(layout.getTileN(), ctaK),
-                         clusterM);
+                         clusterM, ConsumerVariant::None);
 }
 
 // The best main loop the target and shape allow.
@@ -97,12 +97,12 @@ ConfigAttr consumerConfig(MLIRContext* context, Mainloop gateMainloop, ConsumerO
                                              Down::maxDynamicSharedBytes(down.getTargetAttr().getComputeCapability()));
     if (stages > 0 && Down::blockShapeAllowed(gateMainloop != Mainloop::Fma, down.getDownLayout() == DownLayout::InOut,
                                               dModelOf(down), tileN))
-      return ConfigAttr::get(context, Down::kBlockCtaM, /*cta_k=*/0, Down::kBlockThreads, gateMainloop, stages);
+      return ConfigAttr::get(context, ConsumerVariant::TokenBlock, Down::kBlockCtaM, Down::kBlockThreads, gateMainloop, stages);
   }
   const bool warpRows = Down::warpRowAllowed(gateMainloop != Mainloop::Fma,
                                              down.getDownLayout() == DownLayout::InOut, dModelOf(down), kThreads);
-  return ConfigAttr::get(context, warpRows ? kThreads / 32 : Down::kCtaM, /*cta_k=*/0, kThreads,
-                         gateMainloop, /*stages=*/0);
+  return ConfigAttr::get(context, warpRows ? ConsumerVariant::WarpRow : ConsumerVariant::CtaRow,
+                         warpRows ? kThreads / 32 : Down::kCtaM, kThreads, gateMainloop, /*stages=*/0);
 }
 
 
@@ -160,7 +160,7 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
       if (down.getDecodeAttr() || decode == DecodeChoice::None) return;
       const int64_t dFF = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
       const ConfigAttr config = down.getConfigAttr();
-      const bool tokenBlock = config.getCtaM() == GatedDownKernelConstraints::kBlockCtaM;
+      const bool tokenBlock = config.getConsumer() == ConsumerVariant::TokenBlock;
       if (!DecodeKernelConstraints::allowed(config.getMainloop() != Mainloop::Fma, tokenBlock, dModelOf(down), dFF,
                                             down.getLayout().getTileN(), down.getTargetAttr().getComputeCapability()))
         return;

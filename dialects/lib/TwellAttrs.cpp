@@ -27,6 +27,7 @@ static void printF32Parameter(AsmPrinter& printer, const llvm::APFloat& value);
 static FailureOr<llvm::SmallVector<Feature>> parseFeatureList(AsmParser& parser);
 static void printFeatureList(AsmPrinter& printer, llvm::ArrayRef<Feature> features);
 static FailureOr<Mainloop> parseMainloop(AsmParser& parser);
+static FailureOr<ConsumerVariant> parseConsumerVariant(AsmParser& parser);
 
 }  // namespace mlir::twell
 
@@ -99,6 +100,16 @@ static FailureOr<Mainloop> parseMainloop(AsmParser& parser) {
   if (!mainloop)
     return parser.emitError(loc, "unknown mainloop '") << keyword << "', expected fma, mma_sync or wgmma";
   return *mainloop;
+}
+
+static FailureOr<ConsumerVariant> parseConsumerVariant(AsmParser& parser) {
+  SMLoc loc = parser.getCurrentLocation();
+  StringRef keyword;
+  if (parser.parseKeyword(&keyword)) return failure();
+  std::optional<ConsumerVariant> consumer = symbolizeConsumerVariant(keyword);
+  if (!consumer)
+    return parser.emitError(loc, "unknown consumer '") << keyword << "', expected cta_row, warp_row or token_block";
+  return *consumer;
 }
 
 static void printFeatureList(AsmPrinter& printer, llvm::ArrayRef<Feature> features) {
@@ -227,7 +238,7 @@ llvm::SmallVector<Feature> TargetAttr::defaultFeatures(StringRef arch) {
 
 LogicalResult ConfigAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitError, int64_t cta_m,
                                  int64_t cta_k, int64_t threads, Mainloop mainloop, int64_t stages,
-                                 int64_t cluster_m) {
+                                 int64_t cluster_m, ConsumerVariant consumer) {
   using Limits = ConfigLimits;
   if (cta_m < 1 || cta_m > Limits::kMaxCtaM)
     return emitError() << "cta_m must be between 1 and " << Limits::kMaxCtaM << ", got " << cta_m;
@@ -247,6 +258,17 @@ LogicalResult ConfigAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitEr
   if (cluster_m < 1 || cluster_m > Limits::kMaxClusterM)
     return emitError() << "cluster_m must be between 1 and " << Limits::kMaxClusterM << " (1 or omitted: no cluster), got "
                        << cluster_m;
+  // The variant is named; its CTA tile must agree (GatedDownKernelConstraints).
+  using Down = GatedDownKernelConstraints;
+  if (consumer == ConsumerVariant::CtaRow && cta_m != Down::kCtaM)
+    return emitError() << "consumer cta_row takes one token row per CTA: cta_m must be " << Down::kCtaM << ", got " << cta_m;
+  if (consumer == ConsumerVariant::WarpRow && (cta_m != threads / 32 || cta_m == Down::kCtaM))
+    return emitError() << "consumer warp_row takes one token row per warp: cta_m must be threads / 32 = " << threads / 32
+                       << " (more than one warp), got " << cta_m;
+  if (consumer == ConsumerVariant::TokenBlock && (cta_m != Down::kBlockCtaM || threads != Down::kBlockThreads))
+    return emitError() << "consumer token_block takes " << Down::kBlockCtaM << " token rows on " << Down::kBlockThreads
+                       << " threads: cta_m must be " << Down::kBlockCtaM << " and threads " << Down::kBlockThreads << ", got "
+                       << cta_m << " and " << threads;
   return success();
 }
 

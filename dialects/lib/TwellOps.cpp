@@ -302,13 +302,14 @@ LogicalResult verifyConsumer(Operation* op, ShapeChecker& check, DownLayout down
       return emitOpError() << "config: the " << kernel << " kernel runs no clusters, cluster_m must be omitted, got "
                            << config;
     using Down = GatedDownKernelConstraints;
-    const int64_t warps = config.getThreads() / 32;
-    const bool block = config.getCtaM() == Down::kBlockCtaM && config.getThreads() == Down::kBlockThreads;
-    if (config.getCtaM() != Down::kCtaM && config.getCtaM() != warps && !block)
-      return emitOpError() << "config: the " << kernel << " kernel processes one token row per CTA (cta_m = "
-                           << Down::kCtaM << "), one per warp (cta_m = threads / 32 = " << warps
-                           << ") or a block of " << Down::kBlockCtaM << " rows on " << Down::kBlockThreads
-                           << " threads, got cta_m = " << config.getCtaM() << ", threads = " << config.getThreads();
+    // The variant is named (ConfigAttr::verify checks that cta_m agrees with it).
+    if (config.getConsumer() == ConsumerVariant::None)
+      return emitOpError() << "config: the " << kernel << " kernel's variant must be named: consumer = cta_row (one token "
+                              "row per CTA, cta_m = "
+                           << Down::kCtaM << "), warp_row (one per warp, cta_m = threads / 32) or token_block ("
+                           << Down::kBlockCtaM << " rows on " << Down::kBlockThreads << " threads), got " << config;
+    const bool block = config.getConsumer() == ConsumerVariant::TokenBlock;
+    const bool warpRows = config.getConsumer() == ConsumerVariant::WarpRow;
     if (block && !gated)
       return emitOpError() << "config: the token block (cta_m = " << Down::kBlockCtaM
                            << ") is a gated kernel; twell.down takes one token row per warp or per CTA";
@@ -332,7 +333,7 @@ LogicalResult verifyConsumer(Operation* op, ShapeChecker& check, DownLayout down
                              << " bytes of shared memory at d_model " << check.dModel() << ", d_ff " << check.dFF()
                              << ", tile_n " << tileN << "; the target allows " << limit;
     }
-    if (config.getCtaM() == warps && warps != Down::kCtaM &&
+    if (warpRows &&
         !Down::warpRowAllowed(config.getMainloop() != Mainloop::Fma, downLayout == DownLayout::InOut,
                               check.dModel(), config.getThreads()))
       return emitOpError() << "config: one token row per warp needs a tensor-core gate (mainloop mma_sync "
@@ -393,6 +394,9 @@ LogicalResult GateMatmulOp::verify() {
     return failure();
   if (ConfigAttr config = getConfigAttr()) {
     int64_t tileN = check.layout().getTileN();
+    if (config.getConsumer() != ConsumerVariant::None)
+      return emitOpError() << "config: consumer names a consumer kernel's variant; the gate kernel's config has none, got "
+                           << config;
     if (config.getMainloop() != Mainloop::Wgmma && config.getClusterM() != 1)
       return emitOpError() << "config: only mainloop wgmma runs in clusters (TMA multicast), cluster_m must be 1 "
                               "(omitted), got "

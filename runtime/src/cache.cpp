@@ -253,15 +253,15 @@ KernelCache::KernelCache(std::filesystem::path dir) : dir_(std::move(dir)) {
   std::error_code ec;
   std::filesystem::create_directories(dir_, ec);
   if (ec) {
-    disableDisk("cannot create the directory: " + ec.message());
+    disable_disk("cannot create the directory: " + ec.message());
     return;
   }
   if (!std::filesystem::is_directory(dir_, ec)) {
-    disableDisk("not a directory");
+    disable_disk("not a directory");
     return;
   }
   if (::access(dir_.c_str(), R_OK | X_OK) != 0) {
-    disableDisk("cannot read it: " + errnoText(errno));
+    disable_disk("cannot read it: " + errnoText(errno));
     return;
   }
   persistent_.store(true);
@@ -280,7 +280,7 @@ KernelCache::KernelCache(std::filesystem::path dir) : dir_(std::move(dir)) {
 
 KernelCache::~KernelCache() = default;
 
-std::filesystem::path KernelCache::defaultDir() {
+std::filesystem::path KernelCache::default_dir() {
   if (const char* dir = nonEmptyEnv("TWELL_CACHE_DIR")) return dir;
   if (const char* xdg = nonEmptyEnv("XDG_CACHE_HOME"); xdg != nullptr && xdg[0] == '/')
     return std::filesystem::path(xdg) / "twell";
@@ -292,7 +292,7 @@ std::filesystem::path KernelCache::defaultDir() {
   return std::filesystem::path(home) / ".cache" / "twell";
 }
 
-std::string KernelCache::makeKey(std::string_view source, std::string_view nvrtc_version,
+std::string KernelCache::make_key(std::string_view source, std::string_view nvrtc_version,
                                  const std::vector<std::string>& options, std::string_view arch,
                                  std::string_view twell_version) {
   std::string fields;
@@ -315,7 +315,7 @@ std::string KernelCache::makeKey(std::string_view source, std::string_view nvrtc
   return key;
 }
 
-std::filesystem::path KernelCache::entryPath(std::string_view key) const {
+std::filesystem::path KernelCache::entry_path(std::string_view key) const {
   return dir_ / (std::string(key) + ".twk");
 }
 
@@ -326,12 +326,12 @@ std::shared_ptr<KernelCache::Slot> KernelCache::slot(const std::string& key) {
   return s;
 }
 
-void KernelCache::dropMemory() {
+void KernelCache::drop_memory() {
   std::lock_guard lock(mutex_);
   slots_.clear();
 }
 
-void KernelCache::disableDisk(const std::string& why) {
+void KernelCache::disable_disk(const std::string& why) {
   persistent_.store(false);
   writable_.store(false);
   std::call_once(warned_, [&] {
@@ -340,28 +340,28 @@ void KernelCache::disableDisk(const std::string& why) {
   });
 }
 
-void KernelCache::warnNotPublished(const std::string& why) {
+void KernelCache::warn_not_published(const std::string& why) {
   std::call_once(warned_publish_, [&] {
     std::fprintf(stderr, "twell: warning: kernel cache directory %s: %s\n", dir_.c_str(), why.c_str());
   });
 }
 
-void KernelCache::keyFailed(const std::string& why) {
+void KernelCache::key_failed(const std::string& why) {
   // Only the directory itself going away ends the disk cache; a failure on one key's files (a lock path
   // that is a directory, a full disk, a file someone else owns) leaves the other keys' entries in use.
   struct stat st {};
   if (::stat(dir_.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    disableDisk(why);
+    disable_disk(why);
     return;
   }
-  warnNotPublished(why + "; kernels whose files cannot be written are cached in memory only, the other entries "
+  warn_not_published(why + "; kernels whose files cannot be written are cached in memory only, the other entries "
                          "are still used");
 }
 
-KernelCache::Result KernelCache::getOrCompile(const std::string& key, const std::function<CacheEntry()>& compile) {
+KernelCache::Result KernelCache::get_or_compile(const std::string& key, const std::function<CacheEntry()>& compile) {
   if (!validKey(key))
     throw Error(ErrorCode::InvalidArgument,
-                "KernelCache::getOrCompile: key: expected 1.." + std::to_string(kMaxKeyLength) +
+                "KernelCache::get_or_compile: key: expected 1.." + std::to_string(kMaxKeyLength) +
                     " characters from [0-9A-Za-z_-], got \"" + key + "\"");
   std::shared_ptr<Slot> s = slot(key);
   std::lock_guard slot_lock(s->mutex);
@@ -383,7 +383,7 @@ KernelCache::Result KernelCache::getOrCompile(const std::string& key, const std:
 
   if (!persistent()) return compileInMemory();
 
-  const std::filesystem::path path = entryPath(key);
+  const std::filesystem::path path = entry_path(key);
   CacheEntry loaded;
   // Without the lock first (and without write access): entries appear by rename, so a reader sees a
   // whole file or none.
@@ -394,13 +394,13 @@ KernelCache::Result KernelCache::getOrCompile(const std::string& key, const std:
   // and kept in memory (the damaged entry, if any, counted but left in place).
   if (!writable()) {
     if (first == Read::Corrupt) corrupt_entries_.fetch_add(1, std::memory_order_relaxed);
-    if (!read_only_reason_.empty()) warnNotPublished(read_only_reason_);
+    if (!read_only_reason_.empty()) warn_not_published(read_only_reason_);
     return compileInMemory();
   }
   KeyLock lock(dir_ / (key + ".lock"));
   if (!lock.error().empty()) {
     if (first == Read::Corrupt) corrupt_entries_.fetch_add(1, std::memory_order_relaxed);
-    keyFailed(lock.error());
+    key_failed(lock.error());
     return compileInMemory();
   }
   // Another process may have published while we waited for the lock.
@@ -416,7 +416,7 @@ KernelCache::Result KernelCache::getOrCompile(const std::string& key, const std:
   }
   misses_.fetch_add(1, std::memory_order_relaxed);
   CacheEntry compiled = compile();
-  if (std::string error = publish(dir_, path, key, serialize(compiled, key)); !error.empty()) keyFailed(error);
+  if (std::string error = publish(dir_, path, key, serialize(compiled, key)); !error.empty()) key_failed(error);
   return keep(std::move(compiled), CacheHit::Miss);
 }
 

@@ -67,11 +67,11 @@ class KernelCache {
 
   // $TWELL_CACHE_DIR if set and non-empty; else $XDG_CACHE_HOME/twell if that is an absolute path;
   // else $HOME/.cache/twell (the passwd entry's home when HOME is unset); empty (memory only) if no home.
-  static std::filesystem::path defaultDir();
+  static std::filesystem::path default_dir();
 
   // 32 lowercase hex digits: XXH3-128 over the fields, each prefixed by its length (options by their
   // count, then each option), after a format tag, so no two different field lists share a key.
-  static std::string makeKey(std::string_view source, std::string_view nvrtc_version,
+  static std::string make_key(std::string_view source, std::string_view nvrtc_version,
                              const std::vector<std::string>& options, std::string_view arch,
                              std::string_view twell_version);
 
@@ -86,7 +86,7 @@ class KernelCache {
   // makes the later process wait and load the earlier one's entry. An exception from compile()
   // propagates and caches nothing. Throws Error(InvalidArgument) for a key that is empty, longer than 128
   // characters or has characters outside [0-9A-Za-z_-] (keys become file names).
-  Result getOrCompile(const std::string& key, const std::function<CacheEntry()>& compile);
+  Result get_or_compile(const std::string& key, const std::function<CacheEntry()>& compile);
 
   CacheStats stats() const;
   // The directory as configured (empty for memory only), whether or not it is still in use.
@@ -98,16 +98,16 @@ class KernelCache {
   // when the cache was opened.
   bool writable() const noexcept { return writable_.load(std::memory_order_relaxed); }
   // <dir>/<key>.twk
-  std::filesystem::path entryPath(std::string_view key) const;
+  std::filesystem::path entry_path(std::string_view key) const;
   // Forgets the in-memory entries (entries handed out stay valid); the next lookups go to disk.
-  void dropMemory();
+  void drop_memory();
 
  private:
   struct Slot;
   std::shared_ptr<Slot> slot(const std::string& key);
-  void disableDisk(const std::string& why);
-  void warnNotPublished(const std::string& why);
-  void keyFailed(const std::string& why);
+  void disable_disk(const std::string& why);
+  void warn_not_published(const std::string& why);
+  void key_failed(const std::string& why);
 
   std::filesystem::path dir_;
   std::atomic<bool> persistent_{false};

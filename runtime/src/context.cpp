@@ -13,7 +13,7 @@ namespace twell {
 
 Context::Impl::Impl(ContextOptions o)
     : options(std::move(o)),
-      cache(options.disk_cache ? options.cache_dir.value_or(detail::KernelCache::defaultDir()) : std::filesystem::path()) {
+      cache(options.disk_cache ? options.cache_dir.value_or(detail::KernelCache::default_dir()) : std::filesystem::path()) {
   if (options.target && !kernels::SupportedArchs::isSupported(options.target->sm, options.target->arch_specific))
     throw Error(ErrorCode::InvalidArgument, fmt::format("ContextOptions::target: expected one of {}, got {}",
                                                         kernels::SupportedArchs::list(), options.target->arch()));
@@ -48,7 +48,7 @@ Context::Impl::Impl(ContextOptions o)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("ContextOptions::target: {} cannot run on {} (sm_{}{})", target.arch(), device_name, major, minor));
   } else {
-    no_gpu_reason = detail::Driver::unavailableReason();
+    no_gpu_reason = detail::Driver::unavailable_reason();
     target = options.target.value_or(Target{});
   }
 }

@@ -122,22 +122,22 @@ bool Driver::available() noexcept {
   }
 }
 
-std::string Driver::unavailableReason() { return loaded().error; }
+std::string Driver::unavailable_reason() { return loaded().error; }
 
-std::string cudaErrorText(CUresult result) {
+std::string cuda_error_text(CUresult result) {
   const Loaded& l = loaded();
   if (!l.driver) return "CUresult " + std::to_string(static_cast<int>(result));
   return describe(*l.driver, result);
 }
 
-void throwCudaError(CUresult result, const char* what) {
-  throw Error(ErrorCode::Cuda, std::string(what) + ": " + cudaErrorText(result));
+void throw_cuda_error(CUresult result, const char* what) {
+  throw Error(ErrorCode::Cuda, std::string(what) + ": " + cuda_error_text(result));
 }
 
-CUcontext primaryContext(int device) {
+CUcontext primary_context(int device) {
   const Driver& cu = Driver::get();
   if (device < 0 || device >= cu.device_count)
-    throw Error(ErrorCode::InvalidArgument, "primaryContext: device: expected an ordinal in [0, " +
+    throw Error(ErrorCode::InvalidArgument, "primary_context: device: expected an ordinal in [0, " +
                                                 std::to_string(cu.device_count) + "), got " + std::to_string(device));
   static std::mutex mutex;
   static std::vector<CUcontext> contexts;
@@ -178,7 +178,7 @@ DeviceBuffer::DeviceBuffer(size_t bytes) {
   const Driver& cu = Driver::get();
   if (CUresult r = cu.cuMemAlloc(&ptr_, bytes); r != CUDA_SUCCESS) {
     ptr_ = 0;
-    throw Error(ErrorCode::Cuda, "cuMemAlloc: " + std::to_string(bytes) + " bytes: " + cudaErrorText(r));
+    throw Error(ErrorCode::Cuda, "cuMemAlloc: " + std::to_string(bytes) + " bytes: " + cuda_error_text(r));
   }
   bytes_ = bytes;
 }

@@ -89,18 +89,18 @@ struct Driver {
   static bool available() noexcept;
   // Why get() fails (the message it throws), or "" when the driver is available. Never throws
   // Error; for Context::no_gpu_reason and skip messages.
-  static std::string unavailableReason();
+  static std::string unavailable_reason();
 };
 
 // "CUDA_ERROR_OUT_OF_MEMORY: out of memory"; "CUresult 2" when the driver is not loaded.
-std::string cudaErrorText(CUresult result);
+std::string cuda_error_text(CUresult result);
 
-[[noreturn]] void throwCudaError(CUresult result, const char* what);
+[[noreturn]] void throw_cuda_error(CUresult result, const char* what);
 
 // Throws Error(Cuda, "<what>: CUDA_ERROR_NAME: description") unless result is CUDA_SUCCESS.
 inline void check(CUresult result, const char* what) {
   if (result != CUDA_SUCCESS) [[unlikely]]
-    throwCudaError(result, what);
+    throw_cuda_error(result, what);
 }
 
 // The primary context of `device` (the one cudart and cuBLASLt share), retained on the first call for
@@ -108,7 +108,7 @@ inline void check(CUresult result, const char* what) {
 // the driver's own teardown), and made current on the calling thread. Thread-safe.
 // Throws Error(NoDevice) without a driver, Error(InvalidArgument) for an ordinal outside
 // [0, device_count), Error(Cuda) when the driver refuses.
-CUcontext primaryContext(int device);
+CUcontext primary_context(int device);
 
 // Makes `context` current on the calling thread and restores the previously current one on scope
 // exit, so library calls leave the caller's current context as they found it. Not movable.
@@ -125,7 +125,7 @@ class ContextGuard {
 };
 
 // Device memory from cuMemAlloc (256-byte aligned), freed on destruction. Move-only. Allocation needs a
-// current context (see primaryContext); a zero-byte buffer holds no allocation and get() == 0.
+// current context (see primary_context); a zero-byte buffer holds no allocation and get() == 0.
 // Throws Error(NoDevice) without a driver, Error(Cuda) naming the size when cuMemAlloc fails.
 class DeviceBuffer {
  public:

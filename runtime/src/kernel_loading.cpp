@@ -49,10 +49,10 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const kernels::KernelSource
   k->source = source;
   // The source and everything else the JIT says can change the binary (compiler, options, device
   // headers) make the key, so a change to any of them never loads a stale binary.
-  const std::string key = detail::KernelCache::makeKey(source.source, jit->binary_identity(target), {}, target.arch(), TWELL_VERSION);
+  const std::string key = detail::KernelCache::make_key(source.source, jit->binary_identity(target), {}, target.arch(), TWELL_VERSION);
   double compile_ms = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  auto result = cache.getOrCompile(key, [&] {
+  auto result = cache.get_or_compile(key, [&] {
     kernels::CompiledBinary out = jit->compile(source, target);
     compile_ms = out.compile_ms;
     return detail::CacheEntry{std::move(out.ptx), std::move(out.cubin)};

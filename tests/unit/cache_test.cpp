@@ -70,7 +70,7 @@ struct Compiler {
   }
 };
 
-const std::string kKey = KernelCache::makeKey("source", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0");
+const std::string kKey = KernelCache::make_key("source", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0");
 
 std::string readFile(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -80,23 +80,23 @@ void writeFile(const fs::path& p, const std::string& bytes) { std::ofstream(p, s
 
 TEST(KernelCache, KeyIs32HexDigitsAndDeterministic) {
   EXPECT_TRUE(std::regex_match(kKey, std::regex("[0-9a-f]{32}"))) << kKey;
-  EXPECT_EQ(kKey, KernelCache::makeKey("source", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0"));
+  EXPECT_EQ(kKey, KernelCache::make_key("source", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0"));
 }
 
 TEST(KernelCache, KeyChangesWhenAnyFieldChanges) {
   std::set<std::string> keys = {
       kKey,
-      KernelCache::makeKey("source ", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0"),
-      KernelCache::makeKey("source", "13.1", {"-arch=sm_90a"}, "sm_90a", "0.1.0"),
-      KernelCache::makeKey("source", "13.0", {"-arch=sm_90"}, "sm_90a", "0.1.0"),
-      KernelCache::makeKey("source", "13.0", {"-arch=sm_90a", "-lineinfo"}, "sm_90a", "0.1.0"),
-      KernelCache::makeKey("source", "13.0", {}, "sm_90a", "0.1.0"),
-      KernelCache::makeKey("source", "13.0", {"-arch=sm_90a"}, "sm_90", "0.1.0"),
-      KernelCache::makeKey("source", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.1"),
+      KernelCache::make_key("source ", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0"),
+      KernelCache::make_key("source", "13.1", {"-arch=sm_90a"}, "sm_90a", "0.1.0"),
+      KernelCache::make_key("source", "13.0", {"-arch=sm_90"}, "sm_90a", "0.1.0"),
+      KernelCache::make_key("source", "13.0", {"-arch=sm_90a", "-lineinfo"}, "sm_90a", "0.1.0"),
+      KernelCache::make_key("source", "13.0", {}, "sm_90a", "0.1.0"),
+      KernelCache::make_key("source", "13.0", {"-arch=sm_90a"}, "sm_90", "0.1.0"),
+      KernelCache::make_key("source", "13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.1"),
       // Length prefixes: moving a boundary between fields changes the key.
-      KernelCache::makeKey("sourc", "e13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0"),
-      KernelCache::makeKey("source", "13.0", {"-arch=", "sm_90a"}, "sm_90a", "0.1.0"),
-      KernelCache::makeKey("source", "13.0", {"-arch=sm_90asm_90a"}, "", "0.1.0"),
+      KernelCache::make_key("sourc", "e13.0", {"-arch=sm_90a"}, "sm_90a", "0.1.0"),
+      KernelCache::make_key("source", "13.0", {"-arch=", "sm_90a"}, "sm_90a", "0.1.0"),
+      KernelCache::make_key("source", "13.0", {"-arch=sm_90asm_90a"}, "", "0.1.0"),
   };
   EXPECT_EQ(keys.size(), 11u);
 }
@@ -107,13 +107,13 @@ TEST(KernelCache, MissThenMemoryHitThenDiskHit) {
   {
     KernelCache cache(dir.path());
     EXPECT_TRUE(cache.persistent());
-    KernelCache::Result first = cache.getOrCompile(kKey, compiler.fn());
+    KernelCache::Result first = cache.get_or_compile(kKey, compiler.fn());
     EXPECT_EQ(first.hit, CacheHit::Miss);
     EXPECT_EQ(first.entry->ptx, compiler.entry.ptx);
     EXPECT_EQ(first.entry->cubin, compiler.entry.cubin);
-    EXPECT_TRUE(fs::exists(cache.entryPath(kKey)));
+    EXPECT_TRUE(fs::exists(cache.entry_path(kKey)));
 
-    KernelCache::Result second = cache.getOrCompile(kKey, compiler.fn());
+    KernelCache::Result second = cache.get_or_compile(kKey, compiler.fn());
     EXPECT_EQ(second.hit, CacheHit::Memory);
     EXPECT_EQ(second.entry, first.entry);
     const CacheStats s = cache.stats();
@@ -122,26 +122,26 @@ TEST(KernelCache, MissThenMemoryHitThenDiskHit) {
     EXPECT_EQ(s.disk_hits, 0u);
   }
   KernelCache reopened(dir.path());
-  KernelCache::Result third = reopened.getOrCompile(kKey, compiler.fn());
+  KernelCache::Result third = reopened.get_or_compile(kKey, compiler.fn());
   EXPECT_EQ(third.hit, CacheHit::Disk);
   EXPECT_EQ(third.entry->ptx, compiler.entry.ptx);
   EXPECT_EQ(third.entry->cubin, compiler.entry.cubin);
   EXPECT_EQ(reopened.stats().disk_hits, 1u);
-  EXPECT_EQ(reopened.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Memory);
+  EXPECT_EQ(reopened.get_or_compile(kKey, compiler.fn()).hit, CacheHit::Memory);
   EXPECT_EQ(compiler.calls, 1);
 
-  reopened.dropMemory();
-  EXPECT_EQ(reopened.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Disk);
+  reopened.drop_memory();
+  EXPECT_EQ(reopened.get_or_compile(kKey, compiler.fn()).hit, CacheHit::Disk);
   EXPECT_EQ(compiler.calls, 1);
 }
 
 TEST(KernelCache, PtxOnlyAndEmptyEntriesRoundTrip) {
   TempDir dir;
   for (const CacheEntry& entry : {CacheEntry{"ptx only", {}}, CacheEntry{}}) {
-    const std::string key = KernelCache::makeKey(entry.ptx, "13.0", {}, "sm_80", "0.1.0");
-    KernelCache(dir.path()).getOrCompile(key, [&] { return entry; });
+    const std::string key = KernelCache::make_key(entry.ptx, "13.0", {}, "sm_80", "0.1.0");
+    KernelCache(dir.path()).get_or_compile(key, [&] { return entry; });
     KernelCache reopened(dir.path());
-    KernelCache::Result r = reopened.getOrCompile(key, [] () -> CacheEntry { throw std::runtime_error("recompiled"); });
+    KernelCache::Result r = reopened.get_or_compile(key, [] () -> CacheEntry { throw std::runtime_error("recompiled"); });
     EXPECT_EQ(r.hit, CacheHit::Disk);
     EXPECT_EQ(r.entry->ptx, entry.ptx);
     EXPECT_TRUE(r.entry->cubin.empty());
@@ -152,8 +152,8 @@ TEST(KernelCache, EmptyDirIsMemoryOnly) {
   KernelCache cache{fs::path()};
   EXPECT_FALSE(cache.persistent());
   Compiler compiler;
-  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Miss);
-  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Memory);
+  EXPECT_EQ(cache.get_or_compile(kKey, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(cache.get_or_compile(kKey, compiler.fn()).hit, CacheHit::Memory);
   EXPECT_EQ(compiler.calls, 1);
 }
 
@@ -199,21 +199,21 @@ TEST(KernelCache, CorruptEntriesAreRecompiledAndRepublished) {
     SCOPED_TRACE(damage.name);
     TempDir dir;
     Compiler compiler;
-    KernelCache(dir.path()).getOrCompile(kKey, compiler.fn());
-    const fs::path file = KernelCache(dir.path()).entryPath(kKey);
+    KernelCache(dir.path()).get_or_compile(kKey, compiler.fn());
+    const fs::path file = KernelCache(dir.path()).entry_path(kKey);
     const std::string good = readFile(file);
     ASSERT_GT(good.size(), 48u);
     writeFile(file, damage.apply(good));
 
     KernelCache cache(dir.path());
-    KernelCache::Result r = cache.getOrCompile(kKey, compiler.fn());
+    KernelCache::Result r = cache.get_or_compile(kKey, compiler.fn());
     EXPECT_EQ(r.hit, CacheHit::Miss);
     EXPECT_EQ(r.entry->ptx, compiler.entry.ptx);
     EXPECT_EQ(r.entry->cubin, compiler.entry.cubin);
     EXPECT_EQ(compiler.calls, 2);
     EXPECT_EQ(cache.stats().corrupt_entries, 1u);
     EXPECT_EQ(readFile(file), good) << "the recompiled entry was not republished";
-    EXPECT_EQ(KernelCache(dir.path()).getOrCompile(kKey, compiler.fn()).hit, CacheHit::Disk);
+    EXPECT_EQ(KernelCache(dir.path()).get_or_compile(kKey, compiler.fn()).hit, CacheHit::Disk);
   }
 }
 
@@ -221,11 +221,11 @@ TEST(KernelCache, EntryRenamedToAnotherKeyIsNotLoaded) {
   TempDir dir;
   Compiler compiler;
   KernelCache cache(dir.path());
-  cache.getOrCompile(kKey, compiler.fn());
-  const std::string other = KernelCache::makeKey("other", "13.0", {}, "sm_90a", "0.1.0");
-  fs::copy_file(cache.entryPath(kKey), cache.entryPath(other));
+  cache.get_or_compile(kKey, compiler.fn());
+  const std::string other = KernelCache::make_key("other", "13.0", {}, "sm_90a", "0.1.0");
+  fs::copy_file(cache.entry_path(kKey), cache.entry_path(other));
   KernelCache reopened(dir.path());
-  EXPECT_EQ(reopened.getOrCompile(other, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(reopened.get_or_compile(other, compiler.fn()).hit, CacheHit::Miss);
   EXPECT_EQ(reopened.stats().corrupt_entries, 1u);
 }
 
@@ -237,8 +237,8 @@ TEST(KernelCache, UnwritableDirFallsBackToMemory) {
   testing::internal::CaptureStderr();
   KernelCache cache(unusable);
   Compiler compiler;
-  KernelCache::Result first = cache.getOrCompile(kKey, compiler.fn());
-  KernelCache::Result second = cache.getOrCompile(kKey, compiler.fn());
+  KernelCache::Result first = cache.get_or_compile(kKey, compiler.fn());
+  KernelCache::Result second = cache.get_or_compile(kKey, compiler.fn());
   const std::string warnings = testing::internal::GetCapturedStderr();
   EXPECT_FALSE(cache.persistent());
   EXPECT_EQ(first.hit, CacheHit::Miss);
@@ -256,8 +256,8 @@ TEST(KernelCache, DirRemovedAfterOpeningFallsBackToMemoryWithOneWarning) {
   dir.reset();
   testing::internal::CaptureStderr();
   Compiler compiler;
-  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Miss);
-  EXPECT_EQ(cache.getOrCompile(KernelCache::makeKey("2", "", {}, "", ""), compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(cache.get_or_compile(kKey, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(cache.get_or_compile(KernelCache::make_key("2", "", {}, "", ""), compiler.fn()).hit, CacheHit::Miss);
   const std::string warnings = testing::internal::GetCapturedStderr();
   EXPECT_FALSE(cache.persistent());
   EXPECT_EQ(compiler.calls, 2);
@@ -267,14 +267,14 @@ TEST(KernelCache, DirRemovedAfterOpeningFallsBackToMemoryWithOneWarning) {
   EXPECT_EQ(count, 1u) << warnings;
 }
 
-// Runs getOrCompile on another thread; if it has not returned after 20 s (blocked in open() on a FIFO
+// Runs get_or_compile on another thread; if it has not returned after 20 s (blocked in open() on a FIFO
 // at `fifo`), fails and opens the FIFO's write end so that the blocked reader returns and the test ends.
 KernelCache::Result getOrCompileWithoutHanging(KernelCache& cache, const std::string& key, Compiler& compiler,
                                                const fs::path& fifo) {
   std::future<KernelCache::Result> result =
-      std::async(std::launch::async, [&] { return cache.getOrCompile(key, compiler.fn()); });
+      std::async(std::launch::async, [&] { return cache.get_or_compile(key, compiler.fn()); });
   if (result.wait_for(std::chrono::seconds(20)) == std::future_status::timeout) {
-    ADD_FAILURE() << "getOrCompile blocked for 20 s on the FIFO at " << fifo;
+    ADD_FAILURE() << "get_or_compile blocked for 20 s on the FIFO at " << fifo;
     int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
     if (fd >= 0) ::close(fd);
   }
@@ -284,8 +284,8 @@ KernelCache::Result getOrCompileWithoutHanging(KernelCache& cache, const std::st
 TEST(KernelCache, FifoAtTheEntryPathIsReplacedWithoutBlocking) {
   TempDir dir;
   Compiler compiler;
-  KernelCache(dir.path()).getOrCompile(kKey, compiler.fn());
-  const fs::path file = KernelCache(dir.path()).entryPath(kKey);
+  KernelCache(dir.path()).get_or_compile(kKey, compiler.fn());
+  const fs::path file = KernelCache(dir.path()).entry_path(kKey);
   const std::string good = readFile(file);
   ASSERT_TRUE(fs::remove(file));
   ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0) << std::strerror(errno);
@@ -299,7 +299,7 @@ TEST(KernelCache, FifoAtTheEntryPathIsReplacedWithoutBlocking) {
   EXPECT_TRUE(cache.persistent());
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(file))) << "the FIFO was not replaced";
   EXPECT_EQ(readFile(file), good);
-  EXPECT_EQ(KernelCache(dir.path()).getOrCompile(kKey, compiler.fn()).hit, CacheHit::Disk);
+  EXPECT_EQ(KernelCache(dir.path()).get_or_compile(kKey, compiler.fn()).hit, CacheHit::Disk);
 }
 
 TEST(KernelCache, LinkToAFifoAtTheEntryPathIsReplacedWithoutBlocking) {
@@ -307,14 +307,14 @@ TEST(KernelCache, LinkToAFifoAtTheEntryPathIsReplacedWithoutBlocking) {
   const fs::path fifo = dir.path() / "elsewhere";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
   KernelCache cache(dir.path());
-  fs::create_symlink(fifo, cache.entryPath(kKey));
+  fs::create_symlink(fifo, cache.entry_path(kKey));
   Compiler compiler;
   KernelCache::Result r = getOrCompileWithoutHanging(cache, kKey, compiler, fifo);
   EXPECT_EQ(r.hit, CacheHit::Miss);
   EXPECT_EQ(cache.stats().corrupt_entries, 1u);
-  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(cache.entryPath(kKey))));
+  EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(cache.entry_path(kKey))));
   EXPECT_TRUE(fs::is_fifo(fs::symlink_status(fifo))) << "the link's target was touched";
-  EXPECT_EQ(KernelCache(dir.path()).getOrCompile(kKey, compiler.fn()).hit, CacheHit::Disk);
+  EXPECT_EQ(KernelCache(dir.path()).get_or_compile(kKey, compiler.fn()).hit, CacheHit::Disk);
 }
 
 TEST(KernelCache, FifoAtTheLockPathIsReplacedWithoutBlocking) {
@@ -326,7 +326,7 @@ TEST(KernelCache, FifoAtTheLockPathIsReplacedWithoutBlocking) {
   KernelCache::Result r = getOrCompileWithoutHanging(cache, kKey, compiler, lock);
   EXPECT_EQ(r.hit, CacheHit::Miss);
   EXPECT_TRUE(fs::is_regular_file(fs::symlink_status(lock)));
-  EXPECT_EQ(KernelCache(dir.path()).getOrCompile(kKey, compiler.fn()).hit, CacheHit::Disk);
+  EXPECT_EQ(KernelCache(dir.path()).get_or_compile(kKey, compiler.fn()).hit, CacheHit::Disk);
   EXPECT_EQ(compiler.calls, 1);
 }
 
@@ -335,20 +335,20 @@ TEST(KernelCache, FifoAtTheLockPathIsReplacedWithoutBlocking) {
 TEST(KernelCache, FailureOnOneKeyLeavesTheOtherKeysOnDisk) {
   TempDir dir;
   Compiler compiler;
-  const std::string published = KernelCache::makeKey("published", "13.0", {}, "sm_90a", "0.1.0");
-  const std::string blocked2 = KernelCache::makeKey("blocked 2", "13.0", {}, "sm_90a", "0.1.0");
-  const std::string later = KernelCache::makeKey("later", "13.0", {}, "sm_90a", "0.1.0");
-  KernelCache(dir.path()).getOrCompile(published, compiler.fn());
+  const std::string published = KernelCache::make_key("published", "13.0", {}, "sm_90a", "0.1.0");
+  const std::string blocked2 = KernelCache::make_key("blocked 2", "13.0", {}, "sm_90a", "0.1.0");
+  const std::string later = KernelCache::make_key("later", "13.0", {}, "sm_90a", "0.1.0");
+  KernelCache(dir.path()).get_or_compile(published, compiler.fn());
   for (const std::string& key : {kKey, blocked2}) {
     fs::create_directories(dir.path() / (key + ".lock") / "inside");
   }
 
   testing::internal::CaptureStderr();
   KernelCache cache(dir.path());
-  KernelCache::Result blocked = cache.getOrCompile(kKey, compiler.fn());
-  KernelCache::Result disk = cache.getOrCompile(published, compiler.fn());
-  KernelCache::Result blockedAgain = cache.getOrCompile(blocked2, compiler.fn());
-  KernelCache::Result fresh = cache.getOrCompile(later, compiler.fn());
+  KernelCache::Result blocked = cache.get_or_compile(kKey, compiler.fn());
+  KernelCache::Result disk = cache.get_or_compile(published, compiler.fn());
+  KernelCache::Result blockedAgain = cache.get_or_compile(blocked2, compiler.fn());
+  KernelCache::Result fresh = cache.get_or_compile(later, compiler.fn());
   const std::string warnings = testing::internal::GetCapturedStderr();
 
   EXPECT_EQ(blocked.hit, CacheHit::Miss);
@@ -358,9 +358,9 @@ TEST(KernelCache, FailureOnOneKeyLeavesTheOtherKeysOnDisk) {
   EXPECT_EQ(fresh.hit, CacheHit::Miss);
   EXPECT_TRUE(cache.persistent());
   EXPECT_TRUE(cache.writable());
-  EXPECT_FALSE(fs::exists(cache.entryPath(kKey))) << "published without holding the key's lock";
-  EXPECT_TRUE(fs::exists(cache.entryPath(later))) << "a key after the failure was not published";
-  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Memory);
+  EXPECT_FALSE(fs::exists(cache.entry_path(kKey))) << "published without holding the key's lock";
+  EXPECT_TRUE(fs::exists(cache.entry_path(later))) << "a key after the failure was not published";
+  EXPECT_EQ(cache.get_or_compile(kKey, compiler.fn()).hit, CacheHit::Memory);
   EXPECT_NE(warnings.find(kKey + ".lock"), std::string::npos) << warnings;
   EXPECT_NE(warnings.find("memory only"), std::string::npos) << warnings;
   size_t count = 0;
@@ -374,18 +374,18 @@ TEST(KernelCache, FailureOnOneKeyLeavesTheOtherKeysOnDisk) {
 TEST(KernelCache, DirectoryAtTheEntryPathIsLeftAlone) {
   TempDir dir;
   KernelCache cache(dir.path());
-  fs::create_directories(cache.entryPath(kKey) / "inside");
+  fs::create_directories(cache.entry_path(kKey) / "inside");
   testing::internal::CaptureStderr();
   Compiler compiler;
-  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(cache.get_or_compile(kKey, compiler.fn()).hit, CacheHit::Miss);
   const std::string warnings = testing::internal::GetCapturedStderr();
   EXPECT_EQ(cache.stats().corrupt_entries, 1u);
-  EXPECT_TRUE(fs::is_directory(cache.entryPath(kKey) / "inside"));
+  EXPECT_TRUE(fs::is_directory(cache.entry_path(kKey) / "inside"));
   EXPECT_TRUE(cache.persistent());
-  EXPECT_NE(warnings.find(cache.entryPath(kKey).string()), std::string::npos) << warnings;
-  const std::string other = KernelCache::makeKey("other", "13.0", {}, "sm_90a", "0.1.0");
-  EXPECT_EQ(cache.getOrCompile(other, compiler.fn()).hit, CacheHit::Miss);
-  EXPECT_EQ(KernelCache(dir.path()).getOrCompile(other, compiler.fn()).hit, CacheHit::Disk);
+  EXPECT_NE(warnings.find(cache.entry_path(kKey).string()), std::string::npos) << warnings;
+  const std::string other = KernelCache::make_key("other", "13.0", {}, "sm_90a", "0.1.0");
+  EXPECT_EQ(cache.get_or_compile(other, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(KernelCache(dir.path()).get_or_compile(other, compiler.fn()).hit, CacheHit::Disk);
 }
 
 // The checks on a read-only directory holding a valid entry for kKey and a damaged one for `damaged`.
@@ -402,11 +402,11 @@ std::string readOnlyDirChecks(const fs::path& dir, const std::string& damaged) {
   KernelCache cache(dir);
   Compiler compiler;
   KernelCache::Result valid =
-      cache.getOrCompile(kKey, []() -> CacheEntry { throw std::runtime_error("recompiled a valid entry"); });
-  KernelCache::Result bad = cache.getOrCompile(damaged, compiler.fn());
-  const std::string fresh = KernelCache::makeKey("not on disk", "13.0", {}, "sm_90a", "0.1.0");
-  KernelCache::Result missing = cache.getOrCompile(fresh, compiler.fn());
-  KernelCache::Result again = cache.getOrCompile(fresh, compiler.fn());
+      cache.get_or_compile(kKey, []() -> CacheEntry { throw std::runtime_error("recompiled a valid entry"); });
+  KernelCache::Result bad = cache.get_or_compile(damaged, compiler.fn());
+  const std::string fresh = KernelCache::make_key("not on disk", "13.0", {}, "sm_90a", "0.1.0");
+  KernelCache::Result missing = cache.get_or_compile(fresh, compiler.fn());
+  KernelCache::Result again = cache.get_or_compile(fresh, compiler.fn());
   const std::string warnings = testing::internal::GetCapturedStderr();
 
   check(cache.persistent(), "persistent() is false: the read-only directory is not used");
@@ -427,13 +427,13 @@ std::string readOnlyDirChecks(const fs::path& dir, const std::string& damaged) {
 
 TEST(KernelCache, ReadOnlyDirServesItsEntries) {
   TempDir dir;
-  const std::string damaged = KernelCache::makeKey("damaged", "13.0", {}, "sm_90a", "0.1.0");
+  const std::string damaged = KernelCache::make_key("damaged", "13.0", {}, "sm_90a", "0.1.0");
   {
     KernelCache cache(dir.path());
     Compiler compiler;
-    cache.getOrCompile(kKey, compiler.fn());
-    cache.getOrCompile(damaged, compiler.fn());
-    writeFile(cache.entryPath(damaged), "not an entry");
+    cache.get_or_compile(kKey, compiler.fn());
+    cache.get_or_compile(damaged, compiler.fn());
+    writeFile(cache.entry_path(damaged), "not an entry");
   }
   ASSERT_EQ(::chmod(dir.path().c_str(), 0555), 0) << std::strerror(errno);
   struct RestoreMode {
@@ -482,7 +482,7 @@ TEST(KernelCache, RejectsKeysThatAreNotFileNames) {
   for (const std::string& key : {std::string(), std::string("../escape"), std::string("a/b"), std::string(".hidden"),
                                  std::string(129, 'a')}) {
     try {
-      cache.getOrCompile(key, compiler.fn());
+      cache.get_or_compile(key, compiler.fn());
       ADD_FAILURE() << "accepted key \"" << key << "\"";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
@@ -495,10 +495,10 @@ TEST(KernelCache, RejectsKeysThatAreNotFileNames) {
 TEST(KernelCache, FailedCompileCachesNothing) {
   TempDir dir;
   KernelCache cache(dir.path());
-  EXPECT_THROW(cache.getOrCompile(kKey, []() -> CacheEntry { throw Error(ErrorCode::Compile, "boom"); }), Error);
-  EXPECT_FALSE(fs::exists(cache.entryPath(kKey)));
+  EXPECT_THROW(cache.get_or_compile(kKey, []() -> CacheEntry { throw Error(ErrorCode::Compile, "boom"); }), Error);
+  EXPECT_FALSE(fs::exists(cache.entry_path(kKey)));
   Compiler compiler;
-  EXPECT_EQ(cache.getOrCompile(kKey, compiler.fn()).hit, CacheHit::Miss);
+  EXPECT_EQ(cache.get_or_compile(kKey, compiler.fn()).hit, CacheHit::Miss);
   EXPECT_EQ(compiler.calls, 1);
   EXPECT_EQ(cache.stats().misses, 2u);
 }
@@ -507,7 +507,7 @@ TEST(KernelCache, LeavesNoTemporaryFiles) {
   TempDir dir;
   KernelCache cache(dir.path());
   Compiler compiler;
-  cache.getOrCompile(kKey, compiler.fn());
+  cache.get_or_compile(kKey, compiler.fn());
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(dir.path())) names.insert(e.path().filename().string());
   EXPECT_EQ(names, (std::set<std::string>{kKey + ".twk", kKey + ".lock"}));
@@ -523,8 +523,8 @@ TEST(KernelCache, TwoThreadsAskingOneKeyCompileOnce) {
     return sampleEntry();
   };
   KernelCache::Result results[2];
-  std::thread a([&] { results[0] = cache.getOrCompile(kKey, slow); });
-  std::thread b([&] { results[1] = cache.getOrCompile(kKey, slow); });
+  std::thread a([&] { results[0] = cache.get_or_compile(kKey, slow); });
+  std::thread b([&] { results[1] = cache.get_or_compile(kKey, slow); });
   a.join();
   b.join();
   EXPECT_EQ(calls, 1);
@@ -542,8 +542,8 @@ TEST(KernelCache, DifferentKeysCompileConcurrently) {
     --inside;
     return sampleEntry();
   };
-  std::thread a([&] { cache.getOrCompile("key1", slow); });
-  std::thread b([&] { cache.getOrCompile("key2", slow); });
+  std::thread a([&] { cache.get_or_compile("key1", slow); });
+  std::thread b([&] { cache.get_or_compile("key2", slow); });
   a.join();
   b.join();
   EXPECT_EQ(most, 2);
@@ -557,7 +557,7 @@ TEST(KernelCache, TwoProcessesAskingOneKeyCompileOnce) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     KernelCache cache(dir.path());
-    KernelCache::Result r = cache.getOrCompile(kKey, [&] {
+    KernelCache::Result r = cache.get_or_compile(kKey, [&] {
       writeFile(started, "1");
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       return sampleEntry("child");
@@ -570,7 +570,7 @@ TEST(KernelCache, TwoProcessesAskingOneKeyCompileOnce) {
   ASSERT_TRUE(fs::exists(started)) << "the child never started compiling";
   KernelCache cache(dir.path());
   Compiler compiler;
-  KernelCache::Result r = cache.getOrCompile(kKey, compiler.fn());
+  KernelCache::Result r = cache.get_or_compile(kKey, compiler.fn());
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
@@ -605,17 +605,17 @@ TEST(KernelCache, DefaultDirFollowsTheEnvironment) {
   {
     EnvVar twell("TWELL_CACHE_DIR", "/tmp/twell-explicit");
     EnvVar xdg("XDG_CACHE_HOME", "/tmp/xdg");
-    EXPECT_EQ(KernelCache::defaultDir(), fs::path("/tmp/twell-explicit"));
+    EXPECT_EQ(KernelCache::default_dir(), fs::path("/tmp/twell-explicit"));
   }
   {
     EnvVar twell("TWELL_CACHE_DIR", "");
     EnvVar xdg("XDG_CACHE_HOME", "/tmp/xdg");
-    EXPECT_EQ(KernelCache::defaultDir(), fs::path("/tmp/xdg/twell"));
+    EXPECT_EQ(KernelCache::default_dir(), fs::path("/tmp/xdg/twell"));
   }
   {
     EnvVar twell("TWELL_CACHE_DIR", nullptr);
     EnvVar xdg("XDG_CACHE_HOME", "relative/ignored");
-    EXPECT_EQ(KernelCache::defaultDir(), fs::path("/home/someone/.cache/twell"));
+    EXPECT_EQ(KernelCache::default_dir(), fs::path("/home/someone/.cache/twell"));
   }
 }
 

@@ -39,7 +39,7 @@ TEST(Driver, GetThrowsNoDeviceNamingLibcuda) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::NoDevice);
       EXPECT_NE(std::string(e.what()).find("libcuda.so.1"), std::string::npos) << e.what();
-      EXPECT_EQ(Driver::unavailableReason(), e.what());
+      EXPECT_EQ(Driver::unavailable_reason(), e.what());
     }
   }
 }
@@ -47,7 +47,7 @@ TEST(Driver, GetThrowsNoDeviceNamingLibcuda) {
 TEST(Driver, WithADriverGetDescribesIt) {
   if (!Driver::available()) GTEST_SKIP() << "no CUDA driver or device on this machine";
   const Driver& cu = Driver::get();
-  EXPECT_EQ(Driver::unavailableReason(), "");
+  EXPECT_EQ(Driver::unavailable_reason(), "");
   EXPECT_GE(cu.driver_version, 12000);
   EXPECT_GE(cu.device_count, 1);
   EXPECT_NE(cu.cuMemAlloc, nullptr);
@@ -88,7 +88,7 @@ TEST(Driver, WithoutADriverAllocationAndContextsThrowNoDevice) {
     EXPECT_EQ(e.code(), ErrorCode::NoDevice) << e.what();
   }
   try {
-    primaryContext(0);
+    primary_context(0);
     FAIL() << "got a context without a driver";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::NoDevice) << e.what();

@@ -469,8 +469,8 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel runs no clusters, cluster_m must be omitted, got #twell.config<cta_m = 1, threads = 256, mainloop = wgmma, cluster_m = 2>}}
-  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma, cluster_m = 2>}
+  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel runs no clusters, cluster_m must be omitted, got #twell.config<cta_m = 1, threads = 256, mainloop = wgmma, cluster_m = 2, consumer = cta_row>}}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma, cluster_m = 2, consumer = cta_row>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return
 }
@@ -784,9 +784,36 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel processes one token row per CTA (cta_m = 1), one per warp (cta_m = threads / 32 = 8) or a block of 16 rows on 256 threads, got cta_m = 4, threads = 256}}
+  // expected-error @+1 {{'twell.gated_down' op config: the gated_down kernel's variant must be named: consumer = cta_row (one token row per CTA, cta_m = 1), warp_row (one per warp, cta_m = threads / 32) or token_block (16 rows on 256 threads), got #twell.config<cta_m = 4, threads = 256>}}
   %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 4, threads = 256>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
+  return
+}
+
+// -----
+
+// The variant is named and its CTA tile must agree with it.
+// expected-error @+1 {{consumer warp_row takes one token row per warp: cta_m must be threads / 32 = 8 (more than one warp), got 4}}
+func.func private @f() attributes {config = #twell.config<cta_m = 4, threads = 256, consumer = warp_row>}
+
+// -----
+
+// expected-error @+1 {{consumer token_block takes 16 token rows on 256 threads: cta_m must be 16 and threads 256, got 16 and 128}}
+func.func private @f() attributes {config = #twell.config<cta_m = 16, threads = 128, consumer = token_block>}
+
+// -----
+
+// expected-error @+2 {{unknown consumer 'tiles', expected cta_row, warp_row or token_block}}
+// expected-error @+1 {{failed to parse Twell_ConfigAttr parameter 'consumer'}}
+func.func private @f() attributes {config = #twell.config<cta_m = 1, threads = 256, consumer = tiles>}
+
+// -----
+
+#L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
+func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) {
+  // expected-error @+1 {{'twell.gate_matmul' op config: consumer names a consumer kernel's variant; the gate kernel's config has none, got #twell.config<cta_m = 8, cta_k = 16, threads = 256, consumer = warp_row>}}
+  %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 8, cta_k = 16, threads = 256, consumer = warp_row>}
+      : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   return
 }
 
@@ -797,7 +824,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
   // expected-error @+1 {{'twell.gated_down' op config: one token row per warp needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model a multiple of 8 up to 2048 and 256 threads, got mainloop wgmma, out_in, d_model 2048, threads 256}}
-  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 8, threads = 256, mainloop = wgmma>}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 8, threads = 256, mainloop = wgmma, consumer = warp_row>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return
 }
@@ -807,8 +834,8 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 #L = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
-  // expected-error @+1 {{'twell.gated_down' op config: only the token-block gated_down kernel (cta_m = 16) has a cp.async pipeline, stages must be omitted, got #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, stages = 4>}}
-  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, stages = 4>}
+  // expected-error @+1 {{'twell.gated_down' op config: only the token-block gated_down kernel (cta_m = 16) has a cp.async pipeline, stages must be omitted, got #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, stages = 4, consumer = cta_row>}}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, stages = 4, consumer = cta_row>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return
 }
@@ -819,7 +846,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<2048x5632xbf16>) {
   // expected-error @+1 {{'twell.gated_down' op kernel_name: a specialized kernel must also carry its target and config}}
-  %y = twell.gated_down %x, %h, %wu, %wd {kernel_name = "down", config = #twell.config<cta_m = 1, threads = 256>}
+  %y = twell.gated_down %x, %h, %wu, %wd {kernel_name = "down", config = #twell.config<cta_m = 1, threads = 256, consumer = cta_row>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return
 }
@@ -933,7 +960,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5
 func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x2048xbf16>,
              %wd: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gated_down' op config: one token row per warp needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model a multiple of 8 up to 2048 and 256 threads, got mainloop mma_sync, in_out, d_model 2048, threads 1024}}
-  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 32, threads = 1024, mainloop = mma_sync>,
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 32, threads = 1024, mainloop = mma_sync, consumer = warp_row>,
                                           down_layout = #twell.down_layout<in_out>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
   return
@@ -946,7 +973,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
 func.func @f(%x: tensor<?x514xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x514xbf16>,
              %wd: tensor<514x5632xbf16>) {
   // expected-error @+1 {{'twell.gated_down' op config: mainloop mma_sync (the gate's, repeated by the overflow recompute) needs d_model % 8 == 0, got d_model 514}}
-  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, consumer = cta_row>}
       : (tensor<?x514xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x514xbf16>, tensor<514x5632xbf16>) -> tensor<?x514xbf16>
   return
 }
@@ -958,7 +985,7 @@ func.func @f(%x: tensor<?x514xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<56
 func.func @f(%x: tensor<?x520xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5632x520xbf16>,
              %wd: tensor<520x5632xbf16>) {
   // expected-error @+1 {{'twell.gated_down' op config: mainloop wgmma (the gate's) needs d_model % 32 == 0 and tile_n 64, 128 or 256, got d_model 520, tile_n 256}}
-  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma, consumer = cta_row>}
       : (tensor<?x520xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x520xbf16>, tensor<520x5632xbf16>) -> tensor<?x520xbf16>
   return
 }
@@ -972,7 +999,7 @@ func.func @f(%x: tensor<?x2056xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
              %wd: tensor<5632x2056xbf16>) {
   // expected-error @+1 {{'twell.gated_down' op config: a token block (cta_m = 16) needs a tensor-core gate (mainloop mma_sync or wgmma), in_out down weights, d_model 128, 256, 512, 1024 or 2048 and tile_n <= 256, got mainloop mma_sync, in_out, d_model 2056, tile_n 256}}
   %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>,
-                                           config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 4>}
+                                           config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 4, consumer = token_block>}
       : (tensor<?x2056xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2056xbf16>, tensor<5632x2056xbf16>) -> tensor<?x2056xbf16>
   return
 }
@@ -984,7 +1011,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
              %wd: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gated_down' op config: a token block needs stages 3..6 (its cp.async ring), got 2}}
   %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>,
-                                           config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 2>}
+                                           config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 2, consumer = token_block>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
   return
 }
@@ -997,7 +1024,7 @@ func.func @f(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wu: tensor<5
              %wd: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.gated_down' op config: a token block with stages = 6 needs 224416 bytes of shared memory at d_model 2048, d_ff 5632, tile_n 256; the target allows 166912}}
   %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>, target = #twell.target<"sm_80", [mma_sync, cp_async]>,
-                                           config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 6>}
+                                           config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 6, consumer = token_block>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
   return
 }
@@ -1022,7 +1049,7 @@ func.func @down_w_down_shape(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L
 func.func @down_token_block(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L>, %wd: tensor<5632x2048xbf16>) {
   // expected-error @+1 {{'twell.down' op config: the token block (cta_m = 16) is a gated kernel; twell.down takes one token row per warp or per CTA}}
   %y = twell.down %x, %h, %wd {down_layout = #twell.down_layout<in_out>, target = #twell.target<"sm_90a", [wgmma, tma]>,
-                               config = #twell.config<cta_m = 16, threads = 256, mainloop = wgmma, stages = 6>}
+                               config = #twell.config<cta_m = 16, threads = 256, mainloop = wgmma, stages = 6, consumer = token_block>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>) -> tensor<?x2048xbf16>
   return
 }

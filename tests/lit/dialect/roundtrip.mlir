@@ -84,9 +84,9 @@ func.func @kernels(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: te
 // CHECK-LABEL: func.func @specialized_kernels
 // CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>, kernel_name = "my_gate", target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
 // CHECK-SAME: (tensor<4x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<4x5632xbf16, #twell.layout<{{.*}}>>
-// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256>, down_layout = #twell.down_layout<in_out>, kernel_name = "my_down", target = #twell.target<"sm_80", [mma_sync, cp_async]>}
+// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, consumer = cta_row>, down_layout = #twell.down_layout<in_out>, kernel_name = "my_down", target = #twell.target<"sm_80", [mma_sync, cp_async]>}
 // CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 3>, kernel_name = "my_mma_gate", target = #twell.target<"sm_80", [mma_sync, cp_async]>}
-// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>, down_layout = #twell.down_layout<in_out>, kernel_name = "my_mma_down", target = #twell.target<"sm_80", [mma_sync, cp_async]>}
+// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, consumer = cta_row>, down_layout = #twell.down_layout<in_out>, kernel_name = "my_mma_down", target = #twell.target<"sm_80", [mma_sync, cp_async]>}
 func.func @specialized_kernels(%x: tensor<4x2048xbf16>, %wg: tensor<5632x2048xbf16>,
                                %wu: tensor<5632x2048xbf16>, %wd: tensor<5632x2048xbf16>)
     -> tensor<4x2048xbf16> {
@@ -96,7 +96,7 @@ func.func @specialized_kernels(%x: tensor<4x2048xbf16>, %wg: tensor<5632x2048xbf
       : (tensor<4x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<4x5632xbf16, #relu>
   %y = twell.gated_down %x, %h, %wu, %wd {down_layout = #twell.down_layout<in_out>,
       target = #twell.target<"sm_80", [mma_sync, cp_async]>,
-      config = #twell.config<cta_m = 1, threads = 256>, kernel_name = "my_down"}
+      config = #twell.config<cta_m = 1, threads = 256, consumer = cta_row>, kernel_name = "my_down"}
       : (tensor<4x2048xbf16>, tensor<4x5632xbf16, #relu>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>)
       -> tensor<4x2048xbf16>
   // The tensor-core main loop with a 3-stage pipeline (fewer than the 4 that fit), and its consumer.
@@ -107,7 +107,7 @@ func.func @specialized_kernels(%x: tensor<4x2048xbf16>, %wg: tensor<5632x2048xbf
       : (tensor<4x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<4x5632xbf16, #relu>
   %y2 = twell.gated_down %x, %h2, %wu, %wd {down_layout = #twell.down_layout<in_out>,
       target = #twell.target<"sm_80", [mma_sync, cp_async]>,
-      config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>, kernel_name = "my_mma_down"}
+      config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, consumer = cta_row>, kernel_name = "my_mma_down"}
       : (tensor<4x2048xbf16>, tensor<4x5632xbf16, #relu>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>)
       -> tensor<4x2048xbf16>
   return %y : tensor<4x2048xbf16>

@@ -13,11 +13,11 @@
 // consumer=block: 16 token rows per CTA on tensor cores, with the deepest ring that fits the target's
 // shared memory (6 stages, 224416 bytes, on sm_90a; 4 on sm_80's 163 KiB). The default keeps rows.
 // CHECK-LABEL: func.func @in_out
-// CHECK: twell.gated_down {{.*}}config = #twell.config<cta_m = 16, threads = 256, mainloop = wgmma, stages = 6>
+// CHECK: twell.gated_down {{.*}}config = #twell.config<cta_m = 16, threads = 256, mainloop = wgmma, stages = 6, consumer = token_block>
 // SM80-LABEL: func.func @in_out
-// SM80: twell.gated_down {{.*}}config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 4>
+// SM80: twell.gated_down {{.*}}config = #twell.config<cta_m = 16, threads = 256, mainloop = mma_sync, stages = 4, consumer = token_block>
 // ROWS-LABEL: func.func @in_out
-// ROWS: twell.gated_down {{.*}}config = #twell.config<cta_m = 8, threads = 256, mainloop = wgmma>
+// ROWS: twell.gated_down {{.*}}config = #twell.config<cta_m = 8, threads = 256, mainloop = wgmma, consumer = warp_row>
 func.func @in_out(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                   %wd: tensor<5632x2048xbf16>) -> tensor<?x2048xbf16> {
   %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L, down_layout = #twell.down_layout<in_out>}
@@ -27,7 +27,7 @@ func.func @in_out(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: ten
 
 // Where the token block does not apply (an nn.Linear Wd; d_model not a multiple of 128), rows.
 // CHECK-LABEL: func.func @out_in
-// CHECK: twell.gated_down {{.*}}config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>
+// CHECK: twell.gated_down {{.*}}config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma, consumer = cta_row>
 func.func @out_in(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                   %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L}
@@ -36,7 +36,7 @@ func.func @out_in(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: ten
 }
 
 // CHECK-LABEL: func.func @odd_d_model
-// CHECK: twell.gated_down {{.*}}config = #twell.config<cta_m = 8, threads = 256, mainloop = mma_sync>
+// CHECK: twell.gated_down {{.*}}config = #twell.config<cta_m = 8, threads = 256, mainloop = mma_sync, consumer = warp_row>
 func.func @odd_d_model(%x: tensor<?x520xbf16>, %wg: tensor<1408x520xbf16>, %wu: tensor<1408x520xbf16>,
                        %wd: tensor<1408x520xbf16>) -> tensor<?x520xbf16> {
   %y = twell.gated_ffn %x, %wg, %wu, %wd {layout = #L, down_layout = #twell.down_layout<in_out>}

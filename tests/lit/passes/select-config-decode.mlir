@@ -54,11 +54,11 @@ func.func @fma_gate(%x: tensor<?x514xbf16>, %wg: tensor<1408x514xbf16>, %wu: ten
 
 // A hand-written consumer config is kept and still gets `decode` where it allows the kernels.
 // CHECK-LABEL: func.func @explicit_config
-// CHECK: twell.gated_down {{.*}}config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>, decode = #twell.down_layout<out_in>
+// CHECK: twell.gated_down {{.*}}config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, consumer = cta_row>, decode = #twell.down_layout<out_in>
 func.func @explicit_config(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                            %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %h = twell.gate_matmul %x, %wg : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
-  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, consumer = cta_row>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>)
       -> tensor<?x2048xbf16>
   return %y : tensor<?x2048xbf16>

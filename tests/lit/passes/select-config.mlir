@@ -26,10 +26,10 @@
 // C1: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3>, target
 // CHECK-LABEL: func.func @heuristic
 // CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3, cluster_m = 2>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
-// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>, decode = #twell.down_layout<out_in>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
+// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma, consumer = cta_row>, decode = #twell.down_layout<out_in>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
 // SM80-LABEL: func.func @heuristic
 // SM80: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
-// SM80: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>, decode = #twell.down_layout<out_in>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
+// SM80: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, consumer = cta_row>, decode = #twell.down_layout<out_in>, target = #twell.target<"sm_80", [mma_sync, cp_async]>}
 func.func @heuristic(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                      %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %h = twell.gate_matmul %x, %wg
@@ -63,7 +63,7 @@ func.func @tile_1024(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>) -> te
 // tile_n = 32 is too narrow for the tensor-core main loop: fma, cta_m = 16384 / tile_n, cta_k = 16.
 // CHECK-LABEL: func.func @tile_32
 // CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 512, cta_k = 16, threads = 256>
-// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256>
+// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, consumer = cta_row>
 func.func @tile_32(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                    %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %h = twell.gate_matmul %x, %wg
@@ -77,10 +77,10 @@ func.func @tile_32(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: te
 // d_model = 514 cannot be read in 16-byte chunks: fma, on every target.
 // CHECK-LABEL: func.func @d_model_514
 // CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>
-// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256>
+// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, consumer = cta_row>
 // SM80-LABEL: func.func @d_model_514
 // SM80: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>
-// SM80: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256>
+// SM80: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, consumer = cta_row>
 func.func @d_model_514(%x: tensor<?x514xbf16>, %wg: tensor<1408x514xbf16>, %wu: tensor<1408x514xbf16>,
                        %wd: tensor<514x1408xbf16>) -> tensor<?x514xbf16> {
   %h = twell.gate_matmul %x, %wg
@@ -104,13 +104,13 @@ func.func @fma_tile_1024(%x: tensor<?x514xbf16>, %wg: tensor<5632x514xbf16>) -> 
 // Attributes already present (written by hand or by a tuner) are kept.
 // CHECK-LABEL: func.func @explicit
 // CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 64, cta_k = 32, threads = 256>, target = #twell.target<"sm_90a", [wgmma, tma, multicast]>}
-// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 512>, target = #twell.target<"sm_90a", [tma]>}
+// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 512, consumer = cta_row>, target = #twell.target<"sm_90a", [tma]>}
 func.func @explicit(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                     %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, cta_k = 32, threads = 256>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L256>
   %y = twell.gated_down %x, %h, %wu, %wd {target = #twell.target<"sm_90a", [tma]>,
-      config = #twell.config<cta_m = 1, threads = 512>}
+      config = #twell.config<cta_m = 1, threads = 512, consumer = cta_row>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L256>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>)
       -> tensor<?x2048xbf16>
   return %y : tensor<?x2048xbf16>
@@ -119,7 +119,7 @@ func.func @explicit(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: t
 // A consumer without a config takes the main loop of its gate kernel's explicit config (fma here).
 // CHECK-LABEL: func.func @explicit_gate
 // CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>
-// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256>,
+// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, consumer = cta_row>,
 func.func @explicit_gate(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                          %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>}
@@ -134,12 +134,12 @@ func.func @explicit_gate(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %
 // though mma_sync would be allowed), so that the two agree.
 // CHECK-LABEL: func.func @explicit_consumer
 // CHECK: twell.gate_matmul %arg0, %arg1 {config = #twell.config<cta_m = 64, cta_k = 16, threads = 256>,
-// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 128>,
+// CHECK: twell.gated_down %arg0, %{{.*}}, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 128, consumer = cta_row>,
 func.func @explicit_consumer(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                              %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %h = twell.gate_matmul %x, %wg
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L256>
-  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 128>}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 128, consumer = cta_row>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L256>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>)
       -> tensor<?x2048xbf16>
   return %y : tensor<?x2048xbf16>
@@ -147,7 +147,7 @@ func.func @explicit_consumer(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16
 
 // A consumer whose h comes from outside gets the main loop a gate kernel of its shape would get.
 // CHECK-LABEL: func.func @consumer_alone
-// CHECK: twell.gated_down %arg0, %arg1, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma>
+// CHECK: twell.gated_down %arg0, %arg1, %arg2, %arg3 {config = #twell.config<cta_m = 1, threads = 256, mainloop = wgmma, consumer = cta_row>
 func.func @consumer_alone(%x: tensor<?x2048xbf16>, %h: tensor<?x5632xbf16, #L256>, %wu: tensor<5632x2048xbf16>,
                           %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %y = twell.gated_down %x, %h, %wu, %wd

@@ -53,7 +53,7 @@ func.func @mainloop_mismatch(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16
       config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
   // expected-error @+1 {{'twell.gated_down' op config: mainloop fma differs from mainloop mma_sync of the twell.gate_matmul producing h: the consumer's overflow recompute must repeat the gate kernel's arithmetic, give both the same mainloop}}
-  %y = twell.gated_down %x, %h, %wu, %wd {target = #twell.target<"sm_80", []>, config = #twell.config<cta_m = 1, threads = 256>}
+  %y = twell.gated_down %x, %h, %wu, %wd {target = #twell.target<"sm_80", []>, config = #twell.config<cta_m = 1, threads = 256, consumer = cta_row>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>)
       -> tensor<?x2048xbf16>
   return %y : tensor<?x2048xbf16>

@@ -8,9 +8,9 @@
 #H90 = #twell.target<"sm_90a", [wgmma, tma, multicast]>
 #S80 = #twell.target<"sm_80", [mma_sync, cp_async]>
 #G = #twell.config<cta_m = 64, cta_k = 16, threads = 256>
-#D = #twell.config<cta_m = 1, threads = 256>
+#D = #twell.config<cta_m = 1, threads = 256, consumer = cta_row>
 #GM = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>
-#DM = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>
+#DM = #twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, consumer = cta_row>
 
 // CHECK-LABEL: func.func @base
 // CHECK: twell.gate_matmul {{.*}}kernel_name = "twell_gate_k2048_n5632_t256_s31_relu_bf16_9eb7233e"

@@ -1,5 +1,5 @@
 // Attributes of the twell dialect: #twell.layout (a tensor encoding), #twell.target, #twell.config,
-// and the enums Activation, DownLayout, Feature and Mainloop (TwellAttrs.td).
+// and the enums Activation, DownLayout, Feature, Mainloop and ConsumerVariant (TwellAttrs.td).
 #pragma once
 
 #include "mlir/IR/Attributes.h"

@@ -72,6 +72,25 @@ def Twell_ThresholdParameter : APFloatParameter<"sparsity threshold (f32)"> {
   let printer = "::mlir::twell::printF32Parameter($_printer, $_self)";
 }
 
+// The consumer kernel's variant (#twell.config consumer): none on a gate kernel's config (omitted);
+// on a twell.gated_down / twell.down one of cta_row (one token row per CTA), warp_row (one per warp,
+// persistent) or token_block (16 rows per CTA on tensor cores). cta_m must agree (1, threads / 32, 16):
+// the variant is named, not read off a tile size.
+def Twell_ConsumerVariant : I32EnumAttr<"ConsumerVariant", "consumer kernel variant", [
+    I32EnumAttrCase<"None", 0, "none">,
+    I32EnumAttrCase<"CtaRow", 1, "cta_row">,
+    I32EnumAttrCase<"WarpRow", 2, "warp_row">,
+    I32EnumAttrCase<"TokenBlock", 3, "token_block">]> {
+  let cppNamespace = "::mlir::twell";
+  let genSpecializedAttr = 0;
+}
+
+// `warp_row`; none when omitted (a gate kernel's config).
+def Twell_ConsumerVariantParameter : EnumParameter<Twell_ConsumerVariant> {
+  let defaultValue = "::mlir::twell::ConsumerVariant::None";
+  let parser = "::mlir::twell::parseConsumerVariant($_parser)";
+}
+
 // `mma_sync`; fma when omitted.
 def Twell_MainloopParameter : EnumParameter<Twell_Mainloop> {
   let defaultValue = "::mlir::twell::Mainloop::Fma";
@@ -184,7 +203,10 @@ def Twell_ConfigAttr : AttrDef<Twell_Dialect, "Config"> {
     into a thread-block cluster that shares each w_gate tile: every CTA loads 1 / cluster_m of it and
     TMA multicasts it to all (target feature `multicast`), which divides the w_gate bytes read from L2
     by cluster_m: `#twell.config<cta_m = 128, cta_k = 32, threads = 384, mainloop = wgmma, stages = 6,
-    cluster_m = 2>`.
+    cluster_m = 2>`. `consumer` names a twell.gated_down / twell.down kernel's variant (required there,
+    absent on a gate kernel's config): `cta_row` (cta_m = 1), `warp_row` (cta_m = threads / 32) or
+    `token_block` (cta_m = 16, 256 threads, `stages` its cp.async ring):
+    `#twell.config<cta_m = 8, threads = 256, mainloop = wgmma, consumer = warp_row>`.
   }];
   let parameters = (ins
     "int64_t":$cta_m,
@@ -192,17 +214,23 @@ def Twell_ConfigAttr : AttrDef<Twell_Dialect, "Config"> {
     "int64_t":$threads,
     Twell_MainloopParameter:$mainloop,
     DefaultValuedParameter<"int64_t", "0", "cp.async pipeline stages (mma_sync gate); 0 = none">:$stages,
-    DefaultValuedParameter<"int64_t", "1", "CTAs per cluster along M sharing the w_gate tile">:$cluster_m
+    DefaultValuedParameter<"int64_t", "1", "CTAs per cluster along M sharing the w_gate tile">:$cluster_m,
+    Twell_ConsumerVariantParameter:$consumer
   );
   let builders = [
     // An fma configuration (no pipeline).
     AttrBuilder<(ins "int64_t":$cta_m, "int64_t":$cta_k, "int64_t":$threads), [{
-      return $_get($_ctxt, cta_m, cta_k, threads, ::mlir::twell::Mainloop::Fma, 0, 1);
+      return $_get($_ctxt, cta_m, cta_k, threads, ::mlir::twell::Mainloop::Fma, 0, 1, ::mlir::twell::ConsumerVariant::None);
     }]>,
     // Without clusters (cluster_m = 1).
     AttrBuilder<(ins "int64_t":$cta_m, "int64_t":$cta_k, "int64_t":$threads, "::mlir::twell::Mainloop":$mainloop,
                      "int64_t":$stages), [{
-      return $_get($_ctxt, cta_m, cta_k, threads, mainloop, stages, 1);
+      return $_get($_ctxt, cta_m, cta_k, threads, mainloop, stages, 1, ::mlir::twell::ConsumerVariant::None);
+    }]>,
+    // A consumer kernel's (no K loop, no cluster).
+    AttrBuilder<(ins "::mlir::twell::ConsumerVariant":$consumer, "int64_t":$cta_m, "int64_t":$threads,
+                     "::mlir::twell::Mainloop":$mainloop, "int64_t":$stages), [{
+      return $_get($_ctxt, cta_m, 0, threads, mainloop, stages, 1, consumer);
     }]>
   ];
   let assemblyFormat = "`<` struct(params) `>`";
