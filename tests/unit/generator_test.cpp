@@ -211,7 +211,7 @@ TEST(Generator, PaperShapeUsesFourTmaStagesOfWgmmaOnSm90a) {
   EXPECT_EQ(gen.kernels[1].cluster_m, 1);
   EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 64, threads = 384, mainloop = wgmma, stages = 3, cluster_m = 2>"))
       << gen.ir;
-  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 1, threads = 256, mainloop = wgmma>")) << gen.ir;
+  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 1, threads = 256, mainloop = wgmma, consumer = cta_row>")) << gen.ir;
 }
 
 // The consumer takes one token row per warp (cta_m = 8 of 256 threads) where its rows are 16-byte
@@ -275,7 +275,7 @@ TEST(Generator, PaperShapeUsesFourStagesOfMmaSyncOnSm90) {
   EXPECT_EQ(gen.kernels[1].operand_alignment, 2);
   EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>"))
       << gen.ir;
-  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 1, threads = 256, mainloop = mma_sync>")) << gen.ir;
+  EXPECT_TRUE(contains(gen.ir, "#twell.config<cta_m = 1, threads = 256, mainloop = mma_sync, consumer = cta_row>")) << gen.ir;
 }
 
 // A hand-written configuration is kept; its consumer follows its main loop, and the two kernels' names
@@ -311,7 +311,7 @@ func.func @ffn(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor
                %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %h = twell.gate_matmul %x, %wg {config = #twell.config<cta_m = 128, cta_k = 32, threads = 512, mainloop = mma_sync, stages = 4>}
       : (tensor<?x2048xbf16>, tensor<5632x2048xbf16>) -> tensor<?x5632xbf16, #L>
-  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256>}
+  %y = twell.gated_down %x, %h, %wu, %wd {config = #twell.config<cta_m = 1, threads = 256, consumer = cta_row>}
       : (tensor<?x2048xbf16>, tensor<?x5632xbf16, #L>, tensor<5632x2048xbf16>, tensor<2048x5632xbf16>) -> tensor<?x2048xbf16>
   return %y : tensor<?x2048xbf16>
 }
