@@ -76,10 +76,12 @@ struct Context::Impl {
   // JIT-compiles `source` through the cache (no module). Throws Error(Unsupported) without a JIT.
   std::shared_ptr<LoadedKernel> compile(const kernels::KernelSource& source);
 
+  // Remembers a kernel set this context obtained (save_bundle writes it; later requests reuse it).
+  void record(const std::string& request, detail::BundleSet set, const std::vector<const LoadedKernel*>& kernels);
+
  private:
   std::shared_ptr<LoadedKernel> load(std::shared_ptr<LoadedKernel> k);
   std::shared_ptr<LoadedKernel> from_bundle(const detail::Bundle& bundle, const std::string& name);
-  void record(const std::string& request, detail::BundleSet set, const std::vector<const LoadedKernel*>& kernels);
   std::vector<std::shared_ptr<const detail::Bundle>> loaded_bundles() const;
   std::string bundle_list() const;
 };

@@ -189,6 +189,32 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
       return out;
     }
   }
+  // Kernels already obtained for this request (Context::add_kernels, or an earlier plan).
+  {
+    std::unique_lock lock(bundles_mutex);
+    const auto it = obtained.find(request);
+    if (it != obtained.end()) {
+      const detail::BundleSet set = it->second;
+      std::vector<std::shared_ptr<const detail::BundleKernel>> kernels, decode;
+      for (const std::string& name : set.kernels) kernels.push_back(obtained_kernels.at(name));
+      for (const std::string& name : set.decode) decode.push_back(obtained_kernels.at(name));
+      lock.unlock();
+      FfnKernels out;
+      out.ir = set.ir;
+      out.layout = set.layout.value_or(TwellLayout{});
+      auto loaded = [&](const std::shared_ptr<const detail::BundleKernel>& b) {
+        auto k = std::make_shared<LoadedKernel>();
+        k->source = b->source;
+        k->binary = b->binary;
+        fill_report(*k, target);
+        k->report.cache = "memory";
+        return load(std::move(k));
+      };
+      for (const auto& b : kernels) out.kernels.push_back(loaded(b));
+      for (const auto& b : decode) out.decode.push_back(loaded(b));
+      return out;
+    }
+  }
   if (!jit) not_found(who, request, bundle_list(), options);
   kernels::GeneratedFfn generated = jit->generate_ffn(spec, target, decode_down_layout);
   FfnKernels out;
@@ -226,6 +252,46 @@ std::shared_ptr<LoadedKernel> Context::Impl::auxiliary(kernels::KernelKind kind,
   set.kernels = {k->source.name};
   record(request, std::move(set), {k.get()});
   return k;
+}
+
+void Context::add_kernels(const FfnSpec& spec, const kernels::GeneratedFfn& generated, std::optional<WeightLayout> decode_down_layout) {
+  auto impl = context_impl(*this);
+  auto bad = [](const std::string& what) { throw Error(ErrorCode::InvalidArgument, "Context::add_kernels: " + what); };
+  if (generated.kernels.size() != 2 || generated.kernels[0].kind != kernels::KernelKind::GateTwell ||
+      generated.kernels[1].kind != kernels::KernelKind::GatedDown)
+    bad(fmt::format("generated: expected a gate kernel and a consumer, got {} kernels", generated.kernels.size()));
+  const kernels::KernelSource& gate = generated.kernels[0];
+  const kernels::KernelSource& consumer = generated.kernels[1];
+  if (generated.target.arch() != impl->target.arch())
+    bad(fmt::format("generated.target: expected this context's {}, got {}", impl->target.arch(), generated.target.arch()));
+  if (gate.d_model != spec.d_model || gate.d_ff != spec.d_ff || consumer.gated != spec.gated ||
+      !consumer.down_in_out || spec.down_layout != WeightLayout::InOut)
+    bad(fmt::format("spec: expected d_model {}, d_ff {}, gated {} and down_layout in_out (the consumer's), got {}, {}, {} and {}",
+                    gate.d_model, gate.d_ff, consumer.gated, spec.d_model, spec.d_ff, spec.gated, to_string(spec.down_layout)));
+  const TwellLayout& l = generated.layout;
+  if (l.value != spec.dtype || l.activation != spec.activation ||
+      std::bit_cast<uint32_t>(l.threshold) != std::bit_cast<uint32_t>(spec.threshold) || spec.tile_n != l.tile_n ||
+      spec.slots != l.slots)
+    bad("spec: expected the layout's dtype, activation, threshold, tile_n and slots");
+  const std::string request = detail::ffn_request(spec, impl->target, decode_down_layout);
+  detail::BundleSet set;
+  set.spec = spec;
+  set.layout = l;
+  set.ir = generated.ir;
+  std::vector<std::shared_ptr<LoadedKernel>> compiled;
+  for (const auto& k : generated.kernels) {
+    compiled.push_back(impl->compile(k));
+    set.kernels.push_back(k.name);
+  }
+  for (const auto& k : generated.decode) {
+    if (decode_down_layout && k.down_in_out != (*decode_down_layout == WeightLayout::InOut))
+      bad(fmt::format("decode_down_layout: the decode kernel {} reads w_down {}", k.name, k.down_in_out ? "in_out" : "out_in"));
+    compiled.push_back(impl->compile(k));
+    set.decode.push_back(k.name);
+  }
+  std::vector<const LoadedKernel*> pointers;
+  for (const auto& k : compiled) pointers.push_back(k.get());
+  impl->record(request, std::move(set), pointers);
 }
 
 }  // namespace twell

@@ -131,6 +131,29 @@ TEST(RuntimeOnly, NonGatedBundle) {
   EXPECT_TRUE(down);
 }
 
+// `twellc compile FILE.mlir`: the hand-written configuration (the wgmma gate without clusters) is what
+// a plan of the printed FfnSpec gets; the same shape with the default spec is not in that bundle.
+TEST(RuntimeOnly, BundleFromMlir) {
+  Context ctx(options_for(Target{90, true}));
+  ctx.load_bundle(kBundles / "mlir/sm_90a");
+  FfnSpec s = spec_of(512, 1408);
+  s.down_layout = WeightLayout::InOut;
+  s.tile_n = 256;
+  s.slots = 31;
+  s.consumer = ConsumerVariant::RowGather;
+  s.gate_cluster_m = 1;
+  const FfnPlan plan = ctx.plan(s, 1024);
+  bool gate = false;
+  for (const KernelReport& k : plan.kernels())
+    if (k.kind == "gate_twell") {
+      gate = true;
+      EXPECT_EQ(k.cluster_m, 1) << "the .mlir's gate config";
+      EXPECT_EQ(k.cache, "bundle");
+    }
+  EXPECT_TRUE(gate);
+  EXPECT_EQ(error_of([&] { ctx.plan(spec_of(512, 1408), 64); }).first, ErrorCode::NotFound);
+}
+
 TEST(RuntimeOnly, MissingKernelSetNamesTheRequest) {
   Context ctx(options_for(Target{90, true}));
   ctx.load_bundle(kBundles / "sample/sm_90a");

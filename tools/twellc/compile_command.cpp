@@ -2,14 +2,18 @@
 // (the gate, the consumers, the decode kernels, the transpose, the dense path's kernels, the neuron
 // reordering), compiled by NVRTC, written with a manifest.json into DIR/<target>/ (README.md,
 // "Ahead-of-time bundles"). Needs no GPU. A program linking twell::runtime alone loads the result.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "twell/compiler/Generate.h"
 #include "twell/context.h"
 #include "twell/error.h"
 #include "twell/kernels/constraints.h"
@@ -27,6 +31,8 @@ namespace {
 const char* kCompileHelp =
     "usage: twellc compile --d-model D --d-ff F [options] -o DIR    from a shape\n"
     "       twellc compile --sample [options] -o DIR                the embedded sample's shape (twellc run)\n"
+    "       twellc compile FILE.mlir [options] -o DIR               the kernels of a twell dialect file (its consumer\n"
+    "                                                               must read an in_out Wd); prints the FfnSpec plans use\n"
     "  -o DIR, --out DIR       write one bundle per target into DIR/<target>/ (manifest.json, .cubin, .ptx, .cu)\n"
     "  --target LIST           comma-separated targets (default sm_90a), e.g. sm_90a,sm_80\n"
     "  --max-tokens M          the plans' max_tokens (default 131072; only sizes workspaces, not kernels)\n"
@@ -53,6 +59,44 @@ std::vector<twell::Target> parse_targets(const std::string& list) {
   return targets;
 }
 
+// The kernels of a .mlir file as the kernel set of the FfnSpec a plan would ask them for: its shape,
+// numerics, layout (tile_n and slots), consumer variant and gate cluster, an in_out consumer (plans
+// transpose an out_in Wd) and the user's Wd layout as its decode kernels read it. Prints that spec.
+twell::FfnSpec add_mlir_kernels(twell::Context& ctx, const std::string& text, const std::string& file, const twell::Target& target) {
+  const twell::compiler::GeneratedFfn gen = twell::compiler::generateFromMlir(text, file, target);
+  const twell::kernels::KernelSource& gate = gen.kernels.at(0);
+  const twell::kernels::KernelSource& consumer = gen.kernels.at(1);
+  if (!consumer.down_in_out)
+    throw twell::Error(twell::ErrorCode::InvalidArgument,
+                       fmt::format("FILE.mlir: {}: a plan's consumer reads an in_out w_down (it transposes an out_in one first): "
+                                   "expected down_layout = #twell.down_layout<in_out> on the consumer, got out_in", file));
+  twell::FfnSpec spec;
+  spec.d_model = gate.d_model;
+  spec.d_ff = gate.d_ff;
+  spec.gated = consumer.gated;
+  spec.activation = gen.layout.activation;
+  spec.threshold = gen.layout.threshold;
+  spec.dtype = gen.layout.value;
+  spec.down_layout = twell::WeightLayout::InOut;
+  spec.tile_n = gen.layout.tile_n;
+  spec.slots = gen.layout.slots;
+  spec.consumer = consumer.consumer == twell::kernels::ConsumerKind::TokenBlock ? twell::ConsumerVariant::TokenBlock
+                                                                               : twell::ConsumerVariant::RowGather;
+  if (gate.mainloop == twell::kernels::GateMainloop::Wgmma) spec.gate_cluster_m = gate.cluster_m;
+  // The decode kernels read w_down as the user gives it: the plans of this bundle take that layout.
+  const twell::WeightLayout user_layout =
+      gen.decode.empty() || gen.decode.front().down_in_out ? twell::WeightLayout::InOut : twell::WeightLayout::OutIn;
+  ctx.add_kernels(spec, gen, user_layout);
+  spec.down_layout = user_layout;
+  std::printf("%s: the plans that take these kernels: FfnSpec{d_model %lld, d_ff %lld, gated %d, %s, threshold %a, %s, "
+              "down_layout %s, tile_n %d, slots %d, consumer %s%s}\n",
+              target.arch().c_str(), static_cast<long long>(spec.d_model), static_cast<long long>(spec.d_ff), spec.gated ? 1 : 0,
+              twell::to_string(spec.activation), static_cast<double>(spec.threshold), twell::to_string(spec.dtype),
+              twell::to_string(spec.down_layout), *spec.tile_n, *spec.slots, twell::to_string(*spec.consumer),
+              spec.gate_cluster_m ? fmt::format(", gate_cluster_m {}", *spec.gate_cluster_m).c_str() : "");
+  return spec;
+}
+
 }  // namespace
 
 int compile_command(const std::vector<std::string>& argv) {
@@ -68,8 +112,23 @@ int compile_command(const std::vector<std::string>& argv) {
       std::fputs(kCompileHelp, stdout);
       return 0;
     }
-    if (!args.positional.empty())
-      throw std::invalid_argument(fmt::format("expected no positional arguments (a shape or --sample), got '{}'", args.positional[0]));
+    if (args.positional.size() > 1)
+      throw std::invalid_argument(fmt::format("expected at most one FILE.mlir, got {}", args.positional.size()));
+    std::string mlir_file, mlir_text;
+    if (!args.positional.empty()) {
+      mlir_file = args.positional[0];
+      for (const auto& o : kShapeOptions)
+        if (args.has(o))
+          throw std::invalid_argument(fmt::format("--{}: shape options describe an FFN without a .mlir file; '{}' already "
+                                                  "describes one", o, mlir_file));
+      if (args.has("sample")) throw std::invalid_argument("--sample: expected it or FILE.mlir, got both");
+      std::ifstream in(mlir_file);
+      if (!in)
+        throw twell::Error(twell::ErrorCode::NotFound, fmt::format("FILE.mlir: cannot open '{}': {}", mlir_file, std::strerror(errno)));
+      std::stringstream text;
+      text << in.rdbuf();
+      mlir_text = text.str();
+    }
     if (args.has("o") && args.has("out")) throw std::invalid_argument("-o and --out: expected one of them, got both");
     const std::string out = args.has("o") ? args.get("o") : args.get("out");
     if (out.empty()) throw std::invalid_argument("-o DIR: expected the output directory, got none");
@@ -85,7 +144,7 @@ int compile_command(const std::vector<std::string>& argv) {
       with_shape.insert(with_shape.end(), {"--d-model", std::to_string(d.d_model), "--d-ff", std::to_string(d.d_ff)});
       std::vector<std::string> flags{"help", "non-gated", "sample"};
       spec = spec_from_args(parse_args(with_shape, flags, valued));
-    } else {
+    } else if (mlir_file.empty()) {
       spec = spec_from_args(args);
     }
     twell::PlanOptions options;  // Dispatch::Auto: the dense path's kernels too
@@ -98,6 +157,7 @@ int compile_command(const std::vector<std::string>& argv) {
       context_options.target = target;
       context_options.device = twell::ContextOptions::kNoDevice;  // compile only: any target, no workspace
       twell::Context ctx(context_options);
+      if (!mlir_file.empty()) spec = add_mlir_kernels(ctx, mlir_text, mlir_file, target);
       twell::FfnPlan plan = ctx.plan(spec, max_tokens, options);
       plans.emplace_back(std::move(ctx), std::move(plan));
     }

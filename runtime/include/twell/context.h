@@ -91,6 +91,15 @@ class Context {
   // Error(Unsupported) when no JIT is linked (or ContextOptions::jit is Never).
   std::vector<CompiledKernel> compile(const kernels::GeneratedFfn& generated);
 
+  // Makes `generated` (for example compiler::generateFromMlir's kernels of a hand-written .mlir) the
+  // kernels that plans of `spec` take, as if the JIT had made them for it: each is checked against its
+  // contract (twell/kernels/validate.h) and compiled through the cache, and save_bundle writes them.
+  // `spec` must be the one such a plan's consumer reads (down_layout in_out: plans transpose an out_in
+  // Wd first); `decode_down_layout` the user's Wd layout the decode kernels read. Throws
+  // Error(InvalidArgument) naming what differs between `spec` and the kernels, Error(Unsupported)
+  // without a JIT, Error(Compile) for a kernel its contract refuses.
+  void add_kernels(const FfnSpec& spec, const kernels::GeneratedFfn& generated, std::optional<WeightLayout> decode_down_layout);
+
   // Whether this context compiles kernels its bundles lack (twell::jit linked, ContextOptions::jit).
   bool has_jit() const;
 
