@@ -208,11 +208,11 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target, std::optiona
   const bool clusterable = llvm::is_contained(features, tw::Feature::Wgmma) &&
                            llvm::is_contained(features, tw::Feature::Tma) &&
                            llvm::is_contained(features, tw::Feature::Multicast) &&
-                           ::twell::kernels::WgmmaGateConstraints::allowed(spec.d_model, spec.tile_n.value_or(256));
+                           ::twell::kernels::WgmmaGateConstraints::allowed(spec.d_model, spec.tile_n.value_or(::twell::kernels::kDefaultTileN));
   if (spec.gate_cluster_m == 2 && !clusterable)
     fail("spec.gate_cluster_m: 2 CTAs per cluster needs the wgmma gate (target sm_90a, d_model % 32 == 0, tile_n 64, "
          "128 or 256); target " + target.arch() + ", d_model " + std::to_string(spec.d_model) + " and tile_n " +
-         std::to_string(spec.tile_n.value_or(256)) + " give a gate without clusters (leave it unset or 1)");
+         std::to_string(spec.tile_n.value_or(::twell::kernels::kDefaultTileN)) + " give a gate without clusters (leave it unset or 1)");
   if (spec.down_layout != WeightLayout::OutIn && spec.down_layout != WeightLayout::InOut)
     fail("spec.down_layout: expected out_in or in_out, got " +
          std::to_string(static_cast<int>(spec.down_layout)));
@@ -229,7 +229,7 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target, std::optiona
   auto emitLayoutError = [&] { return mlir::emitError(loc); };
   tw::LayoutAttr layout = tw::LayoutAttr::getChecked(
       llvm::function_ref<mlir::InFlightDiagnostic()>(emitLayoutError), context.get(),
-      int64_t{spec.tile_n.value_or(256)}, int64_t{spec.slots.value_or(31)}, element,
+      int64_t{spec.tile_n.value_or(::twell::kernels::kDefaultTileN)}, int64_t{spec.slots.value_or(::twell::kernels::kDefaultSlots)}, element,
       mlir::Type(b.getIntegerType(16)), activation, llvm::APFloat(spec.threshold));
   if (!layout) fail(messages.take());
 

@@ -52,6 +52,12 @@ int usage(const char* why) {
 
 int main(int argc, char** argv) {
   if (argc < 2) return usage("expected a bundle directory, got none");
+  if (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
+    std::printf("usage: aot_host BUNDLE_DIR [LAYER.safetensors ...] [--layer N] [--tokens M] [--out Y.bin] [--target sm_80]\n"
+                "  runs the layer of the files (or the paper's shape on seeded random inputs) from the bundle's kernels;\n"
+                "  --target: the bundle's target where it is not this GPU's (an sm_80 bundle on an H200)\n");
+    return 0;
+  }
   const std::string bundle = argv[1];
   std::vector<std::string> files;
   std::optional<int> layer;

@@ -6,10 +6,14 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <functional>
+#include <thread>
 #include <limits>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -216,7 +220,10 @@ std::string checked_file(const fs::path& dir, const std::string& kernel, const j
 
 // Writes `data` to `path` through a temporary file in the same directory: every step checked.
 void write_file(const fs::path& path, std::string_view data) {
-  const fs::path tmp = path.string() + fmt::format(".tmp.{}", ::getpid());
+  // Unique per process, thread and call: concurrent writers of one directory never share a temporary.
+  static std::atomic<uint64_t> counter{0};
+  const fs::path tmp = path.string() + fmt::format(".tmp.{}.{}.{}", ::getpid(), std::hash<std::thread::id>{}(std::this_thread::get_id()),
+                                                   counter.fetch_add(1));
   auto fail = [&](const char* step) {
     const int err = errno;
     ::unlink(tmp.c_str());
@@ -277,12 +284,21 @@ void Bundle::check_set(const Bundle& b, const BundleSet& set) {
       parse_error(b.dir_, fmt::format("{}: layout: expected tile_n a power of two in 32..1024, slots 1..tile_n and index_bits 16, "
                                       "found {}, {} and {}", where, l.tile_n, l.slots, l.index_bits));
     const kernels::KernelSource gate = kind_of(set.kernels.front());
+    // The emitter names every FFN kernel by its shape and layout (..._k<d_model>_n<d_ff>_t<tile_n>_s<slots>_<activation>_<dtype>_),
+    // and the binary holds that name: the layout and the kernels must say the same.
+    const std::string infix = fmt::format("_k{}_n{}_t{}_s{}_{}_{}_", gate.d_model, gate.d_ff, l.tile_n, l.slots, to_string(l.activation),
+                                          to_string(l.value));
     for (const auto* list : {&set.kernels, &set.decode})
       for (const std::string& n : *list) {
         const kernels::KernelSource k = kind_of(n);
         if (k.d_model != gate.d_model || k.d_ff != gate.d_ff || k.tile_n != l.tile_n)
           parse_error(b.dir_, fmt::format("{}: kernel {}: expected d_model {}, d_ff {} and the layout's tile_n {}, found {}, {} and {}",
                                           where, n, gate.d_model, gate.d_ff, l.tile_n, k.d_model, k.d_ff, k.tile_n));
+        if (n.find(infix) == std::string::npos)
+          parse_error(b.dir_, fmt::format("{}: kernel {}: expected a kernel of the set's layout ({}), found another", where, n, infix));
+        if (k.kind != kernels::KernelKind::GateTwell &&
+            n.find(std::string("_") + (k.down_in_out ? "in_out" : "out_in") + "_") == std::string::npos)
+          parse_error(b.dir_, fmt::format("{}: kernel {}: down_in_out {}: expected the kernel's own w_down layout", where, n, k.down_in_out));
       }
     return;
   }
@@ -292,6 +308,29 @@ void Bundle::check_set(const Bundle& b, const BundleSet& set) {
     if (!parsed || set.kernels.size() != 1 || !set.decode.empty() || kind_of(set.kernels.front()).kind != *parsed)
       parse_error(b.dir_, fmt::format("{}: expected one kernel of kind {}, found {} kernels{}", where, kind, set.kernels.size(),
                                       set.kernels.empty() ? "" : std::string(" (the first: ") + kernels::to_string(kind_of(set.kernels.front()).kind) + ")"));
+    // The request's fields are in the helper's name (and so in its binary).
+    auto field_of = [&](const std::string& key) {
+      const size_t at = set.request.find(" " + key + "=");
+      if (at == std::string::npos) return std::string();
+      const size_t from = at + key.size() + 2;
+      return set.request.substr(from, set.request.find(' ', from) - from);
+    };
+    const std::string& name = set.kernels.front();
+    std::string expected;
+    if (*parsed == KernelKind::DenseGatedMul) expected = fmt::format("twell_dense_gated_mul_{}_{}", field_of("dtype"), field_of("activation"));
+    if (*parsed == KernelKind::DenseGatedUp)
+      expected = fmt::format("twell_dense_gated_up_k{}_n{}_{}_{}", field_of("d_model"), field_of("d_ff"), field_of("activation"),
+                             field_of("dtype"));
+    if (*parsed == KernelKind::WeightTranspose) expected = "twell_transpose16";
+    if (*parsed == KernelKind::NeuronPermute) expected = "twell_permute16";
+    if (name != expected)
+      parse_error(b.dir_, fmt::format("{}: expected the kernel {}, found {}", where, expected, name));
+    if (*parsed == KernelKind::DenseGatedUp) {
+      const kernels::KernelSource k = kind_of(name);
+      if (std::to_string(k.d_model) != field_of("d_model") || std::to_string(k.d_ff) != field_of("d_ff"))
+        parse_error(b.dir_, fmt::format("{}: kernel {}: expected d_model {} and d_ff {}, found {} and {}", where, name, field_of("d_model"),
+                                        field_of("d_ff"), k.d_model, k.d_ff));
+    }
     return;
   }
   parse_error(b.dir_, fmt::format("{}: request: expected \"ffn ...\" or \"aux ...\"", where));
@@ -355,6 +394,10 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
   bundle->target_ = *target;
   if (!m.contains("kernels") || !m.at("kernels").is_object()) parse_error(dir, "manifest: kernels: expected an object");
   for (const auto& [name, j] : m.at("kernels").items()) {
+    // A kernel's name is its entry symbol and its files' stem: a C identifier, nothing else.
+    const bool identifier = !name.empty() && name.size() <= 200 && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+                            std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    if (!identifier) parse_error(dir, fmt::format("kernels: expected kernel names that are C identifiers, found {}", shown(json(name))));
     auto k = std::make_shared<BundleKernel>();
     k->source = kernel_from_json(dir, name, j);
     const json files = j.contains("files") ? j.at("files") : json();
@@ -370,6 +413,15 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
       parse_error(dir, fmt::format("kernel {}: cubin: expected the entry {}, found a cubin without it", name, name));
     if (const std::string wrong = kernels::validate_kernel(k->source, bundle->target_); !wrong.empty())
       parse_error(dir, fmt::format("kernel {} ({}): {}", name, kernels::to_string(k->source.kind), wrong));
+    // The description's block and cluster are the binary's (__launch_bounds__, __cluster_dims__ in its PTX).
+    const std::string maxntid = fmt::format(".maxntid {}, 1, 1", k->source.threads);
+    if (binary.ptx.find(maxntid) == std::string::npos)
+      parse_error(dir, fmt::format("kernel {}: launch threads: expected the PTX's {} (its launch bounds), found another", name, maxntid));
+    const bool clustered = binary.ptx.find(".reqnctapercluster") != std::string::npos;
+    if (clustered != (k->source.cluster_m > 1) ||
+        (clustered && binary.ptx.find(fmt::format(".reqnctapercluster {}, 1, 1", k->source.cluster_m)) == std::string::npos))
+      parse_error(dir, fmt::format("kernel {}: launch cluster_m: expected the PTX's cluster dimensions, found cluster_m {}", name,
+                                   k->source.cluster_m));
     k->binary = std::make_shared<const CacheEntry>(std::move(binary));
     bundle->kernels_.emplace(name, std::move(k));
   }
@@ -379,6 +431,24 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
     set.request = field<std::string>(dir, s, "request", "set");
     const std::string where = "set " + set.request;
     set.ir = s.contains("ir") ? field<std::string>(dir, s, "ir", where) : std::string();
+    if (s.contains("spec")) {  // informational, kept so that a bundle saved again still says it
+      const json& j = s.at("spec");
+      const std::string w = where + " spec";
+      FfnSpec spec;
+      spec.d_model = field<int64_t>(dir, j, "d_model", w);
+      spec.d_ff = field<int64_t>(dir, j, "d_ff", w);
+      spec.gated = field<bool>(dir, j, "gated", w);
+      spec.threshold = field<float>(dir, j, "threshold", w);
+      spec.activation = field<std::string>(dir, j, "activation", w) == "silu" ? Activation::SiLU : Activation::ReLU;
+      spec.dtype = field<std::string>(dir, j, "dtype", w) == "f16" ? DType::FP16 : DType::BF16;
+      spec.down_layout = field<std::string>(dir, j, "down_layout", w) == "in_out" ? WeightLayout::InOut : WeightLayout::OutIn;
+      if (j.contains("tile_n")) spec.tile_n = field<int>(dir, j, "tile_n", w);
+      if (j.contains("slots")) spec.slots = field<int>(dir, j, "slots", w);
+      if (j.contains("consumer"))
+        spec.consumer = field<std::string>(dir, j, "consumer", w) == "token_block" ? ConsumerVariant::TokenBlock : ConsumerVariant::RowGather;
+      if (j.contains("gate_cluster_m")) spec.gate_cluster_m = field<int>(dir, j, "gate_cluster_m", w);
+      set.spec = spec;
+    }
     if (s.contains("layout")) {
       const json& l = s.at("layout");
       TwellLayout layout;
@@ -418,6 +488,22 @@ void write_bundle(const fs::path& dir, const Target& target, const std::map<std:
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::Io, fmt::format("writing the bundle {}: cannot create the directory: {}", dir.string(), ec.message()));
+  // The files of a bundle already there (when its manifest reads as one), to remove those this one lacks.
+  std::vector<std::string> old_files;
+  std::set<std::string> new_files;
+  try {
+    const json old = json::parse(read_file(dir / "manifest.json", kMaxManifestBytes), [](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxManifestDepth) throw std::length_error("deep");
+      return true;
+    });
+    for (const auto& [name, k] : old.at("kernels").items())
+      for (const auto& [role, f] : k.at("files").items()) {
+        const std::string file = f.at("path").get<std::string>();
+        if (!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..") old_files.push_back(file);
+      }
+  } catch (const std::exception&) {
+    old_files.clear();  // no bundle there (or not one we can read): remove nothing
+  }
   json m;
   m["format"] = kBundleFormat;
   m["schema_version"] = kBundleSchemaVersion;
@@ -425,11 +511,14 @@ void write_bundle(const fs::path& dir, const Target& target, const std::map<std:
   m["target"] = target.arch();
   m["kernels"] = json::object();
   for (const auto& [name, k] : kernels) {
+    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
+      throw Error(ErrorCode::InvalidArgument, fmt::format("write_bundle: kernel name {}: expected a C identifier", shown(json(name))));
     json j = kernel_json(k->source);
     json files;
     auto put = [&](const char* role, const std::string& ext, std::string_view data) {
       const std::string file = name + ext;
       write_file(dir / file, data);
+      new_files.insert(file);
       files[role] = {{"path", file}, {"bytes", data.size()}, {"xxh64", checksum(data.data(), data.size())}};
     };
     put("cubin", ".cubin", std::string_view(k->binary->cubin.data(), k->binary->cubin.size()));
@@ -454,14 +543,10 @@ void write_bundle(const fs::path& dir, const Target& target, const std::map<std:
   }
   m["checksum"] = manifest_checksum(m);
   write_file(dir / "manifest.json", m.dump(2) + "\n");
-  // A bundle written over another keeps no kernel files of the old one.
-  std::vector<fs::path> stale;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string ext = entry.path().extension().string();
-    const std::string stem = entry.path().stem().string();
-    if ((ext == ".cubin" || ext == ".ptx" || ext == ".cu") && !kernels.count(stem)) stale.push_back(entry.path());
-  }
-  for (const fs::path& p : stale) fs::remove(p, ec);
+  // A bundle written over another keeps none of the old one's kernel files (only files its manifest
+  // named: nothing else in the directory is touched).
+  for (const std::string& file : old_files)
+    if (!new_files.count(file)) fs::remove(dir / file, ec);
 }
 
 }  // namespace twell::detail

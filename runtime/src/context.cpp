@@ -96,13 +96,22 @@ BundleInfo Context::load_bundle(const std::filesystem::path& dir) {
   BundleInfo info{dir, bundle->target(), bundle->twell_version(), bundle->sets().size(), bundle->kernel_count(), 0};
   {
     std::lock_guard lock(impl->bundles_mutex);
-    // One holder per kernel set: a second bundle holding one would be shadowed silently.
+    // One holder per kernel set: a second bundle holding a different one would be shadowed silently.
+    // The same kernels (bundles of two shapes share the transpose, permute and dense helpers) are fine.
+    auto same = [](const detail::Bundle& a, const detail::BundleSet& sa, const detail::Bundle& b, const detail::BundleSet& sb) {
+      if (sa.kernels != sb.kernels || sa.decode != sb.decode) return false;
+      for (const auto* names : {&sa.kernels, &sa.decode})
+        for (const std::string& n : *names)
+          if (a.kernel(n)->binary->cubin != b.kernel(n)->binary->cubin || a.kernel(n)->binary->ptx != b.kernel(n)->binary->ptx)
+            return false;
+      return true;
+    };
     for (const auto& loaded : impl->bundles)
       for (const auto& [request, set] : bundle->sets())
-        if (loaded->find(request) != nullptr)
+        if (const detail::BundleSet* held = loaded->find(request); held != nullptr && !same(*loaded, *held, *bundle, set))
           throw Error(ErrorCode::InvalidArgument,
-                      fmt::format("Context::load_bundle: {}: expected kernel sets no loaded bundle holds, found \"{}\", which {} "
-                                  "holds already (load each bundle once; one bundle per shape)",
+                      fmt::format("Context::load_bundle: {}: expected kernel sets that no loaded bundle holds differently, found "
+                                  "\"{}\", which {} holds with other kernels",
                                   dir.string(), request, loaded->dir().string()));
     impl->bundles.push_back(std::move(bundle));
   }

@@ -83,7 +83,8 @@ struct Context::Impl {
   std::shared_ptr<LoadedKernel> load(std::shared_ptr<LoadedKernel> k);
   std::shared_ptr<LoadedKernel> from_bundle(const detail::Bundle& bundle, const std::string& name);
   std::vector<std::shared_ptr<const detail::Bundle>> loaded_bundles() const;
-  std::string bundle_list() const;
+  // Which bundles were searched for `request`, and the sets of its shape they hold (for NotFound).
+  std::string bundle_list(const std::string& request) const;
 };
 
 // Whether a 16-bit row-major operand's pointer and row stride are `elements`-element aligned (what a

@@ -130,12 +130,23 @@ std::vector<std::shared_ptr<const detail::Bundle>> Context::Impl::loaded_bundles
   return bundles;
 }
 
-std::string Context::Impl::bundle_list() const {
+std::string Context::Impl::bundle_list(const std::string& request) const {
   const auto bundles = loaded_bundles();
   if (bundles.empty()) return "no bundle is loaded";
-  std::string list;
-  for (const auto& b : bundles) list += (list.empty() ? "" : ", ") + b->dir().string();
-  return "the loaded bundles (" + list + ") do not hold it";
+  std::string list, near;
+  // Sets of the same kind and shape (the first three words of the key) that differ in another field.
+  std::string shape = request;
+  for (int spaces = 0, i = 0; i < static_cast<int>(request.size()); ++i)
+    if (request[i] == ' ' && ++spaces == 3) {
+      shape = request.substr(0, i);
+      break;
+    }
+  for (const auto& b : bundles) {
+    list += (list.empty() ? "" : ", ") + b->dir().string();
+    for (const auto& [held, set] : b->sets())
+      if (held.rfind(shape + " ", 0) == 0 && near.size() < 600) near += "\n  held: \"" + held + "\"";
+  }
+  return "the loaded bundles (" + list + ") do not hold it" + (near.empty() ? "" : "; of its shape they hold:" + near);
 }
 
 namespace {
@@ -215,7 +226,7 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
       return out;
     }
   }
-  if (!jit) not_found(who, request, bundle_list(), options);
+  if (!jit) not_found(who, request, bundle_list(request), options);
   kernels::GeneratedFfn generated = jit->generate_ffn(spec, target, decode_down_layout);
   FfnKernels out;
   out.ir = std::move(generated.ir);
@@ -246,7 +257,7 @@ std::shared_ptr<LoadedKernel> Context::Impl::auxiliary(kernels::KernelKind kind,
       return k;
     }
   }
-  if (!jit) not_found(who, request, bundle_list(), options);
+  if (!jit) not_found(who, request, bundle_list(request), options);
   auto k = load(compile(jit->generate_auxiliary(kind, spec, target)));
   detail::BundleSet set;
   set.kernels = {k->source.name};

@@ -12,7 +12,7 @@ namespace twell::detail {
 
 // The FFN kernels of generateFfn(spec, target, decode_down_layout): every spec field that can change
 // them, e.g. "ffn d_model=2048 d_ff=5632 gated=1 activation=relu threshold=0x00000000 dtype=bf16
-// down_layout=in_out tile_n=auto slots=auto consumer=auto gate_cluster_m=auto decode=out_in target=sm_90a".
+// down_layout=in_out tile_n=256 slots=31 consumer=auto gate_cluster_m=auto decode=out_in target=sm_90a".
 std::string ffn_request(const FfnSpec& spec, const Target& target, std::optional<WeightLayout> decode_down_layout);
 
 // An auxiliary kernel of generateAuxiliary(kind, spec, target): only the fields it depends on

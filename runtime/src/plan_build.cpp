@@ -8,6 +8,7 @@
 #include "plan_impl.h"
 #include "twell/error.h"
 #include "twell/kernels/constraints.h"
+#include "twell/kernels/validate.h"
 
 namespace twell {
 
@@ -15,6 +16,7 @@ namespace {
 
 void check_spec(const FfnSpec& s, int64_t max_tokens, const PlanOptions& options) {
   auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, m); };
+  if (const std::string wrong = kernels::validate_spec(s); !wrong.empty()) bad(wrong);
   if (s.d_model <= 0 || s.d_model > 65536) bad(fmt::format("FfnSpec::d_model: expected 1..65536, got {}", s.d_model));
   if (s.d_ff <= 0 || s.d_ff > (int64_t{1} << 24)) bad(fmt::format("FfnSpec::d_ff: expected 1..16777216, got {}", s.d_ff));
   if (max_tokens < 1 || max_tokens > (int64_t{1} << 31) - 1)

@@ -351,6 +351,22 @@ TEST(RuntimeOnlyForged, SetsAgainstTheirRequests) {
     throw std::runtime_error("no ffn set");
   };
   expect_refused(forged("slots", [&](json& m, const fs::path&) { ffn_set(m)["layout"]["slots"] = 1000; }), {"layout", "slots 1..tile_n"});
+  // A layout the kernels were not built for (their names, held by their binaries, say which).
+  expect_refused(forged("slots15", [&](json& m, const fs::path&) { ffn_set(m)["layout"]["slots"] = 15; }),
+                 {"expected a kernel of the set's layout (_k512_n1408_t256_s15_relu_bf16_)"});
+  expect_refused(forged("dtype", [&](json& m, const fs::path&) { ffn_set(m)["layout"]["value"] = "f16"; }),
+                 {"expected a kernel of the set's layout"});
+  // A cluster the binary was not compiled for.
+  expect_refused(forged("cluster", [](json& m, const fs::path&) { m["kernels"][first_of_kind(m, "gate_twell")]["launch"]["cluster_m"] = 1; }),
+                 {"cluster_m: expected the PTX's cluster dimensions"});
+  // A kernel name that is not an identifier (it would become a path when saved).
+  expect_refused(forged("name", [](json& m, const fs::path&) {
+                   const std::string p = first_of_kind(m, "permute");
+                   json k = m["kernels"][p];
+                   m["kernels"].erase(p);
+                   m["kernels"]["../../escape"] = k;
+                 }),
+                 {"expected kernel names that are C identifiers"});
   expect_refused(forged("decode-order", [&](json& m, const fs::path&) {
                    json& d = ffn_set(m)["decode"];
                    std::swap(d[0], d[3]);
@@ -392,13 +408,28 @@ TEST(RuntimeOnlyForged, NestingFifosAndOverlaps) {
   fs::remove(dirm / "manifest.json");
   fs::create_directory(dirm / "manifest.json");
   expect_refused(dirm, {"expected a regular file, found a directory"});
-  // One holder per kernel set: loading a bundle twice is refused, naming the one already loaded.
+  // Bundles of several shapes load side by side (they share identical helper kernels: transpose,
+  // permute, the gated multiply); a kernel set held with other kernels is refused, naming the holder.
   Context ctx(options_for(Target{90, true}));
   ctx.load_bundle(kBundles / "sample/sm_90a");
-  const auto [code, what] = error_of([&] { ctx.load_bundle(kBundles / "sample/sm_90a"); });
+  EXPECT_NO_THROW(ctx.load_bundle(kBundles / "mlir/sm_90a"));
+  EXPECT_NO_THROW(ctx.load_bundle(kBundles / "non_gated/sm_90a"));
+  const fs::path other = forged("conflict", [](json& m, const fs::path& dir) {
+    const std::string t = first_of_kind(m, "transpose");
+    json& f = m["kernels"][t]["files"]["cubin"];
+    std::string bytes = read(dir / f["path"].get<std::string>());
+    bytes.push_back('\0');  // another binary of the same kernel
+    write(dir / f["path"].get<std::string>(), bytes);
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(XXH64(bytes.data(), bytes.size(), 0)));
+    f["bytes"] = bytes.size();
+    f["xxh64"] = hex;
+  });
+  const auto [code, what] = error_of([&] { ctx.load_bundle(other); });
   EXPECT_EQ(code, ErrorCode::InvalidArgument);
-  EXPECT_NE(what.find("holds already"), std::string::npos) << what;
+  EXPECT_NE(what.find("holds with other kernels"), std::string::npos) << what;
   EXPECT_NO_THROW(ctx.plan(sample_spec(), 64));
+  fs::remove_all(other);
 }
 
 }  // namespace

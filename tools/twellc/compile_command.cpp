@@ -36,7 +36,7 @@ const char* kCompileHelp =
     "  -o DIR, --out DIR       write one bundle per target into DIR/<target>/ (manifest.json, .cubin, .ptx, .cu)\n"
     "  --target LIST           comma-separated targets (default sm_90a), e.g. sm_90a,sm_80\n"
     "  --max-tokens M          the plans' max_tokens (default 131072; only sizes workspaces, not kernels)\n"
-    "  --decode-max-tokens N   0 leaves the decode kernels out (default 64)\n"
+    "  --dense-neurons K       also the kernels of plans with PlanOptions::dense_neurons = K (the hot/cold split)\n"
     "  shape options: --tile-n T --slots S --threshold t --activation relu|silu --dtype bf16|f16\n"
     "                 --down-layout out_in|in_out --non-gated --consumer rows|block --cluster-m 1|2\n"
     "  The runtime finds a bundle's kernels for exactly this spec (shape and options as given here).\n";
@@ -101,7 +101,7 @@ twell::FfnSpec add_mlir_kernels(twell::Context& ctx, const std::string& text, co
 
 int compile_command(const std::vector<std::string>& argv) {
   try {
-    std::vector<std::string> valued{"target", "out", "o", "max-tokens", "decode-max-tokens"};
+    std::vector<std::string> valued{"target", "out", "o", "max-tokens", "dense-neurons"};
     valued.insert(valued.end(), kShapeValueOptions.begin(), kShapeValueOptions.end());
     // -o is spelled like the other options' short form would be; parse_args takes --name only.
     std::vector<std::string> args_in = argv;
@@ -147,8 +147,8 @@ int compile_command(const std::vector<std::string>& argv) {
     } else if (mlir_file.empty()) {
       spec = spec_from_args(args);
     }
-    twell::PlanOptions options;  // Dispatch::Auto: the dense path's kernels too
-    options.decode_max_tokens = args.get_int("decode-max-tokens", 64, 0, 64);
+    twell::PlanOptions options;  // Dispatch::Auto: the dense path's kernels too; the decode kernels are part of the FFN's set
+    const int64_t dense_neurons = args.get_int("dense-neurons", 0, 0, int64_t{1} << 24);
     const int64_t max_tokens = args.get_int("max-tokens", 131072, 1, (int64_t{1} << 31) - 1);
     // Every target's plan first, then the writes: a spec one target rejects writes no bundle at all.
     std::vector<std::pair<twell::Context, twell::FfnPlan>> plans;
@@ -159,6 +159,11 @@ int compile_command(const std::vector<std::string>& argv) {
       twell::Context ctx(context_options);
       if (!mlir_file.empty()) spec = add_mlir_kernels(ctx, mlir_text, mlir_file, target);
       twell::FfnPlan plan = ctx.plan(spec, max_tokens, options);
+      if (dense_neurons > 0) {  // the split's TwELL part (d_ff - K neurons) and its dense part, besides the whole
+        twell::PlanOptions split = options;
+        split.dense_neurons = dense_neurons;
+        ctx.plan(spec, max_tokens, split);
+      }
       plans.emplace_back(std::move(ctx), std::move(plan));
     }
     for (auto& [ctx, plan] : plans) {

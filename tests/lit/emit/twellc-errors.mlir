@@ -20,7 +20,7 @@
 // RUN: not twellc compile --d-model 64 --d-ff 64 --target sm_90a,sm_999 -o %t.bundle 2>&1 | FileCheck %s --check-prefix=BADARCH
 // RUN: not twellc compile --d-model 64 --d-ff 64 --non-gated --consumer block -o %t.bundle 2>&1 | FileCheck %s --check-prefix=NGBLOCK
 // RUN: not twellc compile --d-model 64 --d-ff 64 --threshold -0.5 -o %t.bundle 2>&1 | FileCheck %s --check-prefix=NEGRELU
-// RUN: rm -rf %t.file && touch %t.file && not twellc compile --d-model 64 --d-ff 64 --decode-max-tokens 0 -o %t.file 2>&1 | FileCheck %s --check-prefix=BLOCKED
+// RUN: rm -rf %t.file && touch %t.file && not twellc compile --d-model 64 --d-ff 64 -o %t.file 2>&1 | FileCheck %s --check-prefix=BLOCKED
 
 // MISSING: --d-ff: expected it beside --d-model (a shape needs both d_model and d_ff), got only --d-model
 // NOVALUE: --d-ff: expected a value after it, got the end of the command line

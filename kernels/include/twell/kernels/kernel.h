@@ -12,6 +12,11 @@
 
 namespace twell::kernels {
 
+// The generator's layout when FfnSpec leaves it unset (FfnSpec::tile_n, FfnSpec::slots): a spec that
+// sets these values explicitly asks for the same kernels.
+inline constexpr int kDefaultTileN = 256;
+inline constexpr int kDefaultSlots = 31;
+
 // Every kernel kind twell generates. Device templates (kernels/device/twell/device/):
 enum class KernelKind : uint8_t {
   GateTwell,        // gate/gate_twell.cuh: D2T, gate GEMM + activation + TwELL packing in the epilogue (GateParams)

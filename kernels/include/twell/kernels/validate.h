@@ -144,4 +144,38 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
   return "kind: not a twell kernel kind";
 }
 
+// "" when every field of `s` is one the generator accepts (its enums in range, the layout's rules, the
+// activation's threshold, the variant and cluster choices), else the first violation, naming the
+// FfnSpec field ("FfnSpec::tile_n: expected a power of two in 32..1024, got 33"). The runtime checks
+// specs with it before looking up kernels, so a deployment without the JIT gets the same error as one
+// with it, not a NotFound.
+inline std::string validate_spec(const FfnSpec& s) {
+  auto msg = [](const char* field, const std::string& expected, const std::string& got) {
+    return std::string("FfnSpec::") + field + ": expected " + expected + ", got " + got;
+  };
+  if (s.dtype != DType::BF16 && s.dtype != DType::FP16) return msg("dtype", "bf16 or f16", std::to_string(static_cast<int>(s.dtype)));
+  if (s.activation != Activation::ReLU && s.activation != Activation::SiLU)
+    return msg("activation", "relu or silu", std::to_string(static_cast<int>(s.activation)));
+  if (s.down_layout != WeightLayout::OutIn && s.down_layout != WeightLayout::InOut)
+    return msg("down_layout", "out_in or in_out", std::to_string(static_cast<int>(s.down_layout)));
+  if (s.consumer && *s.consumer != ConsumerVariant::RowGather && *s.consumer != ConsumerVariant::TokenBlock)
+    return msg("consumer", "row_gather or token_block", std::to_string(static_cast<int>(*s.consumer)));
+  if (!s.gated && s.consumer == ConsumerVariant::TokenBlock)
+    return msg("consumer", "row_gather or unset for a non-gated layer (the token block is a gated kernel)", "token_block");
+  const int tile_n = s.tile_n.value_or(kDefaultTileN);
+  if (tile_n < 32 || tile_n > 1024 || (tile_n & (tile_n - 1)) != 0)
+    return msg("tile_n", "a power of two in 32..1024", std::to_string(tile_n));
+  const int slots = s.slots.value_or(kDefaultSlots);
+  if (slots < 1 || slots > tile_n) return msg("slots", "1..tile_n (" + std::to_string(tile_n) + ")", std::to_string(slots));
+  if (!(s.threshold == s.threshold) || s.threshold > 3.4e38f || s.threshold < -3.4e38f)
+    return msg("threshold", "a finite f32", std::to_string(s.threshold));
+  if (s.activation == Activation::ReLU && s.threshold < 0.0f)
+    return msg("threshold", "a value >= 0 with ReLU (active iff relu(g) > threshold)", std::to_string(s.threshold));
+  if (s.activation == Activation::SiLU && !(s.threshold > 0.0f))
+    return msg("threshold", "a value > 0 with SiLU (active iff |silu(g)| > threshold)", std::to_string(s.threshold));
+  if (s.gate_cluster_m && *s.gate_cluster_m != 1 && *s.gate_cluster_m != 2)
+    return msg("gate_cluster_m", "1 or 2 (or unset)", std::to_string(*s.gate_cluster_m));
+  return "";
+}
+
 }  // namespace twell::kernels
