@@ -101,7 +101,10 @@ std::string emitSource(const KernelInstance& kernel, llvm::StringRef name) {
     os << "  static constexpr int gate_mainloop = " << mainloop(kernel.gateMainloop) << "\n";
     os << "  static constexpr int gate_cta_k = " << kernel.gateCtaK << ";\n";
     os << "  static constexpr int stages = " << kernel.config.getStages()
-       << ";  // cp.async ring depth of the token-block consumer (cta_m = 16); 0 otherwise\n";
+       << ";  // cp.async ring depth of the token-block consumer; 0 otherwise\n";
+    // The variant, named (ConsumerVariant's values: 1 cta_row, 2 warp_row, 3 token_block).
+    os << "  static constexpr int consumer = " << static_cast<int>(kernel.config.getConsumer()) << ";  // "
+       << stringifyConsumerVariant(kernel.config.getConsumer()) << "\n";
   }
   os << "};\n";
   // wgmma: one CTA per SM (setmaxnreg needs the register cap that minBlocks = 1 sets), and the TMA maps

@@ -3,7 +3,7 @@
 // Part of twell::jit (the runtime never links NVRTC). Not called nvrtc.h: a file of that name on an -I
 // path ahead of the toolkit's -isystem one would shadow <nvrtc.h>.
 //
-// Compilation needs no GPU and no file on disk: the device headers (runtime/device, embedded at build
+// Compilation needs no GPU and no file on disk: the device headers (kernels/device, embedded at build
 // time, see cmake/EmbedHeaders.cmake) are handed to NVRTC from memory, and the source's own directory
 // is kept off the include path, so `#include "twell/device/params.h"` resolves only to the embedded
 // copy. Generated code must not include toolkit headers (cuda_bf16.h, CCCL): NVRTC has none built in.

@@ -1,5 +1,5 @@
 // TMA maps for the wgmma kernels (the D2T gate, the fused dense gated-up kernel): the one place that
-// calls cuTensorMapEncodeTiled (plan.cpp, cublas_dense.cpp).
+// calls cuTensorMapEncodeTiled (plan_launch.cpp, cublas_dense.cpp).
 #pragma once
 #include <cstdint>
 

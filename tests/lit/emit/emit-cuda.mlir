@@ -47,7 +47,8 @@
 // CHECK-NEXT:   static constexpr bool gated = true;  // h_j = g_j (x . Wu_j)
 // CHECK-NEXT:   static constexpr int gate_mainloop = 2;  // wgmma (TMA + wgmma, warp-specialized, persistent)
 // CHECK-NEXT:   static constexpr int gate_cta_k = 64;
-// CHECK-NEXT:   static constexpr int stages = 0;  // cp.async ring depth of the token-block consumer (cta_m = 16); 0 otherwise
+// CHECK-NEXT:   static constexpr int stages = 0;  // cp.async ring depth of the token-block consumer; 0 otherwise
+// CHECK-NEXT:   static constexpr int consumer = 1;  // cta_row
 // CHECK-NEXT: };
 // CHECK-NEXT: extern "C" __global__ void __launch_bounds__(256) twell_gated_down_k2048_n5632_t256_s31_relu_bf16_out_in_94305c16(const twell::device::GatedDownParams p) {
 // CHECK-NEXT:   twell::device::gated_down<twell_gated_down_k2048_n5632_t256_s31_relu_bf16_out_in_94305c16_config>(p);
@@ -97,7 +98,8 @@ func.func @f16_silu_in_out(%x: tensor<?x1000xf16>, %wg: tensor<1000x1000xf16>, %
 // CHECK-LABEL: // ----- kernel twell_gated_down_k2048_n5632_t1024_s127_relu_bf16_out_in_{{[0-9a-f]+}} gated_down threads=256 cta_m=1 grid_y=1 smem_bytes=0 operand_alignment=2
 // CHECK:   static constexpr int gate_mainloop = 1;  // mma_sync (tensor cores)
 // CHECK-NEXT:   static constexpr int gate_cta_k = 32;
-// CHECK-NEXT:   static constexpr int stages = 0;  // cp.async ring depth of the token-block consumer (cta_m = 16); 0 otherwise
+// CHECK-NEXT:   static constexpr int stages = 0;  // cp.async ring depth of the token-block consumer; 0 otherwise
+// CHECK-NEXT:   static constexpr int consumer = 1;  // cta_row
 func.func @tile_1024(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: tensor<5632x2048xbf16>,
                      %wd: tensor<2048x5632xbf16>) -> tensor<?x2048xbf16> {
   %y = twell.gated_ffn %x, %wg, %wu, %wd {
@@ -121,7 +123,8 @@ func.func @tile_1024(%x: tensor<?x2048xbf16>, %wg: tensor<5632x2048xbf16>, %wu: 
 // CHECK-NEXT:   static constexpr bool gated = true;  // h_j = g_j (x . Wu_j)
 // CHECK-NEXT:   static constexpr int gate_mainloop = 0;  // fma
 // CHECK-NEXT:   static constexpr int gate_cta_k = 8;
-// CHECK-NEXT:   static constexpr int stages = 0;  // cp.async ring depth of the token-block consumer (cta_m = 16); 0 otherwise
+// CHECK-NEXT:   static constexpr int stages = 0;  // cp.async ring depth of the token-block consumer; 0 otherwise
+// CHECK-NEXT:   static constexpr int consumer = 1;  // cta_row
 // CHECK-NEXT: };
 func.func @d_model_514(%x: tensor<?x514xbf16>, %wg: tensor<1408x514xbf16>, %wu: tensor<1408x514xbf16>,
                        %wd: tensor<514x1408xbf16>) -> tensor<?x514xbf16> {

@@ -13,7 +13,7 @@
 // full, recomputed from x and Wg: exact for every input (TWELL_FORMAT.md, requirement 1).
 //
 // The down weight is best read as rows of Wd^T ([d_ff, d_model], in_out): coalesced. The runtime
-// transposes an nn.Linear (out_in) Wd into that layout on the stream before the launch (plan.cpp).
+// transposes an nn.Linear (out_in) Wd into that layout on the stream before the launch (runtime/src/plan_launch.cpp).
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
 #include "twell/device/consumer/gated_down_block.cuh"
@@ -427,13 +427,14 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   }
 }
 
-// The variant is the config's cta_m (KernelConstraints.h, GatedDownKernelConstraints): 16 token rows
-// per CTA on tensor cores, one row per warp (cta_m = threads / 32 = 8), or one row per CTA.
+// The variant is the config's `consumer` (#twell.config consumer = cta_row (1), warp_row (2),
+// token_block (3)): 16 token rows per CTA on tensor cores, one row per warp, or one row per CTA.
 template <class Config>
 __device__ __forceinline__ void gated_down(const GatedDownParams& p) {
-  if constexpr (Config::cta_m == 16)
+  static_assert(Config::consumer >= 1 && Config::consumer <= 3, "consumer: cta_row (1), warp_row (2) or token_block (3)");
+  if constexpr (Config::consumer == 3)
     gated_down_block<Config>(p);
-  else if constexpr (Config::cta_m > 1)
+  else if constexpr (Config::consumer == 2)
     gated_down_warp<Config>(p);
   else
     gated_down_cta<Config>(p);

@@ -41,7 +41,7 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 }
 
 // Shared-memory plan of the token-block consumer; the host mirrors it in
-// GatedDownKernelConstraints::blockSharedBytes (KernelConstraints.h) and the kernel traps if it was
+// GatedDownKernelConstraints::blockSharedBytes (shared_memory.h's layout) and the kernel traps if it was
 // launched with less.
 template <class Config>
 struct BlockConsumerShape {
