@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "CudaLiterals.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "twell/compiler/Generate.h"
 #include "twell/error.h"
@@ -16,13 +17,6 @@ namespace {
 
 using kernels::AuxiliaryKernelConstraints;
 using kernels::DenseGatedUpConstraints;
-
-// An exact C++ spelling of an f32: a hexadecimal floating literal.
-std::string hexFloat(float value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%a", static_cast<double>(value));
-  return std::string(buffer) + "f";
-}
 
 const char* valueType(DType dtype) { return dtype == DType::BF16 ? "BF16" : "FP16"; }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <string>
 
+#include "CudaLiterals.h"
 #include "KernelInstance.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
@@ -24,12 +25,7 @@ using namespace ::twell::kernels;
 
 namespace {
 
-// An exact C++ spelling of an f32: a hexadecimal floating literal.
-std::string hexFloat(float value) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof(buffer), "%a", static_cast<double>(value));
-  return std::string(buffer) + "f";
-}
+using ::twell::compiler::hexFloat;
 
 ::twell::kernels::GateMainloop contractMainloop(Mainloop m) {
   return m == Mainloop::Wgmma     ? ::twell::kernels::GateMainloop::Wgmma

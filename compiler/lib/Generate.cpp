@@ -20,6 +20,7 @@
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
 #include "twell/kernels/constraints.h"
+#include "twell/kernels/validate.h"
 #include "twell/Dialect/TwellOps.h"
 #include "twell/compiler/EmitCuda.h"
 #include "twell/compiler/Passes.h"
@@ -189,18 +190,8 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target, std::optiona
   if (spec.d_ff < 1)
     fail("spec.d_ff: expected a positive integer, got " + std::to_string(spec.d_ff));
   // Enum fields set from outside the enum (a cast, a bad deserialization) would otherwise pick a
-  // branch silently.
-  if (spec.dtype != DType::BF16 && spec.dtype != DType::FP16)
-    fail("spec.dtype: expected bf16 or f16, got " + std::to_string(static_cast<int>(spec.dtype)));
-  if (spec.activation != Activation::ReLU && spec.activation != Activation::SiLU)
-    fail("spec.activation: expected relu or silu, got " + std::to_string(static_cast<int>(spec.activation)));
-  if (spec.consumer && *spec.consumer != ConsumerVariant::RowGather && *spec.consumer != ConsumerVariant::TokenBlock)
-    fail("spec.consumer: expected row_gather or token_block, got " + std::to_string(static_cast<int>(*spec.consumer)));
-  if (!spec.gated && spec.consumer == ConsumerVariant::TokenBlock)
-    fail("spec.consumer: the token block is a gated kernel; a non-gated layer (spec.gated = false) takes row_gather "
-         "or leaves consumer unset, got token_block");
-  if (spec.gate_cluster_m && *spec.gate_cluster_m != 1 && *spec.gate_cluster_m != 2)
-    fail("spec.gate_cluster_m: expected 1 or 2 CTAs per cluster (or unset), got " + std::to_string(*spec.gate_cluster_m));
+  // branch silently; the layout's rules too: the contract's one check (validate.h).
+  if (const std::string wrong = ::twell::kernels::validate_spec(spec, "spec."); !wrong.empty()) fail(wrong);
   // Only the wgmma gate on a target with multicast runs in clusters: the rule twell-select-config
   // applies to the target's default features (TargetAttr::defaultFeatures), checked here so that the
   // error names the spec's field.
@@ -213,9 +204,6 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target, std::optiona
     fail("spec.gate_cluster_m: 2 CTAs per cluster needs the wgmma gate (target sm_90a, d_model % 32 == 0, tile_n 64, "
          "128 or 256); target " + target.arch() + ", d_model " + std::to_string(spec.d_model) + " and tile_n " +
          std::to_string(spec.tile_n.value_or(::twell::kernels::kDefaultTileN)) + " give a gate without clusters (leave it unset or 1)");
-  if (spec.down_layout != WeightLayout::OutIn && spec.down_layout != WeightLayout::InOut)
-    fail("spec.down_layout: expected out_in or in_out, got " +
-         std::to_string(static_cast<int>(spec.down_layout)));
 
   std::unique_ptr<mlir::MLIRContext> context = makeContext();
   checkTarget(context.get(), target, "generateFfn");

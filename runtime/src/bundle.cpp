@@ -184,6 +184,27 @@ constexpr uint64_t kMaxManifestBytes = uint64_t{64} << 20;
 constexpr uint64_t kMaxKernelFileBytes = uint64_t{256} << 20;
 constexpr int kMaxManifestDepth = 16;  // the schema nests 5 deep
 
+// JSON whose nesting is bounded while parsing: a manifest nested without end must not exhaust the
+// stack (the checksum's dump recurses). Throws json::exception, or std::length_error when too deep.
+json parse_manifest_json(const std::string& text) {
+  return json::parse(text, [](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxManifestDepth) throw std::length_error("nested deeper than " + std::to_string(kMaxManifestDepth) + " levels");
+    return true;
+  });
+}
+
+// A kernel's name is its entry symbol and its files' stem: a C identifier, nothing else.
+bool is_identifier(const std::string& name) {
+  return !name.empty() && name.size() <= 200 && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+         std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+}
+
+// A file name inside the bundle's directory: printable, no separator, not . or ..
+bool is_file_name(const std::string& name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos &&
+         std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c != 0x7f; });
+}
+
 // A kernel file named by the manifest: present, of the recorded size and checksum.
 std::string checked_file(const fs::path& dir, const std::string& kernel, const json& files, const char* role, bool required) {
   if (!files.is_object() || !files.contains(role)) {
@@ -193,8 +214,7 @@ std::string checked_file(const fs::path& dir, const std::string& kernel, const j
   const json& f = files.at(role);
   const std::string where = fmt::format("kernel {} {} file", kernel, role);
   const auto name = field<std::string>(dir, f, "path", where);
-  const bool printable = std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c != 0x7f; });
-  if (name.empty() || !printable || name.find('/') != std::string::npos || name == "." || name == "..")
+  if (!is_file_name(name))
     parse_error(dir, fmt::format("{}: path: expected a file name inside the bundle, found {}", where, shown(json(name))));
   const auto bytes = field<uint64_t>(dir, f, "bytes", where);
   if (bytes < 1 || bytes > kMaxKernelFileBytes)
@@ -363,12 +383,7 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
     throw Error(e.code(), fmt::format("bundle {}: manifest.json: {}", dir.string(), e.what()));
   }
   try {
-    // Nesting is bounded while parsing: a manifest nested without end must not exhaust the stack
-    // (the checksum's dump recurses).
-    m = json::parse(text, [](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxManifestDepth) throw std::length_error("nested deeper than " + std::to_string(kMaxManifestDepth) + " levels");
-      return true;
-    });
+    m = parse_manifest_json(text);
   } catch (const json::exception& e) {
     parse_error(dir, fmt::format("manifest.json: expected JSON, found a parse error: {}", e.what()));
   } catch (const std::length_error& e) {
@@ -394,10 +409,7 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
   bundle->target_ = *target;
   if (!m.contains("kernels") || !m.at("kernels").is_object()) parse_error(dir, "manifest: kernels: expected an object");
   for (const auto& [name, j] : m.at("kernels").items()) {
-    // A kernel's name is its entry symbol and its files' stem: a C identifier, nothing else.
-    const bool identifier = !name.empty() && name.size() <= 200 && !std::isdigit(static_cast<unsigned char>(name[0])) &&
-                            std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-    if (!identifier) parse_error(dir, fmt::format("kernels: expected kernel names that are C identifiers, found {}", shown(json(name))));
+    if (!is_identifier(name)) parse_error(dir, fmt::format("kernels: expected kernel names that are C identifiers, found {}", shown(json(name))));
     auto k = std::make_shared<BundleKernel>();
     k->source = kernel_from_json(dir, name, j);
     const json files = j.contains("files") ? j.at("files") : json();
@@ -492,14 +504,11 @@ void write_bundle(const fs::path& dir, const Target& target, const std::map<std:
   std::vector<std::string> old_files;
   std::set<std::string> new_files;
   try {
-    const json old = json::parse(read_file(dir / "manifest.json", kMaxManifestBytes), [](int depth, json::parse_event_t, json&) {
-      if (depth > kMaxManifestDepth) throw std::length_error("deep");
-      return true;
-    });
+    const json old = parse_manifest_json(read_file(dir / "manifest.json", kMaxManifestBytes));
     for (const auto& [name, k] : old.at("kernels").items())
       for (const auto& [role, f] : k.at("files").items()) {
         const std::string file = f.at("path").get<std::string>();
-        if (!file.empty() && file.find('/') == std::string::npos && file != "." && file != "..") old_files.push_back(file);
+        if (is_file_name(file)) old_files.push_back(file);
       }
   } catch (const std::exception&) {
     old_files.clear();  // no bundle there (or not one we can read): remove nothing
@@ -511,7 +520,7 @@ void write_bundle(const fs::path& dir, const Target& target, const std::map<std:
   m["target"] = target.arch();
   m["kernels"] = json::object();
   for (const auto& [name, k] : kernels) {
-    if (name.empty() || !std::all_of(name.begin(), name.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }))
+    if (!is_identifier(name))
       throw Error(ErrorCode::InvalidArgument, fmt::format("write_bundle: kernel name {}: expected a C identifier", shown(json(name))));
     json j = kernel_json(k->source);
     json files;

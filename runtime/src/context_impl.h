@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -81,7 +82,11 @@ struct Context::Impl {
 
  private:
   std::shared_ptr<LoadedKernel> load(std::shared_ptr<LoadedKernel> k);
-  std::shared_ptr<LoadedKernel> from_bundle(const detail::Bundle& bundle, const std::string& name);
+  // A kernel from its description and binary (a bundle's, or one obtained earlier), reported as `cache`.
+  std::shared_ptr<LoadedKernel> from_binary(const detail::BundleKernel& kernel, const char* cache);
+  using KernelLookup = std::function<std::shared_ptr<const detail::BundleKernel>(const std::string&)>;
+  // The kernels of `set`, each found by `kernel`, loaded.
+  FfnKernels ffn_from_set(const detail::BundleSet& set, const KernelLookup& kernel, const char* cache);
   std::vector<std::shared_ptr<const detail::Bundle>> loaded_bundles() const;
   // Which bundles were searched for `request`, and the sets of its shape they hold (for NotFound).
   std::string bundle_list(const std::string& request) const;

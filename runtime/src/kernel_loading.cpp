@@ -107,14 +107,22 @@ std::shared_ptr<LoadedKernel> Context::Impl::load(std::shared_ptr<LoadedKernel> 
   return k;
 }
 
-std::shared_ptr<LoadedKernel> Context::Impl::from_bundle(const detail::Bundle& bundle, const std::string& name) {
-  const auto kernel = bundle.kernel(name);  // Bundle::load checked that every set's kernels are there
+std::shared_ptr<LoadedKernel> Context::Impl::from_binary(const detail::BundleKernel& kernel, const char* cache) {
   auto k = std::make_shared<LoadedKernel>();
-  k->source = kernel->source;
-  k->binary = kernel->binary;
+  k->source = kernel.source;
+  k->binary = kernel.binary;
   fill_report(*k, target);
-  k->report.cache = "bundle";
+  k->report.cache = cache;
   return load(std::move(k));
+}
+
+FfnKernels Context::Impl::ffn_from_set(const detail::BundleSet& set, const KernelLookup& kernel, const char* cache) {
+  FfnKernels out;
+  out.ir = set.ir;
+  out.layout = set.layout.value_or(TwellLayout{});
+  for (const std::string& name : set.kernels) out.kernels.push_back(from_binary(*kernel(name), cache));
+  for (const std::string& name : set.decode) out.decode.push_back(from_binary(*kernel(name), cache));
+  return out;
 }
 
 void Context::Impl::record(const std::string& request, detail::BundleSet set, const std::vector<const LoadedKernel*>& loaded) {
@@ -190,12 +198,11 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
   for (const auto& bundle : loaded_bundles()) {
     if (const detail::BundleSet* set = bundle->find(request)) {
       check_bundle_set(*bundle, *set, spec, decode_down_layout);
-      FfnKernels out;
-      out.ir = set->ir;
-      out.layout = set->layout.value_or(TwellLayout{});
+      // Bundle::load checked that every set's kernels are there.
+      FfnKernels out = ffn_from_set(*set, [&](const std::string& name) { return bundle->kernel(name); }, "bundle");
       std::vector<const LoadedKernel*> loaded;
-      for (const std::string& name : set->kernels) loaded.push_back((out.kernels.emplace_back(from_bundle(*bundle, name))).get());
-      for (const std::string& name : set->decode) loaded.push_back((out.decode.emplace_back(from_bundle(*bundle, name))).get());
+      for (const auto* list : {&out.kernels, &out.decode})
+        for (const auto& k : *list) loaded.push_back(k.get());
       record(request, *set, loaded);
       return out;
     }
@@ -205,25 +212,13 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
     std::unique_lock lock(bundles_mutex);
     const auto it = obtained.find(request);
     if (it != obtained.end()) {
+      // Copied under the lock; the modules are loaded outside it.
       const detail::BundleSet set = it->second;
-      std::vector<std::shared_ptr<const detail::BundleKernel>> kernels, decode;
-      for (const std::string& name : set.kernels) kernels.push_back(obtained_kernels.at(name));
-      for (const std::string& name : set.decode) decode.push_back(obtained_kernels.at(name));
+      std::map<std::string, std::shared_ptr<const detail::BundleKernel>> kernels;
+      for (const auto* list : {&set.kernels, &set.decode})
+        for (const std::string& name : *list) kernels.emplace(name, obtained_kernels.at(name));
       lock.unlock();
-      FfnKernels out;
-      out.ir = set.ir;
-      out.layout = set.layout.value_or(TwellLayout{});
-      auto loaded = [&](const std::shared_ptr<const detail::BundleKernel>& b) {
-        auto k = std::make_shared<LoadedKernel>();
-        k->source = b->source;
-        k->binary = b->binary;
-        fill_report(*k, target);
-        k->report.cache = "memory";
-        return load(std::move(k));
-      };
-      for (const auto& b : kernels) out.kernels.push_back(loaded(b));
-      for (const auto& b : decode) out.decode.push_back(loaded(b));
-      return out;
+      return ffn_from_set(set, [&](const std::string& name) { return kernels.at(name); }, "memory");
     }
   }
   if (!jit) not_found(who, request, bundle_list(request), options);
@@ -252,7 +247,7 @@ std::shared_ptr<LoadedKernel> Context::Impl::auxiliary(kernels::KernelKind kind,
   const std::string request = detail::auxiliary_request(kind, spec, target);
   for (const auto& bundle : loaded_bundles()) {
     if (const detail::BundleSet* set = bundle->find(request)) {
-      auto k = from_bundle(*bundle, set->kernels.front());
+      auto k = from_binary(*bundle->kernel(set->kernels.front()), "bundle");
       record(request, *set, {k.get()});
       return k;
     }

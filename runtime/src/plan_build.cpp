@@ -16,7 +16,7 @@ namespace {
 
 void check_spec(const FfnSpec& s, int64_t max_tokens, const PlanOptions& options) {
   auto bad = [](const std::string& m) { throw Error(ErrorCode::InvalidArgument, m); };
-  if (const std::string wrong = kernels::validate_spec(s); !wrong.empty()) bad(wrong);
+  if (const std::string wrong = kernels::validate_spec(s, "FfnSpec::"); !wrong.empty()) bad(wrong);
   if (s.d_model <= 0 || s.d_model > 65536) bad(fmt::format("FfnSpec::d_model: expected 1..65536, got {}", s.d_model));
   if (s.d_ff <= 0 || s.d_ff > (int64_t{1} << 24)) bad(fmt::format("FfnSpec::d_ff: expected 1..16777216, got {}", s.d_ff));
   if (max_tokens < 1 || max_tokens > (int64_t{1} << 31) - 1)
@@ -113,8 +113,10 @@ FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions
   // (Context::save_bundle) holds them.
   FfnSpec hot_spec = spec;
   hot_spec.d_ff = p.dense_neurons;
-  if (p.dispatch != Dispatch::Sparse) detail::dense_kernels(*ctx, spec, DenseKernels::FusedGatedUp);
-  if (p.dense_neurons > 0 && p.dispatch != Dispatch::Dense) detail::dense_kernels(*ctx, hot_spec, DenseKernels::FusedGatedUp);
+  // With a GPU the DenseFfn objects below obtain (and record) them; without, nothing else would.
+  if (!ctx->gpu && p.dispatch != Dispatch::Sparse) detail::dense_kernels(*ctx, spec, DenseKernels::FusedGatedUp);
+  if (!ctx->gpu && p.dense_neurons > 0 && p.dispatch != Dispatch::Dense)
+    detail::dense_kernels(*ctx, hot_spec, DenseKernels::FusedGatedUp);
   if (ctx->gpu) {
     ctx->make_current();
     const int64_t sparse_d_ff = p.sparse_spec.d_ff;

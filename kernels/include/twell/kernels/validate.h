@@ -4,6 +4,7 @@
 // cannot make it launch a kernel with a wrong grid, block or shared memory) and every kernel the JIT
 // emits (a divergence between emitter and contracts is a bug caught before launch).
 #pragma once
+#include <cmath>
 #include <string>
 
 #include "twell/kernels/constraints.h"
@@ -144,37 +145,36 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
   return "kind: not a twell kernel kind";
 }
 
-// "" when every field of `s` is one the generator accepts (its enums in range, the layout's rules, the
-// activation's threshold, the variant and cluster choices), else the first violation, naming the
-// FfnSpec field ("FfnSpec::tile_n: expected a power of two in 32..1024, got 33"). The runtime checks
-// specs with it before looking up kernels, so a deployment without the JIT gets the same error as one
-// with it, not a NotFound.
-inline std::string validate_spec(const FfnSpec& s) {
-  auto msg = [](const char* field, const std::string& expected, const std::string& got) {
-    return std::string("FfnSpec::") + field + ": expected " + expected + ", got " + got;
-  };
-  if (s.dtype != DType::BF16 && s.dtype != DType::FP16) return msg("dtype", "bf16 or f16", std::to_string(static_cast<int>(s.dtype)));
+// "" when every field of `s` is one the generator accepts (its enums in range, the variant and cluster
+// choices, the layout's rules, the activation's threshold), else the first violation, naming the field
+// after `prefix` ("spec." for the generator, "FfnSpec::" for the runtime): "spec.tile_n: expected a
+// power of two in 32..1024, got 33". The one owner of these rules: generateFfn checks specs with it,
+// and the runtime before looking up kernels, so a deployment without the JIT names the field too.
+inline std::string validate_spec(const FfnSpec& s, const std::string& prefix) {
+  auto field = [&](const char* name) { return prefix + name + ": "; };
+  if (s.dtype != DType::BF16 && s.dtype != DType::FP16)
+    return field("dtype") + "expected bf16 or f16, got " + std::to_string(static_cast<int>(s.dtype));
   if (s.activation != Activation::ReLU && s.activation != Activation::SiLU)
-    return msg("activation", "relu or silu", std::to_string(static_cast<int>(s.activation)));
-  if (s.down_layout != WeightLayout::OutIn && s.down_layout != WeightLayout::InOut)
-    return msg("down_layout", "out_in or in_out", std::to_string(static_cast<int>(s.down_layout)));
+    return field("activation") + "expected relu or silu, got " + std::to_string(static_cast<int>(s.activation));
   if (s.consumer && *s.consumer != ConsumerVariant::RowGather && *s.consumer != ConsumerVariant::TokenBlock)
-    return msg("consumer", "row_gather or token_block", std::to_string(static_cast<int>(*s.consumer)));
+    return field("consumer") + "expected row_gather or token_block, got " + std::to_string(static_cast<int>(*s.consumer));
   if (!s.gated && s.consumer == ConsumerVariant::TokenBlock)
-    return msg("consumer", "row_gather or unset for a non-gated layer (the token block is a gated kernel)", "token_block");
+    return field("consumer") + "the token block is a gated kernel; a non-gated layer (" + prefix +
+           "gated = false) takes row_gather or leaves consumer unset, got token_block";
+  if (s.gate_cluster_m && *s.gate_cluster_m != 1 && *s.gate_cluster_m != 2)
+    return field("gate_cluster_m") + "expected 1 or 2 CTAs per cluster (or unset), got " + std::to_string(*s.gate_cluster_m);
+  if (s.down_layout != WeightLayout::OutIn && s.down_layout != WeightLayout::InOut)
+    return field("down_layout") + "expected out_in or in_out, got " + std::to_string(static_cast<int>(s.down_layout));
   const int tile_n = s.tile_n.value_or(kDefaultTileN);
   if (tile_n < 32 || tile_n > 1024 || (tile_n & (tile_n - 1)) != 0)
-    return msg("tile_n", "a power of two in 32..1024", std::to_string(tile_n));
+    return field("tile_n") + "expected a power of two in 32..1024, got " + std::to_string(tile_n);
   const int slots = s.slots.value_or(kDefaultSlots);
-  if (slots < 1 || slots > tile_n) return msg("slots", "1..tile_n (" + std::to_string(tile_n) + ")", std::to_string(slots));
-  if (!(s.threshold == s.threshold) || s.threshold > 3.4e38f || s.threshold < -3.4e38f)
-    return msg("threshold", "a finite f32", std::to_string(s.threshold));
+  if (slots < 1 || slots > tile_n) return field("slots") + "expected 1..tile_n (" + std::to_string(tile_n) + "), got " + std::to_string(slots);
+  if (!std::isfinite(s.threshold)) return field("threshold") + "expected a finite f32, got " + std::to_string(s.threshold);
   if (s.activation == Activation::ReLU && s.threshold < 0.0f)
-    return msg("threshold", "a value >= 0 with ReLU (active iff relu(g) > threshold)", std::to_string(s.threshold));
+    return field("threshold") + "expected a value >= 0 with ReLU (active iff relu(g) > threshold), got " + std::to_string(s.threshold);
   if (s.activation == Activation::SiLU && !(s.threshold > 0.0f))
-    return msg("threshold", "a value > 0 with SiLU (active iff |silu(g)| > threshold)", std::to_string(s.threshold));
-  if (s.gate_cluster_m && *s.gate_cluster_m != 1 && *s.gate_cluster_m != 2)
-    return msg("gate_cluster_m", "1 or 2 (or unset)", std::to_string(*s.gate_cluster_m));
+    return field("threshold") + "expected a value > 0 with SiLU (active iff |silu(g)| > threshold), got " + std::to_string(s.threshold);
   return "";
 }
 
