@@ -29,7 +29,7 @@ FfnTensors neuron_slice(const FfnSpec& s, const FfnTensors& t, int64_t first) {
   return c;
 }
 
-void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
+void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t decision_key) {
   Impl& p = checked_plan(impl_, "run");
   using Path = Impl::Path;
   p.use_block = false;
@@ -55,7 +55,8 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
     // not be a power of two): one decision never covers two different TwELL paths.
     const bool decode = p.decode_gate && tokens <= p.decode_max_tokens;
     const int bucket = 2 * std::bit_width(static_cast<uint64_t>(tokens - 1)) + (decode ? 1 : 0);
-    auto it = p.bucket_path.find(bucket);
+    const std::pair<uint64_t, int> key{decision_key, bucket};
+    auto it = p.bucket_path.find(key);
     if (it == p.bucket_path.end()) {
       // Calibrate on these inputs: median of 3 timed calls of each path after one warm-up.
       double best = 0;
@@ -69,7 +70,7 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens) {
           fastest = c;
         }
       }
-      it = p.bucket_path.emplace(bucket, fastest).first;
+      it = p.bucket_path.emplace(key, fastest).first;
     }
     path = it->second;
     // A bucket calibrated with aligned operands may now see unaligned ones: the row consumer takes any.

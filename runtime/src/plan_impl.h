@@ -53,7 +53,8 @@ struct FfnPlan::Impl {
   Dispatch dispatch = Dispatch::Sparse;
   std::unique_ptr<DenseFfn> dense;  // with Dispatch::Auto or Dense
   enum class Path { Rows, Block, Dense };
-  std::map<int, Path> bucket_path;  // per bucket 2 bit_width(tokens - 1) + decode, after calibration
+  // Per (run()'s decision_key, bucket 2 bit_width(tokens - 1) + decode), after calibration.
+  std::map<std::pair<uint64_t, int>, Path> bucket_path;
   // The decode kernels (PlanOptions::decode_max_tokens; null when off or not made for this shape),
   // generated for the user's down layout, and their workspace (device::DecodeBuffers).
   std::shared_ptr<LoadedKernel> decode_gate, decode_up, decode_down, decode_gate_small;

@@ -121,13 +121,16 @@ class FfnPlan {
   // Throws Error(InvalidArgument) naming the argument for a null/misaligned/non-device pointer, bad
   // stride or token count; Error(NoDevice) when the plan was made without a GPU; Error(Cuda).
   // Calls on one plan must be ordered (one stream, or synchronized): they share the workspace.
-  void run(Stream stream, const FfnTensors& t, int64_t tokens);
+  // decision_key: Dispatch::Auto keeps one decision per (decision_key, token bucket). Layers of one
+  // shape may share a plan (and its workspace) but differ in density: each passes its own key (e.g. its
+  // layer index) so that each gets its own path. Ignored by Dispatch::Sparse and Dense.
+  void run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t decision_key = 0);
 
   // The path the last run() took: "twell" (with the dense neurons of PlanOptions::dense_neurons, if
   // any) or "dense" ("" before the first run).
   std::string last_path() const;
 
-  // Dispatch::Auto decides once per token bucket, on the inputs of that bucket's first run(). This
+  // Dispatch::Auto decides once per (decision key, token bucket), on the inputs of its first run(). This
   // forgets every decision: the next run() of each bucket times the paths again. Call it when the
   // layer's activation density has moved (new data, a fine-tuned model) so that the choice follows.
   void recalibrate();

@@ -1,0 +1,201 @@
+"""Trains SparseLM on a byte corpus for a wall-clock budget: cross-entropy plus an L1 penalty on the FFN
+hidden activations h (design/TRAINING.md), AdamW, bf16 autocast over fp32 master weights.
+
+The run is time-limited, so the schedules follow the fraction of the budget spent (or of --steps, when
+that is reached first): linear warm-up, then cosine decay of the learning rate to --min-lr-ratio of the
+peak; the L1 coefficient ramps from 0 over --l1-warmup-frac, because the penalty at full strength from
+the first step drives neurons to zero before the gate has learned anything (dead neurons, higher loss).
+
+Logs JSON lines (about every --log-every seconds, synchronizing only then); at the end evaluates the
+held-out windows and writes a checkpoint (model.save_checkpoint) with the final statistics.
+
+    python bench/sparse_lm/train.py --corpus build/data/gcide.dict.dz --l1 3e-4 --seconds 150 --out lm.pt
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from corpus import BatchSampler, heldout_windows, load_tokens, split_heldout
+from model import SparseLM, SparseLMConfig, save_checkpoint
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", required=True, help="gzip/dictzip byte corpus (scripts/fetch_gcide.sh)")
+    p.add_argument("--out", required=True, help="checkpoint path to write")
+    p.add_argument("--d-model", type=int, default=2048)
+    p.add_argument("--d-ff", type=int, default=5632)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--max-seq", type=int, default=2048, help="RoPE table length (>= --seq; the benchmark's prefill uses 2048)")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--lr", type=float, default=6e-4, help="peak learning rate")
+    p.add_argument("--min-lr-ratio", type=float, default=0.1, help="final learning rate / peak")
+    p.add_argument("--warmup-frac", type=float, default=0.05, help="learning-rate warm-up, fraction of the run")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--l1", type=float, default=2e-5, help="L1 coefficient on sum_j |h_j| (mean over tokens and layers)")
+    p.add_argument("--l1-warmup-frac", type=float, default=0.1, help="L1 ramp from 0, fraction of the run")
+    p.add_argument("--seconds", type=float, default=150.0, help="wall-clock budget of the training loop")
+    p.add_argument("--steps", type=int, default=None, help="stop (and schedule) by steps when reached before --seconds")
+    p.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq bytes for the final evaluation")
+    p.add_argument("--heldout-frac", type=float, default=0.02)
+    p.add_argument("--log-every", type=float, default=10.0, help="seconds between log lines")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.seq > args.max_seq:
+        p.error(f"--seq {args.seq} exceeds --max-seq {args.max_seq}")
+    return args
+
+
+def lr_multiplier(progress, warmup_frac, min_ratio):
+    """Multiplier of the peak learning rate at `progress` in [0, 1]: linear warm-up, then cosine to min_ratio."""
+    if progress < warmup_frac:
+        return progress / warmup_frac
+    decay = min(1.0, (progress - warmup_frac) / max(1e-9, 1.0 - warmup_frac))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * decay))
+
+
+def autocast(device, enabled):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+def cross_entropy(logits, targets, reduction="mean"):
+    # fp32 logits: a bf16 log-softmax over 256 classes loses about 1e-2 nats.
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction=reduction)
+
+
+@torch.no_grad()
+def evaluate(model, inputs, targets, batch, with_density=True, use_autocast=False):
+    """Cross-entropy (nats per byte) over all tokens of the windows inputs/targets [N, T], and, when
+    with_density (the model's MLPs must then be GatedMLP), the FFN density per layer over the same tokens.
+    Returns {"ce": float, "density_per_layer": [float] or None}."""
+    was_training = model.training
+    model.eval()
+    ce_sum = torch.zeros((), dtype=torch.float64, device=inputs.device)
+    density_sum = None
+    for i in range(0, inputs.shape[0], batch):
+        x, y = inputs[i : i + batch], targets[i : i + batch]
+        with autocast(inputs.device, use_autocast):
+            if with_density:
+                logits, stats = model.forward_with_stats(x)
+                weighted = stats.density.double() * y.numel()
+                density_sum = weighted if density_sum is None else density_sum + weighted
+            else:
+                logits = model(x)
+        ce_sum += cross_entropy(logits, y, reduction="sum").double()
+    model.train(was_training)
+    tokens = targets.numel()
+    return {"ce": (ce_sum / tokens).item(), "density_per_layer": (density_sum / tokens).tolist() if with_density else None}
+
+
+def param_groups(model, weight_decay):
+    # Decay the matrices only: decaying RMSNorm gains pulls them toward 0, which only rescales the
+    # normalized stream and fights the next layer's weights.
+    matrices = [p for p in model.parameters() if p.dim() >= 2]
+    vectors = [p for p in model.parameters() if p.dim() < 2]
+    return [{"params": matrices, "weight_decay": weight_decay}, {"params": vectors, "weight_decay": 0.0}]
+
+
+def log(record):
+    print(json.dumps(record), flush=True)
+
+
+def train(args):
+    """Runs the training described by args (parse_args); returns (model, final statistics)."""
+    device = torch.device(args.device)
+    use_autocast = device.type == "cuda"
+    torch.manual_seed(args.seed)
+    train_tokens, heldout_tokens = split_heldout(load_tokens(args.corpus), args.heldout_frac)
+    sampler = BatchSampler(train_tokens, args.batch, args.seq, device, seed=args.seed)
+    config = SparseLMConfig(args.d_model, args.d_ff, args.layers, args.heads, args.max_seq)
+    model = SparseLM(config).to(device)
+    optimizer = torch.optim.AdamW(
+        param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda"
+    )
+    n_params = sum(p.numel() for p in model.parameters())
+    log({"config": vars(config), "parameters": n_params, "train_bytes": train_tokens.numel(), "heldout_bytes": heldout_tokens.numel()})
+
+    max_steps = args.steps or math.inf
+    train_log = []
+    start = last_log = time.perf_counter()
+    last_log_step = 0
+    step = 0
+    while True:
+        elapsed = time.perf_counter() - start
+        # The clock is read before the step is enqueued; the GPU trails the host by at most a few
+        # steps (the launch queue), a negligible error for a budget of minutes.
+        progress = min(1.0, max(elapsed / args.seconds, step / max_steps))
+        if progress >= 1.0:
+            break
+        lr = args.lr * lr_multiplier(progress, args.warmup_frac, args.min_lr_ratio)
+        l1_coef = args.l1 * min(1.0, progress / args.l1_warmup_frac) if args.l1_warmup_frac > 0 else args.l1
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+        inputs, targets = sampler.sample()
+        with autocast(device, use_autocast):
+            logits, stats = model.forward_with_stats(inputs)
+        ce = cross_entropy(logits, targets)
+        l1 = stats.l1.mean()
+        loss = ce + l1_coef * l1
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+
+        now = time.perf_counter()
+        if step == 1 or now - last_log >= args.log_every:
+            record = {
+                "step": step,
+                "seconds": round(now - start, 1),
+                "lr": lr,
+                "l1_coef": l1_coef,
+                "ce": round(ce.item(), 4),
+                "l1": round(l1.item(), 3),
+                "density": [round(d, 5) for d in stats.density.tolist()],
+                "tokens_per_s": round((step - last_log_step) * args.batch * args.seq / (time.perf_counter() - last_log)),
+            }
+            train_log.append(record)
+            log(record)
+            last_log, last_log_step = time.perf_counter(), step
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    train_seconds = time.perf_counter() - start
+
+    inputs, targets = heldout_windows(heldout_tokens.to(device), args.eval_windows, args.seq)
+    result = evaluate(model, inputs, targets, args.batch, use_autocast=use_autocast)
+    density = result["density_per_layer"]
+    stats = {
+        "steps": step,
+        "train_seconds": round(train_seconds, 1),
+        "tokens_seen": step * args.batch * args.seq,
+        "heldout_ce": result["ce"],
+        "heldout_density_per_layer": density,
+        "heldout_density_mean": sum(density) / len(density),
+        "heldout_tokens": targets.numel(),
+        "train_log": train_log,
+    }
+    log({"final": {k: v for k, v in stats.items() if k != "train_log"}})
+    return model, stats
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    model, stats = train(args)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    save_checkpoint(args.out, model, stats, vars(args))
+    return model, stats
+
+
+if __name__ == "__main__":
+    main()

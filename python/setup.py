@@ -1,0 +1,31 @@
+"""Copies the CMake build's shared libraries into the package (twell/_lib) when it is built, so that
+`pip install ./python` after the CMake build installs a package that finds them. Where they come
+from: $TWELL_LIB_DIR, else the source tree's build/lib. Without them the package still installs and
+looks for them at import time (twell._capi.library_path)."""
+import os
+import pathlib
+import shutil
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+HERE = pathlib.Path(__file__).resolve().parent
+LIBRARIES = ("libtwell_runtime.so", "libtwell_jit.so")
+
+
+class BuildPyWithLibraries(build_py):
+    def run(self):
+        super().run()
+        source = pathlib.Path(os.environ.get("TWELL_LIB_DIR", HERE.parent / "build" / "lib"))
+        found = [source / name for name in LIBRARIES if (source / name).is_file()]
+        if not found:
+            print(f"twell: no libraries in {source}: the package will look for them at import time")
+            return
+        target = pathlib.Path(self.build_lib) / "twell" / "_lib"
+        target.mkdir(parents=True, exist_ok=True)
+        for path in found:
+            shutil.copy2(path, target / path.name)
+            print(f"twell: packaged {path}")
+
+
+setup(cmdclass={"build_py": BuildPyWithLibraries})

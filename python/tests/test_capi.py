@@ -1,0 +1,100 @@
+"""The C API through ctypes, without a GPU: loading, versions, status codes and error messages."""
+import ctypes
+
+import pytest
+
+import twell
+from twell import _capi
+
+
+def test_library_loads_and_versions_match():
+    lib = _capi.lib()
+    assert lib.twell_c_api_version() == _capi.C_API_VERSION
+    assert twell.version() == twell.__version__
+    assert _capi.library_path().name == "libtwell_runtime.so"
+
+
+def test_status_strings_name_each_code():
+    lib = _capi.lib()
+    names = [lib.twell_status_string(i).decode() for i in range(11)]
+    assert names[0] == "TWELL_SUCCESS" and names[1] == "TWELL_ERROR_INVALID_ARGUMENT" and names[10] == "TWELL_ERROR_INTERNAL"
+    assert len(set(names)) == 11
+    assert lib.twell_status_string(99).decode() == "TWELL_ERROR_UNKNOWN_STATUS"
+
+
+def test_compile_only_context_reports_no_gpu_and_plans_describe_kernels():
+    ctx = twell.Context(-1)
+    assert not ctx.has_gpu and ctx.sm_count == 0 and ctx.target == "sm_90a"
+    assert "compile only" in ctx.no_gpu_reason
+    if not twell.jit_available():
+        pytest.skip("SKIPPED: libtwell_jit.so not found beside libtwell_runtime.so")
+    plan = ctx.plan(twell.FfnSpec(512, 1408), 256)
+    d = plan.describe()
+    assert d["spec"] == {"d_model": 512, "d_ff": 1408, "gated": True, "activation": "relu", "threshold": 0.0,
+                         "dtype": "bf16", "down_layout": "out_in"}
+    assert d["runnable"] is False and d["max_tokens"] == 256
+    kinds = [k["kind"] for k in d["kernels"]]
+    assert "gate_twell" in kinds and "gated_down" in kinds
+    with pytest.raises(twell.NoDeviceError, match="GPU"):
+        plan.run(0, x=16, w_gate=16, w_up=16, w_down=16, y=32, tokens=1)
+
+
+def test_invalid_spec_names_the_field():
+    ctx = twell.Context(-1)
+    with pytest.raises(twell.InvalidArgumentError, match="d_ff"):
+        ctx.plan(twell.FfnSpec(512, 0), 256)
+    with pytest.raises(ValueError, match="threshold"):
+        ctx.plan(twell.FfnSpec(512, 1408, activation="silu", threshold=0.0), 256)
+    with pytest.raises(ValueError, match="dispatch"):
+        ctx.plan(twell.FfnSpec(512, 1408), 256, twell.PlanOptions(dispatch="fastest"))
+    with pytest.raises(ValueError, match="dense_neurons"):
+        ctx.plan(twell.FfnSpec(512, 1408), 256, twell.PlanOptions(dense_neurons=100))
+    with pytest.raises(ValueError, match="decode_max_tokens"):
+        ctx.plan(twell.FfnSpec(512, 1408), 256, twell.PlanOptions(decode_max_tokens=65))
+    # The context keeps working after errors.
+    assert ctx.plan(twell.FfnSpec(256, 512), 64).describe()["spec"]["d_ff"] == 512
+
+
+def test_c_level_argument_checks():
+    lib = _capi.lib()
+    handle = ctypes.c_void_p()
+    # NULL output pointer, NULL handle, a struct of another size, an enum out of range.
+    assert lib.twell_context_create(None, None) == 1
+    assert "context" in lib.twell_last_error().decode()
+    assert lib.twell_plan_run(None, None, None, 1, 0) == 1
+    assert "plan" in lib.twell_last_error().decode()
+    opts = _capi.ContextOptions()
+    lib.twell_context_options_init(ctypes.byref(opts))
+    opts.struct_size = 8
+    assert lib.twell_context_create(ctypes.byref(opts), ctypes.byref(handle)) == 1
+    assert "struct_size" in lib.twell_last_error().decode() and not handle.value
+    lib.twell_context_options_init(ctypes.byref(opts))
+    opts.device, opts.jit = -1, 7
+    assert lib.twell_context_create(ctypes.byref(opts), ctypes.byref(handle)) == 1
+    assert "options->jit" in lib.twell_last_error().decode()
+    spec = _capi.spec_struct(512, 1408)
+    spec.dtype = 5
+    opts.jit = 0
+    assert lib.twell_context_create(ctypes.byref(opts), ctypes.byref(handle)) == 0
+    plan = ctypes.c_void_p()
+    assert lib.twell_plan_create(handle, ctypes.byref(spec), 64, None, ctypes.byref(plan)) == 1
+    assert "spec->dtype" in lib.twell_last_error().decode() and not plan.value
+    assert lib.twell_context_destroy(handle) == 0
+    assert lib.twell_context_destroy(None) == 0 and lib.twell_plan_destroy(None) == 0
+
+
+def test_choose_dense_neurons_checks_and_chooses():
+    spec = twell.FfnSpec(2048, 5632)
+    hot = [1000] * 512 + [1] * (5632 - 512)
+    n = twell.choose_dense_neurons(spec, 16384, hot, 1000)
+    assert n % 256 == 0 and 256 <= n <= 1024
+    assert twell.choose_dense_neurons(spec, 16384, [0] * 5632, 1000) == 0
+    with pytest.raises(ValueError, match="sorted"):
+        twell.choose_dense_neurons(spec, 16384, [0] * 5631 + [5], 1000)
+
+
+def test_bad_target_and_missing_bundle():
+    with pytest.raises(ValueError, match="target"):
+        twell.Context(-1, target="hopper")
+    with pytest.raises(twell.NotFoundError):
+        twell.Context(-1).load_bundle("/nonexistent/bundle")

@@ -1,0 +1,155 @@
+"""twell.torch without a GPU: registration, schemas, fake tensors, torch.compile tracing on shape-only
+inputs, the modules' checks and sparsify_ on a transformers Llama, the error messages."""
+import pytest
+import torch
+from torch import nn
+
+import twell
+import twell.torch as tt
+from twell.torch import SparseGatedMLP, sparsify_
+
+BF16 = torch.bfloat16
+
+
+def fake_inputs(mode, d_model=256, d_ff=512, lead=(2, 3), dtype=BF16, device="cuda"):
+    with mode:
+        x = torch.empty(*lead, d_model, dtype=dtype, device=device)
+        wg = torch.empty(d_ff, d_model, dtype=dtype, device=device)
+        wu = torch.empty(d_ff, d_model, dtype=dtype, device=device)
+        wd = torch.empty(d_model, d_ff, dtype=dtype, device=device)
+    return x, wg, wu, wd
+
+
+def test_ops_are_registered_with_schemas():
+    schema = str(torch.ops.twell.sparse_gated_ffn.default._schema)
+    assert schema.startswith("twell::sparse_gated_ffn(Tensor x, Tensor w_gate, Tensor w_up, Tensor w_down, str activation=")
+    assert "-> Tensor" in schema
+    assert "Tensor w_up" not in str(torch.ops.twell.sparse_ffn.default._schema)
+
+
+def test_fake_tensors_give_shapes_and_check_arguments():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    mode = FakeTensorMode()
+    x, wg, wu, wd = fake_inputs(mode)
+    with mode:
+        assert torch.ops.twell.sparse_gated_ffn(x, wg, wu, wd).shape == (2, 3, 256)
+        assert torch.ops.twell.sparse_ffn(x, wg, wd).shape == (2, 3, 256)
+        with pytest.raises(ValueError, match=r"w_up: expected shape \(512, 256\), got shape \(512, 128\)"):
+            torch.ops.twell.sparse_gated_ffn(x, wg, wu[:, :128], wd)
+        with pytest.raises(ValueError, match="w_down: expected dtype|w_down: expected x's dtype"):
+            torch.ops.twell.sparse_gated_ffn(x, wg, wu, wd.to(torch.float16))
+        with pytest.raises(ValueError, match="x: expected a contiguous last dimension"):
+            torch.ops.twell.sparse_gated_ffn(x.as_strided((2, 3, 256), (1, 2 * 256, 6)), wg, wu, wd)
+        with pytest.raises(ValueError, match="leading dimensions that collapse"):
+            torch.ops.twell.sparse_gated_ffn(torch.empty(3, 2, 256, dtype=BF16, device="cuda").transpose(0, 1), wg, wu, wd)
+        with pytest.raises(ValueError, match="activation"):
+            torch.ops.twell.sparse_gated_ffn(x, wg, wu, wd, "gelu")
+        with pytest.raises(ValueError, match="dense_neurons"):
+            torch.ops.twell.sparse_gated_ffn(x, wg, wu, wd, dense_neurons=512)
+
+
+def test_torch_compile_fullgraph_traces_the_op_without_graph_breaks():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    def ffn(x, wg, wu, wd):
+        return torch.ops.twell.sparse_gated_ffn(x * 2, wg, wu, wd, "relu", 0.0, "sparse") + x
+
+    mlp_in = [torch.empty(4, 7, 256, dtype=BF16, device="meta"), torch.empty(512, 256, dtype=BF16, device="meta"),
+              torch.empty(512, 256, dtype=BF16, device="meta"), torch.empty(256, 512, dtype=BF16, device="meta")]
+    out = torch.compile(ffn, fullgraph=True, backend=backend)(*mlp_in)
+    assert out.shape == (4, 7, 256) and out.device.type == "meta"
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert any("twell.sparse_gated_ffn" in t for t in targets), targets
+
+
+def test_cpu_tensors_get_a_clear_error():
+    x = torch.randn(3, 64, dtype=BF16)
+    w = torch.randn(128, 64, dtype=BF16)
+    with pytest.raises(ValueError, match="x: expected a CUDA tensor .* got a tensor on cpu"):
+        torch.ops.twell.sparse_gated_ffn(x, w, w, w.t().contiguous())
+    with pytest.raises(ValueError, match="dtype torch.bfloat16 or torch.float16"):
+        torch.ops.twell.sparse_gated_ffn(x.float(), w, w, w.t().contiguous())
+
+
+class ReluMLP(nn.Module):
+    def __init__(self, d=64, f=128, bias=False, act=None):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(d, f, bias=bias), nn.Linear(d, f, bias=bias)
+        self.down_proj = nn.Linear(f, d, bias=bias)
+        self.act_fn = act if act is not None else nn.ReLU()
+
+
+class Model(nn.Module):
+    def __init__(self, **kw):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.ModuleDict({"mlp": ReluMLP(**kw)}) for _ in range(2)])
+
+
+def test_sparsify_replaces_mlps_in_place_sharing_parameters():
+    model = Model()
+    before = {k: v for k, v in model.state_dict().items()}
+    weight = model.layers[0]["mlp"].gate_proj.weight
+    assert sparsify_(model, dispatch="sparse") is model
+    mlps = [m for m in model.modules() if isinstance(m, SparseGatedMLP)]
+    assert len(mlps) == 2
+    assert mlps[0].gate_proj.weight is weight
+    assert list(model.state_dict()) == list(before)
+    assert mlps[0].decision_key != mlps[1].decision_key
+    assert mlps[0].dispatch == "sparse"
+    with pytest.raises(ValueError, match="found none"):
+        sparsify_(model)  # nothing left to replace
+
+
+def test_sparsify_refuses_non_relu_and_bias_without_changing_the_model():
+    model = Model(act=nn.GELU())
+    with pytest.raises(ValueError, match="act_fn: expected ReLU"):
+        sparsify_(model)
+    assert not any(isinstance(m, SparseGatedMLP) for m in model.modules())
+    silu = Model(act=nn.SiLU())
+    with pytest.raises(ValueError, match="SiLU, which is never exactly zero"):
+        sparsify_(silu)
+    sparsify_(silu, threshold=0.05)
+    assert all(m.activation == "silu" and m.threshold == 0.05 for m in silu.modules() if isinstance(m, SparseGatedMLP))
+    with pytest.raises(ValueError, match="without bias"):
+        sparsify_(Model(bias=True))
+
+
+def test_sparsify_transformers_llama_with_relu():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=4, hidden_act="relu")
+    model = transformers.LlamaForCausalLM(config)
+    sparsify_(model)
+    assert sum(isinstance(m, SparseGatedMLP) for m in model.modules()) == 2
+    silu = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=176, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=4, hidden_act="silu"))
+    with pytest.raises(ValueError, match="SiLU"):
+        sparsify_(silu)
+
+
+def test_module_checks_shapes_and_options():
+    mlp = ReluMLP()
+    with pytest.raises(ValueError, match="threshold"):
+        SparseGatedMLP(mlp.gate_proj, mlp.up_proj, mlp.down_proj, activation="silu")
+    with pytest.raises(ValueError, match="down_proj: expected weight shape"):
+        SparseGatedMLP(mlp.gate_proj, mlp.up_proj, nn.Linear(64, 64, bias=False))
+    m = SparseGatedMLP.from_mlp(mlp)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        m(torch.randn(2, 64).to(mlp.gate_proj.weight.dtype).bfloat16())
+
+
+def test_tensor_parallel_shards_cover_d_ff():
+    from twell.torch.parallel import shard_rows
+    for d_ff, world in ((5632, 2), (5632, 3), (1408, 4), (100, 2)):
+        parts = [shard_rows(d_ff, world, r) for r in range(world)]
+        assert parts[0][0] == 0 and parts[-1][1] == d_ff
+        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
+        assert all(first % 8 == 0 for first, _ in parts)
+    with pytest.raises(ValueError, match="rank"):
+        shard_rows(512, 2, 2)

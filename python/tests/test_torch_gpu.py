@@ -1,0 +1,235 @@
+"""twell.torch on a GPU against PyTorch dense (F.linear through cuBLAS): random and real inputs,
+gradients, opcheck, torch.compile, CUDA graphs, a transformers Llama, the split's calibration.
+Skipped loudly without a GPU (conftest.cuda)."""
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import twell
+import twell.torch as tt
+from twell.torch import SparseGatedMLP, ops, sparsify_
+
+from conftest import data_file
+
+
+def fp32_reference(x, wg, wu, wd, activation="relu", threshold=0.0):
+    """The FFN in fp32 from the same 16-bit operands, with the activity decided on g rounded to the
+    dtype (twell/spec.h): the yardstick both twell and PyTorch dense are measured against."""
+    g16 = F.linear(x, wg)
+    _, active = ops.activation_and_mask(g16, activation, threshold)
+    g = g16.float()
+    a = (F.relu(g) if activation == "relu" else F.silu(g)) * active
+    h = a * F.linear(x.float(), wu.float()) if wu is not None else a
+    return F.linear(h, wd.float())
+
+
+def assert_as_close_as_dense(y, x, wg, wu, wd, activation="relu", threshold=0.0):
+    """twell's error against the fp32 reference is at most twice PyTorch dense's (plus a little)."""
+    ref = fp32_reference(x, wg, wu, wd, activation, threshold)
+    dense = ops.dense_reference(x, wg, wu, wd, activation, threshold)
+    assert y.shape == dense.shape and y.dtype == dense.dtype and torch.isfinite(y).all()
+    err, err_dense = (y.float() - ref).abs().max().item(), (dense.float() - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    assert err <= 2 * err_dense + 1e-3 * scale, f"twell max error {err}, dense {err_dense}, |y| max {scale}"
+
+
+def layer(d_model, d_ff, device, dtype=torch.bfloat16, density=0.02, seed=0, gated=True):
+    """Random weights and inputs; a gate threshold giving about `density` active neurons."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    wg = (torch.randn(d_ff, d_model, generator=gen) / d_model ** 0.5).to(device, dtype)
+    wu = (torch.randn(d_ff, d_model, generator=gen) / d_model ** 0.5).to(device, dtype) if gated else None
+    wd = (torch.randn(d_model, d_ff, generator=gen) / d_ff ** 0.5).to(device, dtype)
+    # g ~ N(0, |x|^2 / d_model) = N(0, 1): P(g > t) = density at t = Phi^-1(1 - density).
+    threshold = float(torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - density)))
+    return wg, wu, wd, threshold
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dispatch", ["sparse", "dense", "auto"])
+def test_gated_matches_dense_on_random_inputs(cuda, dtype, dispatch):
+    wg, wu, wd, thr = layer(512, 1408, cuda, dtype)
+    x = torch.randn(3, 333, 512, device=cuda, dtype=dtype)
+    y = torch.full_like(x, float("nan"))  # poisoned: the op must write every element
+    y = tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, dispatch)
+    assert_as_close_as_dense(y, x, wg, wu, wd, "relu", thr)
+
+
+def test_relu_threshold_zero_and_silu_and_non_gated(cuda):
+    wg, wu, wd, _ = layer(256, 1024, cuda)
+    x = torch.randn(100, 256, device=cuda, dtype=torch.bfloat16)
+    assert_as_close_as_dense(tt.sparse_gated_ffn(x, wg, wu, wd), x, wg, wu, wd)
+    assert_as_close_as_dense(tt.sparse_gated_ffn(x, wg, wu, wd, "silu", 0.3, "sparse"), x, wg, wu, wd, "silu", 0.3)
+    assert_as_close_as_dense(tt.sparse_ffn(x, wg, wd, "relu", 1.5, "sparse"), x, wg, None, wd, "relu", 1.5)
+
+
+def test_strided_rows_decode_sizes_and_chunks(cuda):
+    wg, wu, wd, thr = layer(512, 1408, cuda)
+    big = torch.randn(70, 1024, device=cuda, dtype=torch.bfloat16)
+    x = big[:, 256:768]  # row stride 1024
+    assert_as_close_as_dense(tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr), x, wg, wu, wd, "relu", thr)
+    for tokens in (1, 2, 7, 64, 65):  # the decode kernels' sizes and the first above them
+        xt = torch.randn(tokens, 512, device=cuda, dtype=torch.bfloat16)
+        assert_as_close_as_dense(tt.sparse_gated_ffn(xt, wg, wu, wd, "relu", thr, "sparse"), xt, wg, wu, wd, "relu", thr)
+    xs = torch.randn(1000, 512, device=cuda, dtype=torch.bfloat16)  # 4 chunks of 256 rows
+    y = tt.sparse_gated_ffn(xs, wg, wu, wd, "relu", thr, "sparse", max_tokens=256)
+    assert_as_close_as_dense(y, xs, wg, wu, wd, "relu", thr)
+    assert tt.sparse_gated_ffn(xs[:0], wg, wu, wd).shape == (0, 512)
+
+
+def test_gpu_argument_errors_keep_the_process_working(cuda):
+    wg, wu, wd, thr = layer(256, 512, cuda)
+    x = torch.randn(8, 256, device=cuda, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="w_up: expected shape"):
+        tt.sparse_gated_ffn(x, wg, wu[:256], wd)
+    with pytest.raises(ValueError, match="w_down: expected x's device|w_down: expected shape"):
+        tt.sparse_gated_ffn(x, wg, wu, wd.cpu())
+    with pytest.raises(ValueError, match="contiguous"):
+        tt.sparse_gated_ffn(x, wg.t().contiguous().t(), wu, wd)
+    assert_as_close_as_dense(tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr), x, wg, wu, wd, "relu", thr)
+
+
+def test_real_paper_layer(cuda):
+    from safetensors.torch import load_file
+    a = load_file(data_file("paper_l1_gate_a.safetensors"))
+    b = load_file(data_file("paper_l1_gate_b.safetensors"))
+    x = load_file(data_file("paper_l1_x.safetensors"))["layers.1.x"].to(cuda)
+    wg = torch.cat([a["layers.1.gate.weight.rows0"], b["layers.1.gate.weight.rows1"]]).to(cuda)
+    gen = torch.Generator(device="cpu").manual_seed(1)  # only the gate was stored: random up/down
+    wu = (torch.randn(wg.shape, generator=gen) * 0.02).to(cuda, torch.bfloat16)
+    wd = (torch.randn(wg.shape[1], wg.shape[0], generator=gen) * 0.02).to(cuda, torch.bfloat16)
+    for dispatch in ("sparse", "auto"):
+        assert_as_close_as_dense(tt.sparse_gated_ffn(x, wg, wu, wd, dispatch=dispatch), x, wg, wu, wd)
+
+
+def test_real_tiny_layers(cuda):
+    from safetensors.torch import load_file
+    t = load_file(data_file("tiny_l01.safetensors"))
+    for li in (0, 1):
+        p = f"layers.{li}."
+        x, wg, wu, wd = (t[p + n].to(cuda) for n in ("x", "gate.weight", "up.weight", "down.weight"))
+        assert_as_close_as_dense(tt.sparse_gated_ffn(x, wg, wu, wd, dispatch="sparse"), x, wg, wu, wd)
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_gradients_match_dense_autograd(cuda, gated):
+    wg, wu, wd, thr = layer(256, 512, cuda, torch.float16, density=0.2, gated=gated)
+    x = torch.randn(4, 50, 256, device=cuda, dtype=torch.float16)
+    params = [p.clone().requires_grad_() for p in (x, wg, wu, wd) if p is not None]
+    dense_params = [p.detach().clone().requires_grad_() for p in params]
+    dy = torch.randn(4, 50, 256, device=cuda, dtype=torch.float16)
+    if gated:
+        y = tt.sparse_gated_ffn(*params, "relu", thr, "sparse")
+        y_ref = ops.dense_reference(*dense_params, "relu", thr)
+    else:
+        y = tt.sparse_ffn(*params, "relu", thr, "sparse")
+        y_ref = ops.dense_reference(dense_params[0], dense_params[1], None, dense_params[2], "relu", thr)
+    (y.float() * dy.float()).sum().backward()
+    (y_ref.float() * dy.float()).sum().backward()
+    for p, q in zip(params, dense_params):
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=2e-2 * q.grad.abs().max().item())
+
+
+def test_opcheck(cuda):
+    wg, wu, wd, thr = layer(256, 512, cuda, density=0.1)
+    x = torch.randn(2, 9, 256, device=cuda, dtype=torch.bfloat16, requires_grad=True)
+    args = (x, wg.requires_grad_(), wu.requires_grad_(), wd.requires_grad_(), "relu", thr, "sparse")
+    torch.library.opcheck(torch.ops.twell.sparse_gated_ffn.default, args)
+    torch.library.opcheck(torch.ops.twell.sparse_ffn.default, (x, wg, wd, "relu", thr, "sparse"))
+
+
+def test_compile_fullgraph(cuda):
+    wg, wu, wd, thr = layer(512, 1408, cuda)
+    mlp = SparseGatedMLP(nn.Linear(512, 1408, bias=False), nn.Linear(512, 1408, bias=False),
+                         nn.Linear(1408, 512, bias=False), threshold=thr, dispatch="sparse").to(cuda, torch.bfloat16)
+    with torch.no_grad():
+        mlp.gate_proj.weight.copy_(wg); mlp.up_proj.weight.copy_(wu); mlp.down_proj.weight.copy_(wd)
+    fn = torch.compile(lambda t: mlp(t) * 2, fullgraph=True)
+    x = torch.randn(5, 64, 512, device=cuda, dtype=torch.bfloat16)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), mlp(x) * 2, rtol=0, atol=0)
+
+
+def test_cuda_graph_replay_and_inference_mode(cuda):
+    wg, wu, wd, thr = layer(512, 1408, cuda)
+    static_x = torch.randn(8, 512, device=cuda, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up: dispatch "auto" times its paths on the first call
+                tt.sparse_gated_ffn(static_x, wg, wu, wd, "relu", thr, "auto", decision_key=77)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = tt.sparse_gated_ffn(static_x, wg, wu, wd, "relu", thr, "auto", decision_key=77)
+        for seed in range(3):
+            static_x.copy_(torch.randn(8, 512, device=cuda, dtype=torch.bfloat16, generator=torch.Generator(cuda).manual_seed(seed)))
+            static_y.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert_as_close_as_dense(static_y.clone(), static_x, wg, wu, wd, "relu", thr)
+        # A call that was never warmed up fails clearly during capture, and the process goes on.
+        with pytest.raises(RuntimeError, match="warm-up"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                tt.sparse_gated_ffn(static_x, wg, wu, wd, "relu", thr, "auto", decision_key=78)
+    y = tt.sparse_gated_ffn(static_x, wg, wu, wd, "relu", thr)
+    assert_as_close_as_dense(y, static_x, wg, wu, wd, "relu", thr)
+
+
+def test_transformers_llama_relu_same_logits(cuda):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=1024, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=4, hidden_act="relu")
+    model = transformers.LlamaForCausalLM(config).to(cuda, torch.bfloat16).eval()
+    ids = torch.randint(0, 256, (2, 100), device=cuda)
+    with torch.no_grad():
+        dense = model(ids).logits.float()
+        sparsify_(model)
+        assert sum(isinstance(m, SparseGatedMLP) for m in model.modules()) == 3
+        sparse = model(ids).logits.float()
+    err = (sparse - dense).abs().max().item()
+    assert err <= 0.05 * dense.abs().max().item(), err
+    assert (sparse.argmax(-1) == dense.argmax(-1)).float().mean().item() > 0.98
+
+
+def test_calibrate_split_keeps_the_function(cuda):
+    wg, wu, wd, thr = layer(512, 2048, cuda, density=0.03)
+    hot = torch.randn(512, device=cuda, dtype=torch.bfloat16)
+    wg[:300] = (wg[:300].float() + hot.float() * 0.2).to(torch.bfloat16)  # a few hundred hot neurons
+    mlp = SparseGatedMLP(nn.Linear(512, 2048, bias=False), nn.Linear(512, 2048, bias=False),
+                         nn.Linear(2048, 512, bias=False), threshold=thr, dispatch="sparse").to(cuda, torch.bfloat16)
+    with torch.no_grad():
+        mlp.gate_proj.weight.copy_(wg); mlp.up_proj.weight.copy_(wu); mlp.down_proj.weight.copy_(wd)
+    x = torch.randn(4096, 512, device=cuda, dtype=torch.bfloat16) + hot
+    activity, rows = mlp.neuron_activity(x)
+    g = F.linear(x, wg)
+    assert rows == 4096 and torch.equal(activity, (F.relu(g) > thr).sum(0).cpu())
+    before = mlp(x)
+    n = mlp.calibrate_split(x)
+    assert n % 64 == 0 and 0 <= n < 2048 and mlp.dense_neurons == n
+    after = mlp(x)
+    torch.testing.assert_close(after.float(), before.float(), rtol=2e-2, atol=2e-2 * before.abs().max().item())
+
+
+def test_per_call_overhead_is_reported(cuda, capsys):
+    """Not a timed assertion: prints the host time of one eager decode-sized call and its CUDA-graph
+    replay (README, "PyTorch": per-call overhead)."""
+    wg, wu, wd, thr = layer(2048, 5632, cuda, density=0.005)
+    x = torch.randn(1, 2048, device=cuda, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        for _ in range(5):
+            tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, "sparse")
+        torch.cuda.synchronize()
+        n = 200
+        t0 = time.perf_counter()
+        for _ in range(n):
+            tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, "sparse")
+        host_us = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+    with capsys.disabled():
+        print(f"\n[overhead] one eager twell::sparse_gated_ffn call at 1 token: {host_us:.1f} us of host time")
+    assert host_us > 0

@@ -1,0 +1,215 @@
+"""The runtime from Python, without PyTorch: contexts, FFN plans and the dense path over raw device
+pointers (what twell.torch builds on; any array library with device pointers can use it).
+
+    ctx = twell.Context()                                   # device 0; kernels from the JIT or bundles
+    plan = ctx.plan(d_model=2048, d_ff=5632, max_tokens=16384)
+    plan.run(stream, x=..., w_gate=..., w_up=..., w_down=..., y=..., tokens=n)   # device pointers (int)
+
+Every method raises a twell exception (twell.InvalidArgumentError, a ValueError, ...) whose message
+names the argument, what was expected and what was given (twell/c_api.h).
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+from dataclasses import dataclass
+
+from . import _capi
+from ._capi import check, lib
+
+
+@dataclass(frozen=True)
+class FfnSpec:
+    """One FFN layer (twell/spec.h): x [tokens, d_model]; w_gate, w_up [d_ff, d_model]; w_down
+    [d_model, d_ff] (down_layout "out_in", nn.Linear's) or [d_ff, d_model] ("in_out")."""
+    d_model: int
+    d_ff: int
+    gated: bool = True
+    activation: str = "relu"   # "relu" (active iff relu(g) > threshold) or "silu" (|silu(g)| > threshold)
+    threshold: float = 0.0
+    dtype: str = "bf16"        # "bf16" or "fp16"
+    down_layout: str = "out_in"
+    tile_n: int = 0            # 0: the generator chooses
+    slots: int = 0
+    consumer: str | None = None  # None, "row_gather" or "token_block"
+
+    def _struct(self) -> _capi.FfnSpec:
+        return _capi.spec_struct(self.d_model, self.d_ff, gated=self.gated, activation=self.activation,
+                                 threshold=self.threshold, dtype=self.dtype, down_layout=self.down_layout,
+                                 tile_n=self.tile_n, slots=self.slots, consumer=self.consumer)
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """twell/plan.h PlanOptions: dispatch "auto" | "sparse" | "dense"; dense_neurons: the hot/cold
+    split (a multiple of 64 below d_ff); decode_max_tokens: 0..64, the decode kernels' cut-off;
+    backup_capacity: -1 for the default."""
+    dispatch: str = "auto"
+    dense_neurons: int = 0
+    decode_max_tokens: int = 64
+    backup_capacity: int = -1
+
+    def _struct(self) -> _capi.PlanOptions:
+        o = _capi.PlanOptions()
+        lib().twell_plan_options_init(ctypes.byref(o))
+        o.dispatch = _capi.choice(_capi.DISPATCHES, self.dispatch, "dispatch")
+        o.dense_neurons, o.decode_max_tokens, o.backup_capacity = self.dense_neurons, self.decode_max_tokens, self.backup_capacity
+        return o
+
+
+def tensors_struct(x: int, w_gate: int, w_up: int | None, w_down: int, y: int, ld_x: int = 0, ld_gate: int = 0,
+                   ld_up: int = 0, ld_down: int = 0, ld_y: int = 0) -> _capi.FfnTensors:
+    """Device pointers (ints) and row strides in elements (0: dense rows)."""
+    return _capi.FfnTensors(x, w_gate, w_up or None, w_down, y, ld_x, ld_gate, ld_up, ld_down, ld_y)
+
+
+class Context:
+    """twell::Context: one GPU (device index, or -1 for none), the kernel cache, bundles."""
+
+    def __init__(self, device: int = 0, *, cache_dir: str | None = None, disk_cache: bool = True,
+                 target: str | None = None, bundles: tuple[str, ...] = (), jit: str = "if_linked"):
+        o = _capi.ContextOptions()
+        l = lib()
+        l.twell_context_options_init(ctypes.byref(o))
+        o.device = device
+        o.cache_dir = cache_dir.encode() if cache_dir else None
+        o.disk_cache = int(bool(disk_cache))
+        if target is not None:
+            o.target_sm, o.target_arch_specific = _parse_target(target)
+        names = (ctypes.c_char_p * max(1, len(bundles)))(*[str(b).encode() for b in bundles])
+        o.bundles, o.num_bundles = ctypes.cast(names, ctypes.POINTER(ctypes.c_char_p)), len(bundles)
+        o.jit = _capi.choice(_capi.JIT_POLICIES, jit, "jit")
+        handle = ctypes.c_void_p()
+        check(l.twell_context_create(ctypes.byref(o), ctypes.byref(handle)))
+        self._handle = handle
+        has_gpu, sms = ctypes.c_int(), ctypes.c_int()
+        tgt, name, reason = ctypes.c_char_p(), ctypes.c_char_p(), ctypes.c_char_p()
+        check(l.twell_context_info(handle, ctypes.byref(has_gpu), ctypes.byref(sms), ctypes.byref(tgt),
+                                   ctypes.byref(name), ctypes.byref(reason)))
+        self.device = device
+        self.has_gpu = bool(has_gpu.value)
+        self.sm_count = sms.value
+        self.target = tgt.value.decode()
+        self.device_name = name.value.decode()
+        self.no_gpu_reason = reason.value.decode()
+
+    def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle is not None and _capi._lib is not None:
+            _capi._lib.twell_context_destroy(handle)
+            self._handle = None
+
+    def load_bundle(self, directory: str) -> None:
+        check(lib().twell_context_load_bundle(self._handle, str(directory).encode()))
+
+    def plan(self, spec: FfnSpec, max_tokens: int, options: PlanOptions = PlanOptions()) -> "Plan":
+        """Generates (or loads) the kernels of `spec` and allocates the workspace for max_tokens rows."""
+        return Plan(self, spec, max_tokens, options)
+
+    def dense(self, spec: FfnSpec, max_tokens: int, kernels: str = "cublaslt") -> "DenseFfn":
+        """The dense path (twell/dense.h): "cublaslt" GEMMs, or "fused_gated_up"."""
+        return DenseFfn(self, spec, max_tokens, kernels)
+
+
+class Plan:
+    """twell::FfnPlan. One plan's calls must be ordered (one stream, or synchronized)."""
+
+    def __init__(self, context: Context, spec: FfnSpec, max_tokens: int, options: PlanOptions):
+        handle = ctypes.c_void_p()
+        check(lib().twell_plan_create(context._handle, ctypes.byref(spec._struct()), max_tokens,
+                                      ctypes.byref(options._struct()), ctypes.byref(handle)))
+        self._handle = handle
+        self.context, self.spec, self.options, self.max_tokens = context, spec, options, max_tokens
+        self._run = lib().twell_plan_run
+
+    def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle is not None and _capi._lib is not None:
+            _capi._lib.twell_plan_destroy(handle)
+            self._handle = None
+
+    def run_struct(self, stream: int, tensors: _capi.FfnTensors, tokens: int, decision_key: int = 0) -> None:
+        """run() with a prepared twell_ffn_tensors (the fast path of twell.torch)."""
+        status = self._run(self._handle, stream, ctypes.byref(tensors), tokens, decision_key)
+        if status:
+            check(status)
+
+    def run(self, stream: int, *, x: int, w_gate: int, w_up: int | None, w_down: int, y: int, tokens: int,
+            ld_x: int = 0, ld_gate: int = 0, ld_up: int = 0, ld_down: int = 0, ld_y: int = 0,
+            decision_key: int = 0) -> None:
+        """y = FFN(x) for `tokens` rows, stream-ordered (stream: a cudaStream_t as int, 0 = default)."""
+        self.run_struct(stream, tensors_struct(x, w_gate, w_up, w_down, y, ld_x, ld_gate, ld_up, ld_down, ld_y),
+                        tokens, decision_key)
+
+    def last_path(self) -> str:
+        p = ctypes.c_char_p()
+        check(lib().twell_plan_last_path(self._handle, ctypes.byref(p)))
+        return p.value.decode()
+
+    def recalibrate(self) -> None:
+        check(lib().twell_plan_recalibrate(self._handle))
+
+    def describe(self) -> dict:
+        """Spec, layout, target and each kernel's report (name, kind, cache, compile_ms, ...)."""
+        p = ctypes.c_char_p()
+        check(lib().twell_plan_describe(self._handle, ctypes.byref(p)))
+        return json.loads(p.value.decode())
+
+    def last_overflow(self, stream: int = 0) -> dict:
+        r = _capi.OverflowReport()
+        check(lib().twell_plan_last_overflow(self._handle, stream, ctypes.byref(r)))
+        return {"overflowing_tile_rows": r.overflowing_tile_rows, "backup_capacity": r.backup_capacity,
+                "recomputed": bool(r.recomputed)}
+
+    def neuron_activity(self, stream: int = 0) -> tuple[list[int], int]:
+        """(activity per TwELL neuron over the last run's rows, that row count); synchronizes."""
+        n = self.spec.d_ff - self.options.dense_neurons
+        buf = (ctypes.c_uint64 * n)()
+        rows = ctypes.c_int64()
+        check(lib().twell_plan_neuron_activity(self._handle, stream, buf, n, ctypes.byref(rows)))
+        return list(buf), rows.value
+
+
+class DenseFfn:
+    """twell::DenseFfn: the same FFN through cuBLASLt (or the fused gate + up kernel)."""
+
+    def __init__(self, context: Context, spec: FfnSpec, max_tokens: int, kernels: str):
+        handle = ctypes.c_void_p()
+        check(lib().twell_dense_create(context._handle, ctypes.byref(spec._struct()), max_tokens,
+                                       _capi.choice(_capi.DENSE_KERNELS, kernels, "kernels"), ctypes.byref(handle)))
+        self._handle, self.context, self.spec = handle, context, spec
+
+    def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle is not None and _capi._lib is not None:
+            _capi._lib.twell_dense_destroy(handle)
+            self._handle = None
+
+    def run_struct(self, stream: int, tensors: _capi.FfnTensors, tokens: int) -> None:
+        check(lib().twell_dense_run(self._handle, stream, ctypes.byref(tensors), tokens))
+
+
+def choose_dense_neurons(spec: FfnSpec, tokens: int, sorted_activity, rows: int) -> int:
+    """The hot/cold split with the least predicted time (twell/neuron_order.h): sorted_activity holds
+    d_ff activity counts over `rows` calibration rows, sorted descending."""
+    counts = list(sorted_activity)
+    buf = (ctypes.c_uint64 * max(1, len(counts)))(*counts)
+    out = ctypes.c_int64()
+    check(lib().twell_choose_dense_neurons(ctypes.byref(spec._struct()), tokens, buf, len(counts), rows, ctypes.byref(out)))
+    return out.value
+
+
+def version() -> str:
+    return lib().twell_version().decode()
+
+
+def jit_available() -> bool:
+    return bool(lib().twell_jit_available())
+
+
+def _parse_target(target: str) -> tuple[int, int]:
+    t = target.strip()
+    digits = t[3:].rstrip("a") if t.startswith("sm_") else ""
+    if not digits.isdigit():
+        raise ValueError(f"twell: target: expected 'sm_<digits>' or 'sm_<digits>a' (e.g. sm_90a, sm_80), got {target!r}")
+    return int(digits), int(t.endswith("a"))

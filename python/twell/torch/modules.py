@@ -1,0 +1,189 @@
+"""twell.torch.SparseGatedMLP, the drop-in MLP, and sparsify_, which puts it into a Llama- or
+Qwen-style model in place.
+
+    model = AutoModelForCausalLM.from_pretrained(..., torch_dtype=torch.bfloat16).cuda()
+    twell.torch.sparsify_(model)          # every gate_proj/up_proj/down_proj MLP -> SparseGatedMLP
+    logits = model(ids).logits            # the same function, the FFNs through twell
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import Tensor, nn
+
+from .. import runtime
+from .._errors import InvalidArgumentError
+from . import _plans, ops
+
+_decision_keys = itertools.count(1)
+
+
+class SparseGatedMLP(nn.Module):
+    """y = down_proj(act(gate_proj(x)) * up_proj(x)) (or down_proj(act(gate_proj(x))) without
+    up_proj) through twell's sparse kernels, with the nn.Linear modules' own parameters (shared, not
+    copied: the state_dict keys and .to() stay those of the MLP it replaces).
+
+    x [..., d_model], bf16 or fp16 like the weights, on a CUDA device. Under torch.autocast with fp32
+    weights, x and the weights are cast to the autocast dtype. Options (twell.torch.ops):
+      activation  "relu" (active iff relu(g) > threshold) or "silu" (|silu(g)| > threshold > 0)
+      dispatch    "auto" (per token bucket, the faster of the TwELL and dense paths, timed on the
+                  first call: keeps the layer never slower than dense), "sparse", "dense"
+      decode_max_tokens  calls of at most this many tokens take the decode kernels (0..64)
+      dense_neurons      the hot/cold split: the first dense_neurons neurons run dense; set it with
+                         calibrate_split(), which also orders the neurons hot-first
+      max_tokens  the largest plan workspace (rows); longer inputs run in chunks
+    Layers of one shape share a plan (twell.torch._plans); each layer keeps its own dispatch
+    decisions (decision_key).
+    """
+
+    def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear | None, down_proj: nn.Linear, *,
+                 activation: str = "relu", threshold: float = 0.0, dispatch: str = "auto", decode_max_tokens: int = 64,
+                 dense_neurons: int = 0, max_tokens: int = ops.DEFAULT_MAX_TOKENS):
+        super().__init__()
+        for name, linear in (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj)):
+            if linear is None and name == "up_proj":
+                continue
+            if not isinstance(linear, nn.Linear):
+                raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: {name}: expected an nn.Linear, got {type(linear).__name__}")
+            if linear.bias is not None:
+                raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: {name}: expected a Linear without bias "
+                                           "(twell's FFN has none), got one with a bias")
+        d_ff, d_model = gate_proj.weight.shape
+        if up_proj is not None and tuple(up_proj.weight.shape) != (d_ff, d_model):
+            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: up_proj: expected weight shape {(d_ff, d_model)} "
+                                       f"(gate_proj's), got {tuple(up_proj.weight.shape)}")
+        if tuple(down_proj.weight.shape) != (d_model, d_ff):
+            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: down_proj: expected weight shape {(d_model, d_ff)}, "
+                                       f"got {tuple(down_proj.weight.shape)}")
+        if activation not in ops.ACTIVATIONS:
+            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: activation: expected 'relu' or 'silu', got {activation!r}")
+        if activation == "silu" and not threshold > 0:
+            raise InvalidArgumentError("twell.torch.SparseGatedMLP: threshold: a SiLU MLP needs a threshold > 0 (its "
+                                       f"activations are never exactly zero), got {threshold}")
+        if activation == "relu" and not threshold >= 0:
+            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: threshold: expected >= 0 for ReLU, got {threshold}")
+        self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
+        self.d_model, self.d_ff = d_model, d_ff
+        self.activation, self.threshold = activation, float(threshold)
+        self.dispatch, self.decode_max_tokens = dispatch, decode_max_tokens
+        self.dense_neurons, self.max_tokens = dense_neurons, max_tokens
+        self.decision_key = next(_decision_keys)
+
+    @classmethod
+    def from_mlp(cls, mlp: nn.Module, *, threshold: float | None = None, **options) -> "SparseGatedMLP":
+        """From a module with gate_proj, up_proj, down_proj (nn.Linear) and act_fn (a Llama/Qwen MLP).
+        Its activation must be ReLU; a SiLU one (or a ReLU with a cut-off) needs `threshold`."""
+        activation = _activation_of(mlp)
+        if activation is None:
+            raise InvalidArgumentError(
+                f"twell.torch: {type(mlp).__name__}.act_fn: expected ReLU (or SiLU with a threshold), got "
+                f"{type(getattr(mlp, 'act_fn', None)).__name__}: twell's kernels skip the neurons whose activation is "
+                "zero, so the MLP must be sparsity-trained with a ReLU gate")
+        if activation == "silu" and threshold is None:
+            raise InvalidArgumentError(
+                f"twell.torch: {type(mlp).__name__}.act_fn: the MLP's activation is SiLU, which is never exactly zero; "
+                "twell computes it only with a magnitude threshold (threshold=..., CATS/TEAL-style pruning, which "
+                "changes the model's function): pass threshold > 0, or use a ReLU-trained model")
+        return cls(mlp.gate_proj, mlp.up_proj, mlp.down_proj, activation=activation,
+                   threshold=0.0 if threshold is None else threshold, **options)
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, d_ff={self.d_ff}, activation={self.activation}, threshold={self.threshold}, "
+                f"dispatch={self.dispatch}, dense_neurons={self.dense_neurons}")
+
+    def _operands(self, x: Tensor):
+        weights = [self.gate_proj.weight, self.up_proj.weight if self.up_proj is not None else None, self.down_proj.weight]
+        if x.device.type == "cuda" and torch.is_autocast_enabled("cuda") and weights[0].dtype == torch.float32:
+            dtype = torch.get_autocast_dtype("cuda")
+            weights = [w.to(dtype) if w is not None else None for w in weights]
+            x = x.to(dtype)
+        return x, weights
+
+    def forward(self, x: Tensor) -> Tensor:
+        x, (w_gate, w_up, w_down) = self._operands(x)
+        with torch.autocast("cuda", enabled=False):
+            common = dict(activation=self.activation, threshold=self.threshold, dispatch=self.dispatch,
+                          decode_max_tokens=self.decode_max_tokens, dense_neurons=self.dense_neurons,
+                          max_tokens=self.max_tokens, decision_key=self.decision_key)
+            if w_up is None:
+                return ops.sparse_ffn(x, w_gate, w_down, **common)
+            return ops.sparse_gated_ffn(x, w_gate, w_up, w_down, **common)
+
+    def reference(self, x: Tensor) -> Tensor:
+        """The same function with PyTorch dense ops (the baseline)."""
+        x, (w_gate, w_up, w_down) = self._operands(x)
+        return ops.dense_reference(x, w_gate, w_up, w_down, self.activation, self.threshold)
+
+    @torch.no_grad()
+    def neuron_activity(self, x: Tensor) -> tuple[Tensor, int]:
+        """(per neuron of d_ff, the number of rows of x in which it is active; the row count), from
+        twell's TwELL matrix of x (at most max_tokens rows are used)."""
+        x, (w_gate, w_up, w_down) = self._operands(x)
+        x2 = x.reshape(-1, self.d_model)[: self.max_tokens].contiguous()
+        spec = runtime.FfnSpec(self.d_model, self.d_ff, gated=w_up is not None, activation=self.activation,
+                               threshold=self.threshold, dtype=ops.DTYPES[x.dtype])
+        options = runtime.PlanOptions(dispatch="sparse", decode_max_tokens=0)
+        plan = _plans.context(x.device).plan(spec, max(1, x2.shape[0]), options)
+        y = torch.empty_like(x2)
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        plan.run(stream, x=x2.data_ptr(), w_gate=w_gate.data_ptr(), w_up=w_up.data_ptr() if w_up is not None else None,
+                 w_down=w_down.data_ptr(), y=y.data_ptr(), tokens=x2.shape[0], ld_gate=w_gate.stride(0),
+                 ld_up=w_up.stride(0) if w_up is not None else 0, ld_down=w_down.stride(0))
+        activity, rows = plan.neuron_activity(stream)
+        return torch.tensor(activity, dtype=torch.int64), rows
+
+    @torch.no_grad()
+    def calibrate_split(self, x: Tensor, tokens: int | None = None) -> int:
+        """The hot/cold split from calibration inputs x (e.g. a few thousand real tokens): orders the
+        neurons hot-first (permuting the rows of gate_proj and up_proj and the columns of down_proj in
+        place: the MLP computes the same function, up to the fp32 summation order) and sets
+        dense_neurons to the split twell's cost model predicts fastest for batches of `tokens` rows
+        (default: x's row count). Returns dense_neurons."""
+        activity, rows = self.neuron_activity(x)
+        order = torch.sort(activity, descending=True, stable=True).indices
+        spec = runtime.FfnSpec(self.d_model, self.d_ff, gated=self.up_proj is not None, activation=self.activation,
+                               threshold=self.threshold, dtype=ops.DTYPES.get(self.gate_proj.weight.dtype, "bf16"))
+        n = runtime.choose_dense_neurons(spec, tokens or x.numel() // self.d_model, activity[order].tolist(), rows)
+        device_order = order.to(self.gate_proj.weight.device)
+        self.gate_proj.weight.copy_(self.gate_proj.weight.index_select(0, device_order))
+        if self.up_proj is not None:
+            self.up_proj.weight.copy_(self.up_proj.weight.index_select(0, device_order))
+        self.down_proj.weight.copy_(self.down_proj.weight.index_select(1, device_order))
+        self.dense_neurons = n
+        return n
+
+
+def _activation_of(mlp: nn.Module) -> str | None:
+    act = getattr(mlp, "act_fn", None)
+    if isinstance(act, nn.ReLU):
+        return "relu"
+    if isinstance(act, nn.SiLU) or type(act).__name__ in ("SiLUActivation", "SiLU"):
+        return "silu"
+    return None
+
+
+def _is_mlp(module: nn.Module) -> bool:
+    return all(isinstance(getattr(module, n, None), nn.Linear) for n in ("gate_proj", "up_proj", "down_proj"))
+
+
+def sparsify_(model: nn.Module, *, threshold: float | None = None, **options) -> nn.Module:
+    """Replaces, in place, every MLP of `model` with gate_proj, up_proj, down_proj and act_fn (Llama,
+    Qwen, Mistral style, and bench/sparse_lm's model) by a SparseGatedMLP over the same parameters;
+    returns the model. options: SparseGatedMLP's (dispatch, decode_max_tokens, max_tokens, ...).
+    Refuses (InvalidArgumentError, nothing replaced) a model without such MLPs, or whose MLP
+    activation is not ReLU unless `threshold` is given (SiLU: threshold > 0, which changes the
+    function: CATS/TEAL-style pruning)."""
+    found = [(name, m) for name, m in model.named_modules() if _is_mlp(m) and not isinstance(m, SparseGatedMLP)]
+    if not found:
+        raise InvalidArgumentError(f"twell.torch.sparsify_: model: expected MLP modules with gate_proj, up_proj and "
+                                   f"down_proj (nn.Linear), found none in {type(model).__name__}")
+    if found[0][0] == "":
+        raise InvalidArgumentError("twell.torch.sparsify_: model: the model is itself an MLP and cannot be replaced in "
+                                   "place; use twell.torch.SparseGatedMLP.from_mlp(model)")
+    replacements = [(name, SparseGatedMLP.from_mlp(m, threshold=threshold, **options)) for name, m in found]
+    for name, new in replacements:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, new)
+    return model

@@ -1,0 +1,237 @@
+"""The PyTorch operators (namespace `twell`), registered with torch.library.custom_op:
+
+    torch.ops.twell.sparse_gated_ffn(x, w_gate, w_up, w_down, ...)  y = (act(x Wg^T) * (x Wu^T)) Wd^T
+    torch.ops.twell.sparse_ffn(x, w_gate, w_down, ...)              y = act(x Wg^T) Wd^T
+
+x [..., d_model] (any leading dims; the last dim contiguous, the leading ones collapsible into rows
+with one row stride); w_gate, w_up [d_ff, d_model] and w_down [d_model, d_ff] (nn.Linear's weights;
+each row contiguous); all bf16 or all fp16, on one CUDA device. y [..., d_model], contiguous, x's
+dtype. act: "relu" (active iff relu(g) > threshold, threshold >= 0) or "silu" (|silu(g)| > threshold,
+threshold > 0); the inactive neurons are exactly zero (twell/spec.h). Options: dispatch "auto" |
+"sparse" | "dense" (twell/plan.h Dispatch), decode_max_tokens, dense_neurons (the hot/cold split:
+the first dense_neurons neurons of d_ff run dense), max_tokens (the plan's largest workspace; longer
+calls run in chunks), decision_key (Dispatch "auto" decides per key and token bucket: layers of one
+shape pass different keys).
+
+They run on the current CUDA stream, are capturable in CUDA graphs after a warm-up call of each
+shape, have fake (meta) implementations (torch.compile fullgraph traces them without a graph
+break), and an autograd formula. The backward recomputes g = x Wg^T and u = x Wu^T with PyTorch
+dense ops from the saved inputs and applies the exact gradients of the thresholded activation
+(TRAINING.md, "The gradients"); twell's sparse backward kernels are the training issue's work.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import runtime
+from .._errors import InvalidArgumentError
+from . import _plans
+
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+ACTIVATIONS = ("relu", "silu")
+DISPATCHES = ("auto", "sparse", "dense")
+DEFAULT_MAX_TOKENS = 16384
+
+
+def _fail(op: str, argument: str, expected: str, got) -> None:
+    raise InvalidArgumentError(f"twell.{op}: {argument}: expected {expected}, got {got}")
+
+
+def _row_stride(op: str, x: Tensor, d_model: int) -> int:
+    """The row stride (elements) of x viewed as [rows, d_model]."""
+    if x.dim() == 0 or x.shape[-1] != d_model:
+        _fail(op, "x", f"a tensor [..., {d_model}] (d_model = w_gate.shape[1])", f"shape {tuple(x.shape)}")
+    if x.stride(-1) != 1 and x.shape[-1] > 1:
+        _fail(op, "x", "a contiguous last dimension (stride 1)", f"strides {x.stride()}; call .contiguous()")
+    if x.dim() == 1:
+        return d_model
+    for i in range(x.dim() - 2):
+        if x.shape[i] > 1 and x.stride(i) != x.stride(i + 1) * x.shape[i + 1]:
+            _fail(op, "x", "leading dimensions that collapse into rows with one stride",
+                  f"shape {tuple(x.shape)} with strides {x.stride()}; call .contiguous()")
+    return x.stride(-2) if x.shape[-2] > 1 else d_model
+
+
+def _check_weight(op: str, name: str, w: Tensor, shape: tuple, x: Tensor) -> None:
+    if w.dim() != 2 or tuple(w.shape) != shape:
+        _fail(op, name, f"shape {shape}", f"shape {tuple(w.shape)}")
+    if w.dtype != x.dtype:
+        _fail(op, name, f"x's dtype {x.dtype}", w.dtype)
+    if w.device != x.device:
+        _fail(op, name, f"x's device {x.device}", w.device)
+    if w.stride(1) != 1 or w.stride(0) < shape[1]:
+        _fail(op, name, "contiguous rows (stride (>= columns, 1))", f"strides {w.stride()}; call .contiguous()")
+
+
+def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str,
+               threshold: float, dispatch: str, decode_max_tokens: int, dense_neurons: int, max_tokens: int) -> int:
+    """Checks every argument (real and fake tensors alike); returns x's row stride."""
+    if x.dtype not in DTYPES:
+        _fail(op, "x", "dtype torch.bfloat16 or torch.float16", x.dtype)
+    # "meta": shape-only tensors (tracing without a GPU) reach the fake implementation only.
+    if x.device.type not in ("cuda", "meta"):
+        _fail(op, "x", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {x.device}")
+    if w_gate.dim() != 2:
+        _fail(op, "w_gate", "a 2-D weight [d_ff, d_model]", f"shape {tuple(w_gate.shape)}")
+    d_ff, d_model = w_gate.shape
+    ld_x = _row_stride(op, x, d_model)
+    _check_weight(op, "w_gate", w_gate, (d_ff, d_model), x)
+    if w_up is not None:
+        _check_weight(op, "w_up", w_up, (d_ff, d_model), x)
+    _check_weight(op, "w_down", w_down, (d_model, d_ff), x)
+    if activation not in ACTIVATIONS:
+        _fail(op, "activation", "'relu' or 'silu'", repr(activation))
+    if dispatch not in DISPATCHES:
+        _fail(op, "dispatch", "'auto', 'sparse' or 'dense'", repr(dispatch))
+    if max_tokens < 1:
+        _fail(op, "max_tokens", "a positive row count", max_tokens)
+    if dense_neurons < 0 or dense_neurons >= d_ff:
+        _fail(op, "dense_neurons", f"0..{d_ff - 1} (below d_ff)", dense_neurons)
+    if not 0 <= decode_max_tokens <= 64:
+        _fail(op, "decode_max_tokens", "0..64", decode_max_tokens)
+    return ld_x
+
+
+def _forward(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str, threshold: float,
+             dispatch: str, decode_max_tokens: int, dense_neurons: int, max_tokens: int, decision_key: int) -> Tensor:
+    ld_x = check_args(op, x, w_gate, w_up, w_down, activation, threshold, dispatch, decode_max_tokens, dense_neurons,
+                      max_tokens)
+    if x.device.type != "cuda":
+        _fail(op, "x", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {x.device}")
+    d_ff, d_model = w_gate.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    tokens = x.numel() // d_model if d_model else 0
+    if tokens == 0:
+        return y
+    spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
+                           dtype=DTYPES[x.dtype])
+    options = runtime.PlanOptions(dispatch=dispatch, dense_neurons=dense_neurons, decode_max_tokens=decode_max_tokens)
+    capturing = torch.cuda.is_current_stream_capturing()
+    entry = _plans.plan_for(x.device, spec, options, max_tokens, tokens, capturing)
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    elem = x.element_size()
+    t = runtime.tensors_struct(x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr() if w_up is not None else None,
+                               w_down.data_ptr(), y.data_ptr(), ld_x, w_gate.stride(0),
+                               w_up.stride(0) if w_up is not None else 0, w_down.stride(0), d_model)
+    x0, y0 = t.x, t.y
+    for first in range(0, tokens, entry.capacity):
+        rows = min(entry.capacity, tokens - first)
+        if dispatch == "auto":
+            bucket = entry.bucket(rows, decision_key)
+            if bucket not in entry.seen:
+                if capturing:
+                    raise RuntimeError(
+                        f"twell.{op}: the first call of {rows} tokens (decision key {decision_key}) during CUDA-graph "
+                        "capture: dispatch 'auto' times its paths on that call, which synchronizes; run the same "
+                        "call once before capture (warm-up), or use dispatch='sparse' or 'dense'")
+                entry.seen.add(bucket)
+        t.x, t.y = x0 + first * ld_x * elem, y0 + first * d_model * elem
+        entry.plan.run_struct(stream, t, rows, decision_key)
+    return y
+
+
+@torch.library.custom_op("twell::sparse_gated_ffn", mutates_args=())
+def sparse_gated_ffn(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor, activation: str = "relu",
+                     threshold: float = 0.0, dispatch: str = "auto", decode_max_tokens: int = 64, dense_neurons: int = 0,
+                     max_tokens: int = DEFAULT_MAX_TOKENS, decision_key: int = 0) -> Tensor:
+    """y = (act(x Wg^T) * (x Wu^T)) Wd^T through twell (see the module's documentation)."""
+    return _forward("sparse_gated_ffn", x, w_gate, w_up, w_down, activation, threshold, dispatch, decode_max_tokens,
+                    dense_neurons, max_tokens, decision_key)
+
+
+@torch.library.custom_op("twell::sparse_ffn", mutates_args=())
+def sparse_ffn(x: Tensor, w_gate: Tensor, w_down: Tensor, activation: str = "relu", threshold: float = 0.0,
+               dispatch: str = "auto", decode_max_tokens: int = 64, dense_neurons: int = 0,
+               max_tokens: int = DEFAULT_MAX_TOKENS, decision_key: int = 0) -> Tensor:
+    """y = act(x Wg^T) Wd^T through twell (the non-gated FFN: the first linear layer plays the gate)."""
+    return _forward("sparse_ffn", x, w_gate, None, w_down, activation, threshold, dispatch, decode_max_tokens,
+                    dense_neurons, max_tokens, decision_key)
+
+
+@sparse_gated_ffn.register_fake
+def _(x, w_gate, w_up, w_down, activation="relu", threshold=0.0, dispatch="auto", decode_max_tokens=64,
+      dense_neurons=0, max_tokens=DEFAULT_MAX_TOKENS, decision_key=0):
+    check_args("sparse_gated_ffn", x, w_gate, w_up, w_down, activation, threshold, dispatch, decode_max_tokens,
+               dense_neurons, max_tokens)
+    return x.new_empty(x.shape)
+
+
+@sparse_ffn.register_fake
+def _(x, w_gate, w_down, activation="relu", threshold=0.0, dispatch="auto", decode_max_tokens=64, dense_neurons=0,
+      max_tokens=DEFAULT_MAX_TOKENS, decision_key=0):
+    check_args("sparse_ffn", x, w_gate, None, w_down, activation, threshold, dispatch, decode_max_tokens, dense_neurons,
+               max_tokens)
+    return x.new_empty(x.shape)
+
+
+def activation_and_mask(g: Tensor, activation: str, threshold: float) -> tuple[Tensor, Tensor]:
+    """(a, active) of the thresholded activation, as the dense computation rounds it: a = act(g) where
+    active, else 0 (twell/spec.h: ReLU active iff relu(g) > threshold, SiLU iff |silu(g)| > threshold)."""
+    a = F.relu(g) if activation == "relu" else F.silu(g)
+    active = (a > threshold) if activation == "relu" else (a.abs() > threshold)
+    active = active | torch.isnan(a)
+    return a * active, active
+
+
+def _activation_grad(g: Tensor, active: Tensor, activation: str) -> Tensor:
+    """d act(g) / dg on the active set (0 elsewhere: the threshold cuts the inactive ones off)."""
+    if activation == "relu":
+        return active.to(g.dtype)
+    s = torch.sigmoid(g.float())
+    return (s * (1 + g.float() * (1 - s)) * active).to(g.dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    x, w_gate = inputs[0], inputs[1]
+    gated = len(inputs) == 11
+    w_up = inputs[2] if gated else None
+    w_down = inputs[3] if gated else inputs[2]
+    activation, threshold = (inputs[4], inputs[5]) if gated else (inputs[3], inputs[4])
+    ctx.save_for_backward(x, w_gate, w_up, w_down)
+    ctx.activation, ctx.threshold, ctx.gated = activation, threshold, gated
+
+
+def _backward(ctx, dy):
+    """The exact gradients of the FFN (TRAINING.md), recomputing g and u densely from the saved x."""
+    x, w_gate, w_up, w_down = ctx.saved_tensors
+    d_ff, d_model = w_gate.shape
+    x2 = x.reshape(-1, d_model)
+    dy2 = dy.reshape(-1, d_model).to(x.dtype)
+    g = F.linear(x2, w_gate)
+    a, active = activation_and_mask(g, ctx.activation, ctx.threshold)
+    dh = dy2 @ w_down  # y = h Wd^T
+    if ctx.gated:
+        u = F.linear(x2, w_up)
+        h = a * u
+        du = dh * a
+        dg = dh * u * _activation_grad(g, active, ctx.activation)
+    else:
+        h, du = a, None
+        dg = dh * _activation_grad(g, active, ctx.activation)
+    dx = dg @ w_gate
+    if du is not None:
+        dx = dx + du @ w_up
+    d_w_gate = dg.t() @ x2
+    d_w_up = du.t() @ x2 if du is not None else None
+    d_w_down = dy2.t() @ h
+    dx = dx.reshape(x.shape)
+    rest = (None,) * 7
+    if ctx.gated:
+        return (dx, d_w_gate, d_w_up, d_w_down) + rest
+    return (dx, d_w_gate, d_w_down) + rest
+
+
+sparse_gated_ffn.register_autograd(_backward, setup_context=_setup_context)
+sparse_ffn.register_autograd(_backward, setup_context=_setup_context)
+
+
+def dense_reference(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str = "relu",
+                    threshold: float = 0.0) -> Tensor:
+    """The same FFN with PyTorch dense ops (F.linear through cuBLAS), as a user of nn.Linear computes
+    it: the baseline twell is measured and tested against."""
+    g = F.linear(x, w_gate)
+    a, _ = activation_and_mask(g, activation, threshold)
+    h = a * F.linear(x, w_up) if w_up is not None else a
+    return F.linear(h, w_down)

@@ -1,0 +1,397 @@
+// The C API (twell/c_api.h): each function converts its C structs to the C++ API's types, calls it,
+// and turns every exception into a status code and the thread's last-error message.
+#include "twell/c_api.h"
+
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "twell/context.h"
+#include "twell/dense.h"
+#include "twell/error.h"
+#include "twell/jit_registry.h"
+#include "twell/neuron_order.h"
+#include "twell/plan.h"
+
+#ifndef TWELL_VERSION
+#define TWELL_VERSION "unknown"
+#endif
+
+struct twell_context {
+  twell::Context context;
+  std::string target, device_name, no_gpu_reason;
+};
+
+struct twell_plan {
+  twell::FfnPlan plan;
+  std::string last_path, json;
+};
+
+struct twell_dense {
+  twell::DenseFfn dense;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+using twell::Error;
+using twell::ErrorCode;
+
+twell_status_t status_of(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::InvalidArgument: return TWELL_ERROR_INVALID_ARGUMENT;
+    case ErrorCode::NotFound: return TWELL_ERROR_NOT_FOUND;
+    case ErrorCode::Io: return TWELL_ERROR_IO;
+    case ErrorCode::Parse: return TWELL_ERROR_PARSE;
+    case ErrorCode::Compile: return TWELL_ERROR_COMPILE;
+    case ErrorCode::Cuda: return TWELL_ERROR_CUDA;
+    case ErrorCode::NoDevice: return TWELL_ERROR_NO_DEVICE;
+    case ErrorCode::Unsupported: return TWELL_ERROR_UNSUPPORTED;
+  }
+  return TWELL_ERROR_INTERNAL;
+}
+
+// Runs `body`, mapping what it throws; nothing escapes into C.
+template <typename Body>
+twell_status_t guarded(Body&& body) {
+  try {
+    body();
+    last_error.clear();
+    return TWELL_SUCCESS;
+  } catch (const Error& e) {
+    last_error = e.what();
+    return status_of(e.code());
+  } catch (const std::bad_alloc&) {
+    last_error = "out of host memory";
+    return TWELL_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    last_error = std::string("internal error: ") + e.what();
+    return TWELL_ERROR_INTERNAL;
+  } catch (...) {
+    last_error = "internal error: an unknown exception";
+    return TWELL_ERROR_INTERNAL;
+  }
+}
+
+void invalid(const char* function, const char* argument, const std::string& expected, const std::string& got) {
+  throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}: expected {}, got {}", function, argument, expected, got));
+}
+
+template <typename T>
+T& require(T* handle, const char* function, const char* argument) {
+  if (handle == nullptr) invalid(function, argument, "a handle", "NULL");
+  return *handle;
+}
+
+void require_out(const void* out, const char* function, const char* argument) {
+  if (out == nullptr) invalid(function, argument, "a pointer to write the result to", "NULL");
+}
+
+template <typename Struct>
+void require_struct(const Struct* s, const char* function, const char* argument) {
+  if (s == nullptr) invalid(function, argument, "a pointer to a struct filled by its _init function", "NULL");
+  if (s->struct_size != sizeof(Struct))
+    invalid(function, fmt::format("{}->struct_size", argument).c_str(),
+            fmt::format("{} (this library's size; call the _init function first)", sizeof(Struct)),
+            std::to_string(s->struct_size));
+}
+
+template <typename Enum>
+Enum enum_value(int value, int first, int last, const char* function, const char* field) {
+  if (value < first || value > last)
+    invalid(function, field, fmt::format("a value in {}..{}", first, last), std::to_string(value));
+  return static_cast<Enum>(value);
+}
+
+twell::FfnSpec to_spec(const twell_ffn_spec* s, const char* function) {
+  require_struct(s, function, "spec");
+  twell::FfnSpec spec;
+  spec.d_model = s->d_model;
+  spec.d_ff = s->d_ff;
+  spec.gated = s->gated != 0;
+  spec.activation = enum_value<twell::Activation>(s->activation, 0, 1, function, "spec->activation");
+  spec.threshold = s->threshold;
+  spec.dtype = enum_value<twell::DType>(s->dtype, 0, 1, function, "spec->dtype");
+  spec.down_layout = enum_value<twell::WeightLayout>(s->down_layout, 0, 1, function, "spec->down_layout");
+  if (s->tile_n != 0) spec.tile_n = s->tile_n;
+  if (s->slots != 0) spec.slots = s->slots;
+  if (s->consumer != TWELL_CONSUMER_DEFAULT)
+    spec.consumer = enum_value<twell::ConsumerVariant>(s->consumer, 0, 1, function, "spec->consumer");
+  if (s->gate_cluster_m != 0) spec.gate_cluster_m = s->gate_cluster_m;
+  return spec;
+}
+
+twell::FfnTensors to_tensors(const twell_ffn_tensors* t, const char* function) {
+  if (t == nullptr) invalid(function, "tensors", "a pointer to a twell_ffn_tensors", "NULL");
+  return twell::FfnTensors{t->x, t->w_gate, t->w_up, t->w_down, t->y, t->ld_x, t->ld_gate, t->ld_up, t->ld_down, t->ld_y};
+}
+
+twell::Stream to_stream(void* stream) { return static_cast<twell::Stream>(stream); }
+
+nlohmann::json describe(const twell::FfnPlan& plan) {
+  const twell::FfnSpec& s = plan.spec();
+  const twell::TwellLayout& l = plan.layout();
+  nlohmann::json kernels = nlohmann::json::array();
+  for (const twell::KernelReport& k : plan.kernels())
+    kernels.push_back({{"name", k.name}, {"kind", k.kind}, {"cache", k.cache}, {"compile_ms", k.compile_ms},
+                       {"load_ms", k.load_ms}, {"ptx_bytes", k.ptx_bytes}, {"cubin_bytes", k.cubin_bytes},
+                       {"arch", k.arch}, {"consumer", k.consumer}, {"threads", k.threads}, {"cta_m", k.cta_m},
+                       {"grid_y", k.grid_y}, {"tiles", k.tiles}, {"persistent", k.persistent},
+                       {"cluster_m", k.cluster_m}});
+  return {{"spec",
+           {{"d_model", s.d_model}, {"d_ff", s.d_ff}, {"gated", s.gated}, {"activation", to_string(s.activation)},
+            {"threshold", s.threshold}, {"dtype", to_string(s.dtype)}, {"down_layout", to_string(s.down_layout)}}},
+          {"layout", {{"tile_n", l.tile_n}, {"slots", l.slots}, {"index_bits", l.index_bits}}},
+          {"target", plan.target().arch()},
+          {"max_tokens", plan.max_tokens()},
+          {"dense_neurons", plan.dense_neurons()},
+          {"runnable", plan.runnable()},
+          {"kernels", kernels}};
+}
+
+}  // namespace
+
+extern "C" {
+
+int twell_c_api_version(void) { return TWELL_C_API_VERSION; }
+const char* twell_version(void) { return TWELL_VERSION; }
+const char* twell_last_error(void) { return last_error.c_str(); }
+int twell_jit_available(void) { return twell::registered_kernel_compiler() != nullptr ? 1 : 0; }
+
+const char* twell_status_string(twell_status_t status) {
+  switch (status) {
+    case TWELL_SUCCESS: return "TWELL_SUCCESS";
+    case TWELL_ERROR_INVALID_ARGUMENT: return "TWELL_ERROR_INVALID_ARGUMENT";
+    case TWELL_ERROR_NOT_FOUND: return "TWELL_ERROR_NOT_FOUND";
+    case TWELL_ERROR_IO: return "TWELL_ERROR_IO";
+    case TWELL_ERROR_PARSE: return "TWELL_ERROR_PARSE";
+    case TWELL_ERROR_COMPILE: return "TWELL_ERROR_COMPILE";
+    case TWELL_ERROR_CUDA: return "TWELL_ERROR_CUDA";
+    case TWELL_ERROR_NO_DEVICE: return "TWELL_ERROR_NO_DEVICE";
+    case TWELL_ERROR_UNSUPPORTED: return "TWELL_ERROR_UNSUPPORTED";
+    case TWELL_ERROR_OUT_OF_MEMORY: return "TWELL_ERROR_OUT_OF_MEMORY";
+    case TWELL_ERROR_INTERNAL: return "TWELL_ERROR_INTERNAL";
+  }
+  return "TWELL_ERROR_UNKNOWN_STATUS";
+}
+
+void twell_context_options_init(twell_context_options* o) {
+  if (o == nullptr) return;
+  *o = twell_context_options{};
+  o->struct_size = sizeof(twell_context_options);
+  o->device = 0;
+  o->disk_cache = 1;
+  o->jit = TWELL_JIT_IF_LINKED;
+}
+
+void twell_ffn_spec_init(twell_ffn_spec* s) {
+  if (s == nullptr) return;
+  *s = twell_ffn_spec{};
+  s->struct_size = sizeof(twell_ffn_spec);
+  s->gated = 1;
+  s->activation = TWELL_RELU;
+  s->dtype = TWELL_BF16;
+  s->down_layout = TWELL_OUT_IN;
+  s->consumer = TWELL_CONSUMER_DEFAULT;
+}
+
+void twell_plan_options_init(twell_plan_options* o) {
+  if (o == nullptr) return;
+  *o = twell_plan_options{};
+  o->struct_size = sizeof(twell_plan_options);
+  const twell::PlanOptions defaults;
+  o->backup_capacity = -1;
+  o->dispatch = TWELL_DISPATCH_AUTO;
+  o->dense_neurons = defaults.dense_neurons;
+  o->decode_max_tokens = defaults.decode_max_tokens;
+}
+
+twell_status_t twell_context_create(const twell_context_options* options, twell_context_t* context) {
+  return guarded([&] {
+    constexpr const char* fn = "twell_context_create";
+    require_out(context, fn, "context");
+    twell_context_options defaults;
+    twell_context_options_init(&defaults);
+    if (options == nullptr) options = &defaults;
+    require_struct(options, fn, "options");
+    twell::ContextOptions o;
+    o.device = options->device;
+    if (options->cache_dir != nullptr) o.cache_dir = options->cache_dir;
+    o.disk_cache = options->disk_cache != 0;
+    if (options->target_sm != 0) o.target = twell::Target{options->target_sm, options->target_arch_specific != 0};
+    if (options->num_bundles > 0 && options->bundles == nullptr)
+      invalid(fn, "options->bundles", fmt::format("{} directory names", options->num_bundles), "NULL");
+    for (size_t i = 0; i < options->num_bundles; ++i) {
+      if (options->bundles[i] == nullptr) invalid(fn, fmt::format("options->bundles[{}]", i).c_str(), "a directory name", "NULL");
+      o.bundles.emplace_back(options->bundles[i]);
+    }
+    o.jit = enum_value<twell::ContextOptions::Jit>(options->jit, 0, 1, fn, "options->jit");
+    auto* c = new twell_context{twell::Context(std::move(o)), {}, {}, {}};
+    c->target = c->context.target().arch();
+    c->device_name = c->context.device_name();
+    c->no_gpu_reason = c->context.no_gpu_reason();
+    *context = c;
+  });
+}
+
+twell_status_t twell_context_destroy(twell_context_t context) {
+  return guarded([&] { delete context; });
+}
+
+twell_status_t twell_context_info(twell_context_t context, int* has_gpu, int* sm_count, const char** target,
+                                  const char** device_name, const char** no_gpu_reason) {
+  return guarded([&] {
+    twell_context& c = require(context, "twell_context_info", "context");
+    if (has_gpu) *has_gpu = c.context.has_gpu() ? 1 : 0;
+    if (sm_count) *sm_count = c.context.sm_count();
+    if (target) *target = c.target.c_str();
+    if (device_name) *device_name = c.device_name.c_str();
+    if (no_gpu_reason) *no_gpu_reason = c.no_gpu_reason.c_str();
+  });
+}
+
+twell_status_t twell_context_load_bundle(twell_context_t context, const char* dir) {
+  return guarded([&] {
+    twell_context& c = require(context, "twell_context_load_bundle", "context");
+    if (dir == nullptr) invalid("twell_context_load_bundle", "dir", "a directory name", "NULL");
+    c.context.load_bundle(dir);
+  });
+}
+
+twell_status_t twell_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
+                                 const twell_plan_options* options, twell_plan_t* plan) {
+  return guarded([&] {
+    constexpr const char* fn = "twell_plan_create";
+    twell_context& c = require(context, fn, "context");
+    require_out(plan, fn, "plan");
+    const twell::FfnSpec s = to_spec(spec, fn);
+    twell_plan_options defaults;
+    twell_plan_options_init(&defaults);
+    if (options == nullptr) options = &defaults;
+    require_struct(options, fn, "options");
+    twell::PlanOptions o;
+    if (options->backup_capacity != -1) {
+      if (options->backup_capacity < 0 || options->backup_capacity > int64_t{UINT32_MAX})
+        invalid(fn, "options->backup_capacity", "-1 (the default) or 0..4294967295 tile-rows",
+                std::to_string(options->backup_capacity));
+      o.backup_capacity = static_cast<uint32_t>(options->backup_capacity);
+    }
+    o.dispatch = enum_value<twell::Dispatch>(options->dispatch, 0, 2, fn, "options->dispatch");
+    o.dense_neurons = options->dense_neurons;
+    o.decode_max_tokens = options->decode_max_tokens;
+    *plan = new twell_plan{c.context.plan(s, max_tokens, o), {}, {}};
+  });
+}
+
+twell_status_t twell_plan_destroy(twell_plan_t plan) {
+  return guarded([&] { delete plan; });
+}
+
+twell_status_t twell_plan_run(twell_plan_t plan, void* stream, const twell_ffn_tensors* tensors, int64_t tokens,
+                              uint64_t decision_key) {
+  return guarded([&] {
+    twell_plan& p = require(plan, "twell_plan_run", "plan");
+    p.plan.run(to_stream(stream), to_tensors(tensors, "twell_plan_run"), tokens, decision_key);
+  });
+}
+
+twell_status_t twell_plan_max_tokens(twell_plan_t plan, int64_t* max_tokens) {
+  return guarded([&] {
+    twell_plan& p = require(plan, "twell_plan_max_tokens", "plan");
+    require_out(max_tokens, "twell_plan_max_tokens", "max_tokens");
+    *max_tokens = p.plan.max_tokens();
+  });
+}
+
+twell_status_t twell_plan_last_path(twell_plan_t plan, const char** path) {
+  return guarded([&] {
+    twell_plan& p = require(plan, "twell_plan_last_path", "plan");
+    require_out(path, "twell_plan_last_path", "path");
+    p.last_path = p.plan.last_path();
+    *path = p.last_path.c_str();
+  });
+}
+
+twell_status_t twell_plan_recalibrate(twell_plan_t plan) {
+  return guarded([&] { require(plan, "twell_plan_recalibrate", "plan").plan.recalibrate(); });
+}
+
+twell_status_t twell_plan_describe(twell_plan_t plan, const char** json) {
+  return guarded([&] {
+    twell_plan& p = require(plan, "twell_plan_describe", "plan");
+    require_out(json, "twell_plan_describe", "json");
+    p.json = describe(p.plan).dump();
+    *json = p.json.c_str();
+  });
+}
+
+twell_status_t twell_plan_last_overflow(twell_plan_t plan, void* stream, twell_overflow_report* report) {
+  return guarded([&] {
+    twell_plan& p = require(plan, "twell_plan_last_overflow", "plan");
+    require_out(report, "twell_plan_last_overflow", "report");
+    const twell::OverflowReport r = p.plan.last_overflow(to_stream(stream));
+    *report = twell_overflow_report{r.overflowing_tile_rows, r.backup_capacity, r.recomputed ? 1 : 0};
+  });
+}
+
+twell_status_t twell_plan_neuron_activity(twell_plan_t plan, void* stream, uint64_t* activity, int64_t count,
+                                          int64_t* rows) {
+  return guarded([&] {
+    constexpr const char* fn = "twell_plan_neuron_activity";
+    twell_plan& p = require(plan, fn, "plan");
+    require_out(activity, fn, "activity");
+    require_out(rows, fn, "rows");
+    const int64_t neurons = p.plan.spec().d_ff - p.plan.dense_neurons();
+    if (count != neurons)
+      invalid(fn, "count", fmt::format("{} (the plan's TwELL neurons: d_ff - dense_neurons)", neurons), std::to_string(count));
+    if (p.plan.last_path() != "twell")
+      invalid(fn, "plan", "a plan whose last run took the TwELL path (Dispatch Sparse)",
+              p.plan.last_path().empty() ? std::string("a plan that has not run") : "a plan whose last run was dense");
+    const twell::TwellMatrix m = p.plan.download_twell(to_stream(stream));
+    const std::vector<uint64_t> a = twell::neuron_activity(m);
+    std::memcpy(activity, a.data(), a.size() * sizeof(uint64_t));
+    *rows = m.rows;
+  });
+}
+
+twell_status_t twell_choose_dense_neurons(const twell_ffn_spec* spec, int64_t tokens, const uint64_t* sorted_activity,
+                                          int64_t count, int64_t rows, int64_t* dense_neurons) {
+  return guarded([&] {
+    constexpr const char* fn = "twell_choose_dense_neurons";
+    const twell::FfnSpec s = to_spec(spec, fn);
+    require_out(dense_neurons, fn, "dense_neurons");
+    if (count < 0 || (count > 0 && sorted_activity == nullptr))
+      invalid(fn, "sorted_activity", fmt::format("{} counts", count), "NULL");
+    *dense_neurons = twell::choose_dense_neurons(s, tokens, {sorted_activity, static_cast<size_t>(count)}, rows);
+  });
+}
+
+twell_status_t twell_dense_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
+                                  twell_dense_kernels_t kernels, twell_dense_t* dense) {
+  return guarded([&] {
+    constexpr const char* fn = "twell_dense_create";
+    twell_context& c = require(context, fn, "context");
+    require_out(dense, fn, "dense");
+    const twell::FfnSpec s = to_spec(spec, fn);
+    const auto k = enum_value<twell::DenseKernels>(kernels, 0, 1, fn, "kernels");
+    *dense = new twell_dense{twell::DenseFfn(c.context, s, max_tokens, k)};
+  });
+}
+
+twell_status_t twell_dense_destroy(twell_dense_t dense) {
+  return guarded([&] { delete dense; });
+}
+
+twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ffn_tensors* tensors, int64_t tokens) {
+  return guarded([&] {
+    twell_dense& d = require(dense, "twell_dense_run", "dense");
+    d.dense.run(to_stream(stream), to_tensors(tensors, "twell_dense_run"), tokens);
+  });
+}
+
+}  // extern "C"
