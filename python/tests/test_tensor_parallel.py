@@ -1,6 +1,7 @@
 """The d_ff-sharded MLP over torch.distributed: 2 ranks on one GPU, gloo backend."""
 import os
 import tempfile
+import time
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from conftest import gpu_reason
 
 def _rank(rank, world, init_file, result_file):
     import twell.torch as tt
+    # gloo binds to the interface of the host name, which may not resolve where there is no network.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)  # every rank builds the same full MLP
@@ -36,7 +39,13 @@ def test_two_ranks_one_gpu_gloo():
         pytest.skip(reason)
     with tempfile.TemporaryDirectory() as d:
         init_file, result_file = os.path.join(d, "init"), os.path.join(d, "result.pt")
-        mp.spawn(_rank, args=(2, init_file, result_file), nprocs=2, join=True)
+        context = mp.spawn(_rank, args=(2, init_file, result_file), nprocs=2, join=False)
+        deadline = time.time() + 240
+        while not context.join(timeout=5):
+            if time.time() > deadline:
+                for p in context.processes:
+                    p.kill()
+                pytest.fail("the 2 ranks did not finish within 240 s (killed)")
         r = torch.load(result_file)
     assert r["local_d_ff"] == 704
     y, ref = r["y"].float(), r["ref"].float()
