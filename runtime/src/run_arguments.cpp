@@ -54,7 +54,10 @@ void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors&
   check_ld("ld_y", t.ld_y, spec.d_model);
   const int64_t ldx = t.ld_x ? t.ld_x : spec.d_model, ldy = t.ld_y ? t.ld_y : spec.d_model;
   const auto xb = reinterpret_cast<uintptr_t>(t.x), yb = reinterpret_cast<uintptr_t>(t.y);
-  const uintptr_t xe = xb + uintptr_t(std::max<int64_t>(tokens, 1) * ldx * 2), ye = yb + uintptr_t(std::max<int64_t>(tokens, 1) * ldy * 2);
+  // The bytes each spans: (tokens - 1) strides plus one row (a strided view's last row ends before
+  // the stride does, and its owner's next allocation may start right there).
+  const auto span = [&](int64_t ld) { return uintptr_t(((std::max<int64_t>(tokens, 1) - 1) * ld + spec.d_model) * 2); };
+  const uintptr_t xe = xb + span(ldx), ye = yb + span(ldy);
   if (tokens > 0 && xb < ye && yb < xe) bad("y: must not overlap x (the consumer reads x while writing y)");
 }
 

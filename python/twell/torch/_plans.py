@@ -16,7 +16,7 @@ import torch
 from .. import runtime
 from .._errors import InvalidArgumentError
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # plan_for holds it while context() takes it again
 _context_options: dict = {}
 _contexts: dict[int, runtime.Context] = {}
 _plans: dict[tuple, "PlanEntry"] = {}

@@ -127,9 +127,14 @@ class SparseGatedMLP(nn.Module):
         plan = _plans.context(x.device).plan(spec, max(1, x2.shape[0]), options)
         y = torch.empty_like(x2)
         stream = torch.cuda.current_stream(x.device).cuda_stream
-        plan.run(stream, x=x2.data_ptr(), w_gate=w_gate.data_ptr(), w_up=w_up.data_ptr() if w_up is not None else None,
-                 w_down=w_down.data_ptr(), y=y.data_ptr(), tokens=x2.shape[0], ld_gate=w_gate.stride(0),
-                 ld_up=w_up.stride(0) if w_up is not None else 0, ld_down=w_down.stride(0))
+        for _ in range(2):
+            plan.run(stream, x=x2.data_ptr(), w_gate=w_gate.data_ptr(), w_up=w_up.data_ptr() if w_up is not None else None,
+                     w_down=w_down.data_ptr(), y=y.data_ptr(), tokens=x2.shape[0], ld_gate=w_gate.stride(0),
+                     ld_up=w_up.stride(0) if w_up is not None else 0, ld_down=w_down.stride(0))
+            # A tile-row that found the backup full has unknown nonzeros: last_overflow sizes the backup
+            # and the second run holds every tile-row.
+            if not plan.last_overflow(stream)["recomputed"]:
+                break
         activity, rows = plan.neuron_activity(stream)
         return torch.tensor(activity, dtype=torch.int64), rows
 

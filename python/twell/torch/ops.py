@@ -170,7 +170,10 @@ def activation_and_mask(g: Tensor, activation: str, threshold: float) -> tuple[T
     """(a, active) of the thresholded activation, as the dense computation rounds it: a = act(g) where
     active, else 0 (twell/spec.h: ReLU active iff relu(g) > threshold, SiLU iff |silu(g)| > threshold)."""
     a = F.relu(g) if activation == "relu" else F.silu(g)
-    active = (a > threshold) if activation == "relu" else (a.abs() > threshold)
+    # In fp32, as twell compares: a 16-bit tensor against a Python float would round the threshold to
+    # the tensor's dtype (bf16: 1.6449 -> 1.6484) and move the cut.
+    a32 = a.float()
+    active = (a32 > threshold) if activation == "relu" else (a32.abs() > threshold)
     active = active | torch.isnan(a)
     return a * active, active
 
