@@ -52,6 +52,8 @@ def parse_args(argv=None):
     p.add_argument("--json", required=True, help="where to write the results")
     p.add_argument("--quick", action="store_true", help="smoke run: fewer repetitions, smaller batches")
     p.add_argument("--heldout-frac", type=float, default=0.02, help="must match the training run's")
+    p.add_argument("--split", action="store_true",
+                   help="the hot/cold split per layer (SparseGatedMLP.calibrate_split on held-out calibration tokens)")
     return p.parse_args(argv)
 
 
@@ -185,6 +187,21 @@ def sparsified_copy(model):
     return twell_model
 
 
+def calibrate_splits(twell_model, heldout, batch=4, seq=2048):
+    """SparseGatedMLP.calibrate_split per layer on that layer's inputs for `batch` x `seq` held-out
+    tokens (the windows at the end of the held-out split; the evaluation's are evenly spaced from its
+    start), for prefill-sized calls. Returns dense_neurons per layer."""
+    mlps = [m for m in twell_model.modules() if isinstance(m, twell.torch.SparseGatedMLP)]
+    inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda m, a: inputs.__setitem__(m, a[0].detach())) for m in mlps]
+    tokens = heldout[-(batch * seq + 1):-1].reshape(batch, seq)
+    with torch.no_grad():
+        twell_model.hidden(tokens)
+    for h in hooks:
+        h.remove()
+    return [m.calibrate_split(inputs[m], tokens=16384) for m in mlps]
+
+
 def markdown_table(results):
     # (metric, dense, twell, format): CE needs more digits than the ratios it is compared by.
     heldout, prefill = results["heldout"], results["prefill"]
@@ -224,6 +241,7 @@ def main(argv=None):
         weights_bytes["dense"], (dense_model, checkpoint) = resident_bytes(lambda: load_checkpoint(args.ckpt, device, torch.bfloat16))
         weights_bytes["twell"], twell_model = resident_bytes(lambda: sparsified_copy(dense_model))
         models = {"dense": dense_model, "twell": twell_model}
+        dense_neurons = calibrate_splits(twell_model, heldout) if args.split else None
 
     with torch.inference_mode():
         results = {
@@ -236,6 +254,7 @@ def main(argv=None):
             "quick": args.quick,
             "protocol": protocol,
             "weights_bytes": weights_bytes,
+            "dense_neurons_per_layer": dense_neurons,
         }
 
         inputs, targets = heldout_windows(heldout, protocol["eval_windows"], protocol["eval_seq"])
@@ -273,6 +292,9 @@ def main(argv=None):
             entry["token_agreement"] = (generated["dense"] == generated["twell"]).float().mean().item()
             results["decode"][str(batch)] = entry
 
+    # Which path each layer's dispatch "auto" took per token bucket, and the times that chose it.
+    results["twell_paths"] = [{str(k): {"path": v, "ms": m.path_times.get(k)} for k, v in m.paths.items()}
+                              for m in twell_model.modules() if isinstance(m, twell.torch.SparseGatedMLP)]
     with open(args.json, "w") as f:
         json.dump(results, f, indent=1)
     print(markdown_table(results))

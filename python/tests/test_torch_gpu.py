@@ -220,6 +220,49 @@ def test_calibrate_split_keeps_the_function(cuda):
     torch.testing.assert_close(after.float(), before.float(), rtol=2e-2, atol=2e-2 * before.abs().max().item())
 
 
+def _mlp(wg, wu, wd, **options):
+    d_ff, d_model = wg.shape
+    mlp = SparseGatedMLP(nn.Linear(d_model, d_ff, bias=False), nn.Linear(d_model, d_ff, bias=False),
+                         nn.Linear(d_ff, d_model, bias=False), **options).to(wg.device, wg.dtype)
+    with torch.no_grad():
+        mlp.gate_proj.weight.copy_(wg); mlp.up_proj.weight.copy_(wu); mlp.down_proj.weight.copy_(wd)
+    return mlp
+
+
+def test_module_eager_path_equals_the_operator_and_auto_chooses_per_bucket(cuda):
+    wg, wu, wd, thr = layer(512, 1408, cuda)
+    x = torch.randn(3, 100, 512, device=cuda, dtype=torch.bfloat16)
+    sparse = _mlp(wg, wu, wd, threshold=thr, dispatch="sparse")
+    with torch.inference_mode():
+        fast = sparse(x)  # forward_eager, no dispatcher
+    with torch.no_grad():
+        op = tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, "sparse", decision_key=sparse.decision_key)
+    assert torch.equal(fast, op)
+    auto = _mlp(wg, wu, wd, threshold=thr)
+    with torch.inference_mode():
+        for tokens in (1, 300):
+            xt = torch.randn(tokens, 512, device=cuda, dtype=torch.bfloat16)
+            assert_as_close_as_dense(auto(xt), xt, wg, wu, wd, "relu", thr)
+    assert len(auto.paths) == 2 and set(auto.paths.values()) <= {"twell", "torch"}
+    assert all(set(t) == {"twell", "torch"} and min(t.values()) > 0 for t in auto.path_times.values())
+    # Captured after its warm-up; an unseen bucket during capture is refused clearly.
+    static_x = torch.randn(300, 512, device=cuda, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = auto(static_x)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_as_close_as_dense(static_y.clone(), static_x, wg, wu, wd, "relu", thr)
+        with pytest.raises(RuntimeError, match="warm-up"):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                auto(torch.randn(5000, 512, device=cuda, dtype=torch.bfloat16))
+    # With autograd the operator (and its backward) runs.
+    xg = x.clone().requires_grad_()
+    sparse(xg).float().sum().backward()
+    assert xg.grad is not None and torch.isfinite(xg.grad).all()
+
+
 def test_per_call_overhead_is_reported(cuda, capsys):
     """Not a timed assertion: prints the host time of one eager decode-sized call and its CUDA-graph
     replay (README, "PyTorch": per-call overhead)."""
@@ -235,6 +278,16 @@ def test_per_call_overhead_is_reported(cuda, capsys):
             tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, "sparse")
         host_us = (time.perf_counter() - t0) / n * 1e6
         torch.cuda.synchronize()
+        mlp = _mlp(wg, wu, wd, threshold=thr, dispatch="sparse")
+        for _ in range(5):
+            mlp(x)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            mlp(x)
+        module_us = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
     with capsys.disabled():
-        print(f"\n[overhead] one eager twell::sparse_gated_ffn call at 1 token: {host_us:.1f} us of host time")
-    assert host_us > 0
+        print(f"\n[overhead] one eager call at 1 token, host time: torch.ops.twell.sparse_gated_ffn {host_us:.1f} us, "
+              f"SparseGatedMLP under inference_mode (no dispatcher) {module_us:.1f} us")
+    assert host_us > 0 and module_us > 0

@@ -27,8 +27,9 @@ class SparseGatedMLP(nn.Module):
     x [..., d_model], bf16 or fp16 like the weights, on a CUDA device. Under torch.autocast with fp32
     weights, x and the weights are cast to the autocast dtype. Options (twell.torch.ops):
       activation  "relu" (active iff relu(g) > threshold) or "silu" (|silu(g)| > threshold > 0)
-      dispatch    "auto" (per token bucket, the faster of the TwELL and dense paths, timed on the
-                  first call: keeps the layer never slower than dense), "sparse", "dense"
+      dispatch    "auto" (per token bucket, the fastest of twell's TwELL path, twell's dense path
+                  and PyTorch's own dense F.linear chain, timed on the first call of the bucket:
+                  keeps the layer never slower than PyTorch dense), "sparse", "dense" (twell's)
       decode_max_tokens  calls of at most this many tokens take the decode kernels (0..64)
       dense_neurons      the hot/cold split: the first dense_neurons neurons run dense; set it with
                          calibrate_split(), which also orders the neurons hot-first
@@ -69,6 +70,9 @@ class SparseGatedMLP(nn.Module):
         self.dispatch, self.decode_max_tokens = dispatch, decode_max_tokens
         self.dense_neurons, self.max_tokens = dense_neurons, max_tokens
         self.decision_key = next(_decision_keys)
+        # dispatch "auto": per token bucket, "twell" or "torch" (_path), and the times that chose it.
+        self.paths: dict[tuple, str] = {}
+        self.path_times: dict[tuple, dict[str, float]] = {}
 
     @classmethod
     def from_mlp(cls, mlp: nn.Module, *, threshold: float | None = None, **options) -> "SparseGatedMLP":
@@ -102,13 +106,51 @@ class SparseGatedMLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x, (w_gate, w_up, w_down) = self._operands(x)
+        weights = [w for w in (w_gate, w_up, w_down) if w is not None]
+        # Plain tensors outside torch.compile: this call runs now (no tracing), so it may time paths
+        # and skip the dispatcher.
+        eager = type(x) is torch.Tensor and x.device.type == "cuda" and not torch.compiler.is_compiling()
         with torch.autocast("cuda", enabled=False):
-            common = dict(activation=self.activation, threshold=self.threshold, dispatch=self.dispatch,
-                          decode_max_tokens=self.decode_max_tokens, dense_neurons=self.dense_neurons,
-                          max_tokens=self.max_tokens, decision_key=self.decision_key)
+            if eager and self.dispatch == "auto" and self._path(x, w_gate, w_up, w_down) == "torch":
+                return ops.dense_forward(x, w_gate, w_up, w_down, self.activation, self.threshold)
+            args = (self.activation, self.threshold, self.dispatch, self.decode_max_tokens, self.dense_neurons,
+                    self.max_tokens, self.decision_key)
+            if eager and not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))):
+                return ops.forward_eager(x, w_gate, w_up, w_down, *args)
             if w_up is None:
-                return ops.sparse_ffn(x, w_gate, w_down, **common)
-            return ops.sparse_gated_ffn(x, w_gate, w_up, w_down, **common)
+                return ops.sparse_ffn(x, w_gate, w_down, *args)
+            return ops.sparse_gated_ffn(x, w_gate, w_up, w_down, *args)
+
+    def _path(self, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor) -> str:
+        """dispatch "auto" per token bucket: "twell" (the plan, itself choosing among its TwELL and
+        dense kernels) or "torch" (PyTorch's dense F.linear chain, what the user ran before), timed on
+        this call's inputs the first time (median of 3 after a warm-up, CUDA events; synchronizes),
+        so that the layer is never slower than PyTorch dense beyond that timing's noise."""
+        tokens = x.numel() // self.d_model if self.d_model else 0
+        bucket = ((tokens - 1).bit_length(), tokens <= self.decode_max_tokens)
+        path = self.paths.get(bucket)
+        if path is not None or tokens == 0:
+            return path or "twell"
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(f"twell.torch.SparseGatedMLP: the first call of {tokens} tokens during CUDA-graph capture: "
+                               "dispatch 'auto' times twell against PyTorch dense on that call, which synchronizes; run "
+                               "the same call once before capture (warm-up)")
+        args = (self.activation, self.threshold, "auto", self.decode_max_tokens, self.dense_neurons, self.max_tokens,
+                self.decision_key)
+        candidates = {"twell": lambda: ops.forward_eager(x, w_gate, w_up, w_down, *args),
+                      "torch": lambda: ops.dense_forward(x, w_gate, w_up, w_down, self.activation, self.threshold)}
+        with torch.no_grad():
+            times = {name: _median_ms(fn) for name, fn in candidates.items()}
+        self.paths[bucket] = path = min(times, key=times.get)
+        self.path_times[bucket] = times
+        return path
+
+    def recalibrate(self) -> None:
+        """Forgets dispatch "auto"'s choices (this module's, and its plan's for this layer): the next
+        call of each token bucket times the paths again (after fine-tuning, or on new data)."""
+        self.paths.clear()
+        self.path_times.clear()
+        self.decision_key = next(_decision_keys)
 
     def reference(self, x: Tensor) -> Tensor:
         """The same function with PyTorch dense ops (the baseline)."""
@@ -157,6 +199,19 @@ class SparseGatedMLP(nn.Module):
         self.down_proj.weight.copy_(self.down_proj.weight.index_select(1, device_order))
         self.dense_neurons = n
         return n
+
+
+def _median_ms(fn, reps: int = 3) -> float:
+    fn()  # warm-up: kernels load, the plan's own per-bucket calibration runs
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return sorted(times)[len(times) // 2]
 
 
 def _activation_of(mlp: nn.Module) -> str | None:

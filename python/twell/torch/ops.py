@@ -230,6 +230,29 @@ sparse_gated_ffn.register_autograd(_backward, setup_context=_setup_context)
 sparse_ffn.register_autograd(_backward, setup_context=_setup_context)
 
 
+def forward_eager(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str, threshold: float,
+                  dispatch: str, decode_max_tokens: int, dense_neurons: int, max_tokens: int, decision_key: int) -> Tensor:
+    """The operators' CUDA implementation called directly, without the dispatcher: what
+    SparseGatedMLP runs for plain tensors in eager mode without autograd (the dispatch of a custom
+    op costs tens of microseconds of host time per call)."""
+    op = "sparse_gated_ffn" if w_up is not None else "sparse_ffn"
+    return _forward(op, x, w_gate, w_up, w_down, activation, threshold, dispatch, decode_max_tokens, dense_neurons,
+                    max_tokens, decision_key)
+
+
+def dense_forward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str = "relu",
+                  threshold: float = 0.0) -> Tensor:
+    """The FFN as a PyTorch user computes it: for a plain ReLU (threshold 0) exactly
+    F.linear(relu(F.linear(x, Wg)) * F.linear(x, Wu), Wd); else dense_reference (the same values:
+    relu(g) is active iff it is nonzero)."""
+    if activation == "relu" and threshold == 0.0:
+        h = F.relu(F.linear(x, w_gate))
+        if w_up is not None:
+            h = h * F.linear(x, w_up)
+        return F.linear(h, w_down)
+    return dense_reference(x, w_gate, w_up, w_down, activation, threshold)
+
+
 def dense_reference(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str = "relu",
                     threshold: float = 0.0) -> Tensor:
     """The same FFN with PyTorch dense ops (F.linear through cuBLAS), as a user of nn.Linear computes
