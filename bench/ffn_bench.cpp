@@ -87,7 +87,7 @@ bool gpu_or_skip(benchmark::State& state) {
 // The first time, it also counts the nonzeros that run made (each tile-row's header holds its true
 // count, overflowing or not).
 FfnPlan sized_plan(Problem& p, int64_t tokens, Stream stream, std::optional<ConsumerVariant> consumer = std::nullopt,
-                   std::optional<int> gate_cluster = std::nullopt) {
+                   std::optional<int> gate_cluster = std::nullopt, DenseKernels dense_kernels = DenseKernels::CuBlasLt) {
   PlanOptions twell_path;
   twell_path.dispatch = Dispatch::Sparse;
   FfnSpec spec = p.host.spec;
@@ -116,7 +116,7 @@ double useful_flops(int64_t tokens, double density) { return 2.0 * tokens * kDMo
 // the fastest. `gate_cluster`: FfnSpec::gate_cluster_m of the TwELL plan (unset: the generator's).
 void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflop, const char* counter,
                std::optional<ConsumerVariant> consumer = std::nullopt, bool gated = true, bool automatic = false,
-               std::optional<int> gate_cluster = std::nullopt) {
+               std::optional<int> gate_cluster = std::nullopt, DenseKernels dense_kernels = DenseKernels::CuBlasLt) {
   if (!gpu_or_skip(state)) return;
   Context& ctx = context();
   const int64_t tokens = state.range(0);
@@ -130,7 +130,7 @@ void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflo
     plan->run(stream.get(), p.tensors(), tokens);                      // calibrates this token bucket
     state.SetLabel("picked " + plan->last_path());
   }
-  if (!sparse) dense = std::make_unique<DenseFfn>(ctx, p.host.spec, tokens);
+  if (!sparse) dense = std::make_unique<DenseFfn>(ctx, p.host.spec, tokens, dense_kernels);
   auto call = [&] {
     if (sparse && gate_only) plan->run_gate(stream.get(), p.tensors(), tokens);
     else if (sparse) plan->run(stream.get(), p.tensors(), tokens);
@@ -146,10 +146,12 @@ void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflo
 }
 
 // sparse: the TwELL plan with the consumer `variant`; variant -1: the Dispatch::Auto plan (its choice of
-// row gather, token block or dense).
+// row gather, token block or dense). Dense: `variant` is the DenseKernels (dense_cublas: cublasGemmEx as
+// PyTorch's F.linear calls it, the baseline a PyTorch user compares with; bench/README.md v30).
 void BM_GatedFfn(benchmark::State& state, bool sparse, int variant) {
-  time_path(state, sparse, false, useful_flops(state.range(0), state.range(1) / 1000.0) / 1e12, "TFLOP/s(useful)",
-            variant < 0 ? std::nullopt : std::optional(static_cast<ConsumerVariant>(variant)), true, variant < 0);
+  const auto consumer = sparse && variant >= 0 ? std::optional(static_cast<ConsumerVariant>(variant)) : std::nullopt;
+  time_path(state, sparse, false, useful_flops(state.range(0), state.range(1) / 1000.0) / 1e12, "TFLOP/s(useful)", consumer,
+            true, sparse && variant < 0, std::nullopt, sparse ? DenseKernels::CuBlasLt : static_cast<DenseKernels>(variant));
 }
 
 // The dense path with twell's fused gated-up kernel (DenseKernels::FusedGatedUp: g, u and h = act(g) * u
@@ -582,7 +584,8 @@ void FfnArgs(benchmark::internal::Benchmark* b) {
 BENCHMARK_CAPTURE(BM_GatedFfn, twell_rows, true, 0)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, twell_block, true, 1)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, twell_auto, true, -1)->Apply(FfnArgs);
-BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false, 0)->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false, static_cast<int>(DenseKernels::CuBlasLt))->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublas, false, static_cast<int>(DenseKernels::CuBlas))->Apply(FfnArgs);
 BENCHMARK(BM_DenseFused)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_NonGatedFfn, twell, true)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_NonGatedFfn, dense_cublaslt, false)->Apply(FfnArgs);

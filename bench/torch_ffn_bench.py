@@ -6,6 +6,7 @@ Rows (CUDA events, median of --reps after warm-up, the variants interleaved roun
   torch gate GEMM / down GEMM   the single GEMMs (where the dense time goes)
   twell dense cublaslt twell::DenseFfn, DenseKernels::CuBlasLt (twellc's and ffn_bench's baseline)
   twell dense fused    twell::DenseFfn, DenseKernels::FusedGatedUp (the plan's dense path)
+  twell dense cublas   twell::DenseFfn, DenseKernels::CuBlas (cublasGemmEx as PyTorch: the C++ baseline)
   twell sparse / auto  the plan (Dispatch Sparse / Auto) through twell.torch.sparse_gated_ffn
 Weights are random with a gate threshold giving --density active neurons per token (uniform).
 
@@ -66,6 +67,7 @@ def main():
         spec = twell.FfnSpec(a.d_model, a.d_ff, threshold=thr)
         lt = ctx.dense(spec, m, "cublaslt")
         fused = ctx.dense(spec, m, "fused_gated_up")
+        blas = ctx.dense(spec, m, "cublas")
 
         def torch_dense():
             return F.linear(F.relu(F.linear(x, wg)) * F.linear(x, wu), wd)
@@ -85,6 +87,7 @@ def main():
             "torch down GEMM": lambda: F.linear(h, wd),
             "twell dense cublaslt": lambda: lt.run_struct(stream(), t, m),
             "twell dense fused": lambda: fused.run_struct(stream(), t, m),
+            "twell dense cublas": lambda: blas.run_struct(stream(), t, m),
             "twell sparse": lambda: tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, "sparse", max_tokens=m),
             "twell auto": lambda: tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, "auto", max_tokens=m),
         }
@@ -105,7 +108,7 @@ def main():
         for k, v in times.items():
             med = statistics.median(v)
             results.append({"tokens": m, "variant": k, "median_ms": med, "min_ms": min(v), "vs_torch_dense": base / med})
-        del lt, fused, x, y, h, ref
+        del lt, fused, blas, x, y, h, ref
         torch.cuda.empty_cache()
     print(f"\n{'tokens':>7} | {'variant':32} | {'median ms':>9} | {'min ms':>8} | torch dense / this")
     for r in results:

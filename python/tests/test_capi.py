@@ -98,3 +98,29 @@ def test_bad_target_and_missing_bundle():
         twell.Context(-1, target="hopper")
     with pytest.raises(twell.NotFoundError):
         twell.Context(-1).load_bundle("/nonexistent/bundle")
+
+
+def test_python_arguments_are_checked_before_ctypes():
+    ctx = twell.Context(-1)
+    with pytest.raises(ValueError, match="max_tokens: expected 1.."):
+        ctx.plan(twell.FfnSpec(512, 1408), 2 ** 64 + 64)
+    with pytest.raises(ValueError, match="max_tokens: expected an int"):
+        ctx.plan(twell.FfnSpec(512, 1408), "64")
+    with pytest.raises(ValueError, match="dense_neurons"):
+        twell.PlanOptions(dense_neurons=2 ** 64)
+    with pytest.raises(ValueError, match="d_model"):
+        twell.FfnSpec(2 ** 70, 1408)
+    with pytest.raises(ValueError, match="gated"):
+        twell.FfnSpec(512, 1408, gated="no")
+    with pytest.raises(ValueError, match="device"):
+        twell.Context(device="0")
+    with pytest.raises(ValueError, match="bundles"):
+        twell.Context(-1, bundles="/tmp/x")
+    for bad in ("sm_90aa", "sm_0", 90):
+        with pytest.raises(ValueError, match="target"):
+            twell.Context(-1, target=bad)
+    import pathlib
+    assert twell.Context(-1, cache_dir=pathlib.Path("/tmp/twell-test-cache")).target == "sm_90a"
+    with pytest.raises(ValueError, match="count"):
+        _capi.check(_capi.lib().twell_choose_dense_neurons(ctypes.byref(_capi.spec_struct(512, 1408)), 64, None, -5, 1,
+                                                           ctypes.byref(ctypes.c_int64())))

@@ -153,3 +153,54 @@ def test_tensor_parallel_shards_cover_d_ff():
         assert all(first % 8 == 0 for first, _ in parts)
     with pytest.raises(ValueError, match="rank"):
         shard_rows(512, 2, 2)
+
+
+def test_row_strides_expanded_and_size_one_dims():
+    from twell.torch.ops import _row_stride
+    base = torch.empty(8, 512, dtype=BF16, device="meta")
+    assert _row_stride("op", base[:, :256], 256) == 512
+    assert _row_stride("op", base[:, :256].unsqueeze(1), 256) == 512  # a size-1 dim between rows is free
+    assert _row_stride("op", base.as_strided((3, 1, 256), (1024, 1024, 1)), 256) == 1024
+    with pytest.raises(ValueError, match="row stride of 0"):
+        _row_stride("op", torch.empty(1, 256, dtype=BF16, device="meta").expand(4, 256), 256)
+    assert _row_stride("op", torch.empty(1, 1, 256, dtype=BF16, device="meta"), 256) == 256
+
+
+def test_operator_checks_what_the_kernels_would_refuse():
+    x = torch.empty(4, 256, dtype=BF16, device="meta")
+    w = torch.empty(512, 256, dtype=BF16, device="meta")
+    wd = torch.empty(256, 512, dtype=BF16, device="meta")
+    with pytest.raises(ValueError, match="w_up: expected a tensor, got NoneType"):
+        torch.ops.twell.sparse_gated_ffn(x, w, None, wd)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="threshold"):
+            torch.ops.twell.sparse_gated_ffn(x, w, w, wd, "relu", bad)
+    with pytest.raises(ValueError, match="threshold"):
+        torch.ops.twell.sparse_gated_ffn(x, w, w, wd, "silu", 0.0)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        torch.ops.twell.sparse_gated_ffn(x, w, w, wd, dense_neurons=63)
+
+
+def test_module_options_are_checked_at_construction():
+    mlp = ReluMLP()
+    for bad in (dict(dispatch="fast"), dict(dense_neurons=63), dict(decode_max_tokens=1000), dict(max_tokens=0),
+                dict(threshold=float("inf"))):
+        with pytest.raises(ValueError):
+            SparseGatedMLP.from_mlp(mlp, **bad) if "threshold" not in bad else SparseGatedMLP.from_mlp(mlp, threshold=bad["threshold"])
+    with pytest.raises(ValueError, match="dispatch"):
+        sparsify_(Model(), dispatch="fast")
+
+
+def test_sparsify_keeps_a_shared_mlp_shared():
+    shared = ReluMLP()
+    model = nn.Module()
+    model.a, model.b = shared, shared
+    sparsify_(model)
+    assert isinstance(model.a, SparseGatedMLP) and model.a is model.b
+
+
+def test_shard_rows_checks_its_arguments():
+    from twell.torch.parallel import shard_rows
+    for args in ((-8, 2, 0), (512, 0, 0), (512, 2, 0.5)):
+        with pytest.raises(ValueError):
+            shard_rows(*args)

@@ -12,10 +12,31 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
+import re
 from dataclasses import dataclass
 
 from . import _capi
 from ._capi import check, lib
+from ._errors import InvalidArgumentError
+
+
+_INT64 = (-(2 ** 63), 2 ** 63 - 1)
+
+
+def _int(where: str, name: str, value, lo: int, hi: int) -> int:
+    """value as a C integer in [lo, hi], or InvalidArgumentError naming it (ctypes would wrap silently)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgumentError(f"twell.{where}: {name}: expected an int, got {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidArgumentError(f"twell.{where}: {name}: expected {lo}..{hi}, got {value}")
+    return value
+
+
+def _number(where: str, name: str, value) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InvalidArgumentError(f"twell.{where}: {name}: expected a number, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -33,6 +54,15 @@ class FfnSpec:
     slots: int = 0
     consumer: str | None = None  # None, "row_gather" or "token_block"
 
+    def __post_init__(self):
+        for name in ("d_model", "d_ff"):
+            _int("FfnSpec", name, getattr(self, name), 1, _INT64[1])
+        for name in ("tile_n", "slots"):
+            _int("FfnSpec", name, getattr(self, name), 0, 2 ** 31 - 1)
+        if not isinstance(self.gated, bool):
+            raise InvalidArgumentError(f"twell.FfnSpec: gated: expected a bool, got {self.gated!r}")
+        _number("FfnSpec", "threshold", self.threshold)
+
     def _struct(self) -> _capi.FfnSpec:
         return _capi.spec_struct(self.d_model, self.d_ff, gated=self.gated, activation=self.activation,
                                  threshold=self.threshold, dtype=self.dtype, down_layout=self.down_layout,
@@ -48,6 +78,11 @@ class PlanOptions:
     dense_neurons: int = 0
     decode_max_tokens: int = 64
     backup_capacity: int = -1
+
+    def __post_init__(self):
+        _int("PlanOptions", "dense_neurons", self.dense_neurons, 0, _INT64[1])
+        _int("PlanOptions", "decode_max_tokens", self.decode_max_tokens, 0, _INT64[1])
+        _int("PlanOptions", "backup_capacity", self.backup_capacity, -1, 2 ** 32 - 1)
 
     def _struct(self) -> _capi.PlanOptions:
         o = _capi.PlanOptions()
@@ -68,15 +103,23 @@ class Context:
 
     def __init__(self, device: int = 0, *, cache_dir: str | None = None, disk_cache: bool = True,
                  target: str | None = None, bundles: tuple[str, ...] = (), jit: str = "if_linked"):
+        _int("Context", "device", device, -1, 2 ** 31 - 1)
+        if isinstance(bundles, (str, bytes, os.PathLike)):
+            raise InvalidArgumentError(f"twell.Context: bundles: expected a list of directories, got the single {bundles!r}")
+        for b in bundles:
+            if not isinstance(b, (str, os.PathLike)):
+                raise InvalidArgumentError(f"twell.Context: bundles: expected directory names, got {b!r}")
+        if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+            raise InvalidArgumentError(f"twell.Context: cache_dir: expected a directory name, got {cache_dir!r}")
         o = _capi.ContextOptions()
         l = lib()
         l.twell_context_options_init(ctypes.byref(o))
         o.device = device
-        o.cache_dir = cache_dir.encode() if cache_dir else None
+        o.cache_dir = os.fsencode(cache_dir) if cache_dir else None
         o.disk_cache = int(bool(disk_cache))
         if target is not None:
             o.target_sm, o.target_arch_specific = _parse_target(target)
-        names = (ctypes.c_char_p * max(1, len(bundles)))(*[str(b).encode() for b in bundles])
+        names = (ctypes.c_char_p * max(1, len(bundles)))(*[os.fsencode(b) for b in bundles])
         o.bundles, o.num_bundles = ctypes.cast(names, ctypes.POINTER(ctypes.c_char_p)), len(bundles)
         o.jit = _capi.choice(_capi.JIT_POLICIES, jit, "jit")
         handle = ctypes.c_void_p()
@@ -100,14 +143,17 @@ class Context:
             self._handle = None
 
     def load_bundle(self, directory: str) -> None:
-        check(lib().twell_context_load_bundle(self._handle, str(directory).encode()))
+        if not isinstance(directory, (str, os.PathLike)):
+            raise InvalidArgumentError(f"twell.Context.load_bundle: directory: expected a directory name, got {directory!r}")
+        check(lib().twell_context_load_bundle(self._handle, os.fsencode(directory)))
 
     def plan(self, spec: FfnSpec, max_tokens: int, options: PlanOptions = PlanOptions()) -> "Plan":
         """Generates (or loads) the kernels of `spec` and allocates the workspace for max_tokens rows."""
         return Plan(self, spec, max_tokens, options)
 
     def dense(self, spec: FfnSpec, max_tokens: int, kernels: str = "cublaslt") -> "DenseFfn":
-        """The dense path (twell/dense.h): "cublaslt" GEMMs, or "fused_gated_up"."""
+        """The dense path (twell/dense.h): "cublaslt" GEMMs, "fused_gated_up", or "cublas" (cublasGemmEx
+        as PyTorch's F.linear calls it: the baseline)."""
         return DenseFfn(self, spec, max_tokens, kernels)
 
 
@@ -115,6 +161,10 @@ class Plan:
     """twell::FfnPlan. One plan's calls must be ordered (one stream, or synchronized)."""
 
     def __init__(self, context: Context, spec: FfnSpec, max_tokens: int, options: PlanOptions):
+        _int("Context.plan", "max_tokens", max_tokens, 1, _INT64[1])
+        if not isinstance(spec, FfnSpec) or not isinstance(options, PlanOptions):
+            raise InvalidArgumentError(f"twell.Context.plan: expected a twell.FfnSpec and twell.PlanOptions, got "
+                                       f"{type(spec).__name__} and {type(options).__name__}")
         handle = ctypes.c_void_p()
         check(lib().twell_plan_create(context._handle, ctypes.byref(spec._struct()), max_tokens,
                                       ctypes.byref(options._struct()), ctypes.byref(handle)))
@@ -129,7 +179,8 @@ class Plan:
             self._handle = None
 
     def run_struct(self, stream: int, tensors: _capi.FfnTensors, tokens: int, decision_key: int = 0) -> None:
-        """run() with a prepared twell_ffn_tensors (the fast path of twell.torch)."""
+        """run() with a prepared twell_ffn_tensors (the fast path of twell.torch: its arguments are
+        checked there)."""
         status = self._run(self._handle, stream, ctypes.byref(tensors), tokens, decision_key)
         if status:
             check(status)
@@ -138,6 +189,13 @@ class Plan:
             ld_x: int = 0, ld_gate: int = 0, ld_up: int = 0, ld_down: int = 0, ld_y: int = 0,
             decision_key: int = 0) -> None:
         """y = FFN(x) for `tokens` rows, stream-ordered (stream: a cudaStream_t as int, 0 = default)."""
+        _int("Plan.run", "stream", stream, 0, 2 ** 64 - 1)
+        _int("Plan.run", "tokens", tokens, 0, _INT64[1])
+        _int("Plan.run", "decision_key", decision_key, 0, 2 ** 64 - 1)
+        for name, value in (("x", x), ("w_gate", w_gate), ("w_down", w_down), ("y", y)) + ((("w_up", w_up),) if w_up is not None else ()):
+            _int("Plan.run", name, value, 0, 2 ** 64 - 1)
+        for name, value in (("ld_x", ld_x), ("ld_gate", ld_gate), ("ld_up", ld_up), ("ld_down", ld_down), ("ld_y", ld_y)):
+            _int("Plan.run", name, value, 0, _INT64[1])
         self.run_struct(stream, tensors_struct(x, w_gate, w_up, w_down, y, ld_x, ld_gate, ld_up, ld_down, ld_y),
                         tokens, decision_key)
 
@@ -192,7 +250,9 @@ class DenseFfn:
 def choose_dense_neurons(spec: FfnSpec, tokens: int, sorted_activity, rows: int) -> int:
     """The hot/cold split with the least predicted time (twell/neuron_order.h): sorted_activity holds
     d_ff activity counts over `rows` calibration rows, sorted descending."""
-    counts = list(sorted_activity)
+    _int("choose_dense_neurons", "tokens", tokens, 1, _INT64[1])
+    _int("choose_dense_neurons", "rows", rows, 1, _INT64[1])
+    counts = [_int("choose_dense_neurons", "sorted_activity[i]", int(c), 0, 2 ** 64 - 1) for c in sorted_activity]
     buf = (ctypes.c_uint64 * max(1, len(counts)))(*counts)
     out = ctypes.c_int64()
     check(lib().twell_choose_dense_neurons(ctypes.byref(spec._struct()), tokens, buf, len(counts), rows, ctypes.byref(out)))
@@ -208,8 +268,8 @@ def jit_available() -> bool:
 
 
 def _parse_target(target: str) -> tuple[int, int]:
-    t = target.strip()
-    digits = t[3:].rstrip("a") if t.startswith("sm_") else ""
-    if not digits.isdigit():
-        raise ValueError(f"twell: target: expected 'sm_<digits>' or 'sm_<digits>a' (e.g. sm_90a, sm_80), got {target!r}")
-    return int(digits), int(t.endswith("a"))
+    m = re.fullmatch(r"sm_([1-9][0-9]*)(a?)", target) if isinstance(target, str) else None
+    if m is None:
+        raise InvalidArgumentError(f"twell.Context: target: expected 'sm_<digits>' or 'sm_<digits>a' (e.g. sm_90a, sm_80), "
+                                   f"got {target!r}")
+    return int(m.group(1)), int(bool(m.group(2)))

@@ -14,6 +14,7 @@
 #include "twell/dense.h"
 #include "twell/error.h"
 #include "twell/jit_registry.h"
+#include "twell/kernels/validate.h"
 #include "twell/neuron_order.h"
 #include "twell/plan.h"
 
@@ -364,9 +365,11 @@ twell_status_t twell_choose_dense_neurons(const twell_ffn_spec* spec, int64_t to
   return guarded([&] {
     constexpr const char* fn = "twell_choose_dense_neurons";
     const twell::FfnSpec s = to_spec(spec, fn);
+    if (const std::string why = twell::kernels::validate_spec(s, "spec->"); !why.empty())
+      throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", fn, why));
     require_out(dense_neurons, fn, "dense_neurons");
-    if (count < 0 || (count > 0 && sorted_activity == nullptr))
-      invalid(fn, "sorted_activity", fmt::format("{} counts", count), "NULL");
+    if (count < 0) invalid(fn, "count", "a non-negative number of counts", std::to_string(count));
+    if (count > 0 && sorted_activity == nullptr) invalid(fn, "sorted_activity", fmt::format("{} counts", count), "NULL");
     *dense_neurons = twell::choose_dense_neurons(s, tokens, {sorted_activity, static_cast<size_t>(count)}, rows);
   });
 }
@@ -378,7 +381,7 @@ twell_status_t twell_dense_create(twell_context_t context, const twell_ffn_spec*
     twell_context& c = require(context, fn, "context");
     require_out(dense, fn, "dense");
     const twell::FfnSpec s = to_spec(spec, fn);
-    const auto k = enum_value<twell::DenseKernels>(kernels, 0, 1, fn, "kernels");
+    const auto k = enum_value<twell::DenseKernels>(kernels, 0, 2, fn, "kernels");
     *dense = new twell_dense{twell::DenseFfn(c.context, s, max_tokens, k)};
   });
 }

@@ -1,9 +1,12 @@
 // The dense path (twell/dense.h): g = x Wg^T, u = x Wu^T, h = act(g) * u, y = h Wd^T. The GEMMs through
 // cuBLASLt (bf16/fp16 operands, fp32 compute) and the elementwise step through a twell kernel
 // (DenseGatedMul), or (FusedGatedUp) the first three in one twell wgmma kernel (DenseGatedUp, from
-// gate_twell_wgmma.cuh), then cuBLASLt's down GEMM. Both kernels come from the context (bundle or JIT).
+// gate_twell_wgmma.cuh), then cuBLASLt's down GEMM, or (CuBlas) every GEMM through cublasGemmEx as
+// PyTorch calls it. Both twell kernels come from the context (bundle or JIT).
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -28,6 +31,11 @@ namespace {
 void check_lt(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS)
     throw Error(ErrorCode::Cuda, fmt::format("DenseFfn: {}: cuBLASLt status {} ({})", what, static_cast<int>(s), cublasLtGetStatusString(s)));
+}
+
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(ErrorCode::Cuda, fmt::format("DenseFfn: {}: cuBLAS status {} ({})", what, static_cast<int>(s), cublasGetStatusString(s)));
 }
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
@@ -78,6 +86,7 @@ struct DenseFfn::Impl {
   std::shared_ptr<LoadedKernel> gated_mul;
   std::shared_ptr<LoadedKernel> fused;  // DenseKernels::FusedGatedUp, where it applies
   cublasLtHandle_t handle = nullptr;
+  cublasHandle_t blas = nullptr;  // DenseKernels::CuBlas: every GEMM through cublasGemmEx
   std::unique_ptr<detail::DeviceBuffer> workspace, g, u;
   // Keyed by (m, n, k, lda, ldb, ldc, b_is_n_by_k, alignments of A, B, C).
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t>, std::unique_ptr<GemmPlan>>
@@ -86,6 +95,7 @@ struct DenseFfn::Impl {
   ~Impl() {
     gemm_plans.clear();  // descriptors before the handle
     if (handle != nullptr) cublasLtDestroy(handle);
+    if (blas != nullptr) cublasDestroy(blas);
   }
 
   // Row-major C[m, n] = A[m, k] * op(B) where B is stored row-major as [n, k] (transposed = true,
@@ -136,8 +146,24 @@ struct DenseFfn::Impl {
   }
 
   void gemm(CUstream stream, const Gemm& g, float beta = 0.0f) {
-    const GemmPlan& plan = gemm_plan(g);
     const float alpha = 1.0f;
+    if (blas != nullptr) {
+      // The column-major product C^T [n, m] = op(B) A^T, as for cuBLASLt below; PyTorch's F.linear
+      // makes the same call (transa T on the [n, k] weight, transb N).
+      const cudaDataType_t type = spec.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+      for (const int64_t v : {g.m, g.n, g.k, g.lda, g.ldb, g.ldc})
+        if (v > INT32_MAX)
+          throw Error(ErrorCode::Unsupported, fmt::format("DenseFfn (cuBLAS): a GEMM size or stride of {} exceeds cublasGemmEx's "
+                                                          "int range (use DenseKernels::CuBlasLt)", v));
+      check_blas(cublasSetStream(blas, reinterpret_cast<cudaStream_t>(stream)), "cublasSetStream");
+      check_blas(cublasGemmEx(blas, g.b_is_n_by_k ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(g.n),
+                              static_cast<int>(g.m), static_cast<int>(g.k), &alpha, g.b, type, static_cast<int>(g.ldb), g.a, type,
+                              static_cast<int>(g.lda), &beta, g.c, type, static_cast<int>(g.ldc), CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT_TENSOR_OP),
+                 "cublasGemmEx");
+      return;
+    }
+    const GemmPlan& plan = gemm_plan(g);
     check_lt(cublasLtMatmul(handle, plan.desc, &alpha, g.b, plan.layout_b, g.a, plan.layout_a, &beta, g.c, plan.layout_c, g.c,
                             plan.layout_c, &plan.algo, reinterpret_cast<void*>(workspace->get()), kWorkspaceBytes,
                             reinterpret_cast<cudaStream_t>(stream)),
@@ -179,6 +205,10 @@ DenseFfn::DenseFfn(Context& context, const FfnSpec& spec, int64_t max_tokens, De
   p.context->make_current();
   check_lt(cublasLtCreate(&p.handle), "cublasLtCreate");
   p.workspace = std::make_unique<detail::DeviceBuffer>(kWorkspaceBytes);
+  if (kernels == DenseKernels::CuBlas) {
+    check_blas(cublasCreate(&p.blas), "cublasCreate");
+    check_blas(cublasSetWorkspace(p.blas, reinterpret_cast<void*>(p.workspace->get()), kWorkspaceBytes), "cublasSetWorkspace");
+  }
   p.g = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * spec.d_ff * 2);
   if (spec.gated) p.u = std::make_unique<detail::DeviceBuffer>(size_t(max_tokens) * spec.d_ff * 2);
 }
@@ -227,6 +257,7 @@ void DenseFfn::prepare(const FfnTensors& t, int64_t tokens) {
   if (tokens == 0) return;
   const std::vector<Gemm> gemms = ffn_gemms(p, t, tokens);
   // The fused kernel replaces the gate and up GEMMs: then only the down GEMM's algorithm is needed.
+  if (p.blas != nullptr) return;  // cublasGemmEx chooses per call
   for (size_t i = takes_fused(p, gemms) ? gemms.size() - 1 : 0; i < gemms.size(); ++i) p.gemm_plan(gemms[i]);
 }
 

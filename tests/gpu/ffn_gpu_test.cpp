@@ -681,6 +681,14 @@ TEST(GpuFfn, DenseFusedGatedUp) {
     EXPECT_LT(relative_error(y_plain, ref), 1e-2) << what;
     // The two paths agree about as closely as each agrees with the reference.
     EXPECT_LT(relative_error(y_fused, y_plain), 2e-2) << what;
+    // The baseline's cuBLAS GEMMs (DenseKernels::CuBlas, as PyTorch calls them): the same function.
+    DenseFfn blas(ctx, s, c.m, DenseKernels::CuBlas);
+    dev.y.fill(0xFF);
+    blas.run(stream.get(), dev.tensors(), c.m);
+    stream.synchronize();
+    const auto blas_bits = dev.y.download_vector<uint16_t>(count);
+    EXPECT_EQ(std::count(blas_bits.begin(), blas_bits.end(), uint16_t{0xFFFF}), 0) << what << " (cuBLAS)";
+    EXPECT_LT(relative_error(to_float(c.dtype, blas_bits), ref), 1e-2) << what << " (cuBLAS)";
     // accumulate: y += FFN(x) on top of the y just written (2 FFN(x) up to the rounding).
     fused.run(stream.get(), dev.tensors(), c.m, /*accumulate=*/true);
     stream.synchronize();

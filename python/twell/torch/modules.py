@@ -8,6 +8,7 @@ Qwen-style model in place.
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 from torch import Tensor, nn
@@ -64,6 +65,16 @@ class SparseGatedMLP(nn.Module):
                                        f"activations are never exactly zero), got {threshold}")
         if activation == "relu" and not threshold >= 0:
             raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: threshold: expected >= 0 for ReLU, got {threshold}")
+        if not math.isfinite(threshold):
+            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: threshold: expected a finite number, got {threshold}")
+        if dispatch not in ops.DISPATCHES:
+            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: dispatch: expected 'auto', 'sparse' or 'dense', got {dispatch!r}")
+        for name, value, ok, expected in (
+                ("decode_max_tokens", decode_max_tokens, lambda v: 0 <= v <= 64, "0..64"),
+                ("dense_neurons", dense_neurons, lambda v: 0 <= v < d_ff and v % 64 == 0, f"a multiple of 64 below d_ff = {d_ff}"),
+                ("max_tokens", max_tokens, lambda v: v >= 1, "a positive row count")):
+            if not isinstance(value, int) or isinstance(value, bool) or not ok(value):
+                raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: {name}: expected {expected}, got {value!r}")
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
         self.d_model, self.d_ff = d_model, d_ff
         self.activation, self.threshold = activation, float(threshold)
@@ -78,6 +89,12 @@ class SparseGatedMLP(nn.Module):
     def from_mlp(cls, mlp: nn.Module, *, threshold: float | None = None, **options) -> "SparseGatedMLP":
         """From a module with gate_proj, up_proj, down_proj (nn.Linear) and act_fn (a Llama/Qwen MLP).
         Its activation must be ReLU; a SiLU one (or a ReLU with a cut-off) needs `threshold`."""
+        for name in ("gate_proj", "down_proj"):
+            if not isinstance(getattr(mlp, name, None), nn.Linear):
+                raise InvalidArgumentError(f"twell.torch: {type(mlp).__name__}.{name}: expected an nn.Linear, got "
+                                           f"{type(getattr(mlp, name, None)).__name__}")
+        if threshold is not None and (not isinstance(threshold, (int, float)) or isinstance(threshold, bool)):
+            raise InvalidArgumentError(f"twell.torch: threshold: expected a number, got {threshold!r}")
         activation = _activation_of(mlp)
         if activation is None:
             raise InvalidArgumentError(
@@ -89,7 +106,7 @@ class SparseGatedMLP(nn.Module):
                 f"twell.torch: {type(mlp).__name__}.act_fn: the MLP's activation is SiLU, which is never exactly zero; "
                 "twell computes it only with a magnitude threshold (threshold=..., CATS/TEAL-style pruning, which "
                 "changes the model's function): pass threshold > 0, or use a ReLU-trained model")
-        return cls(mlp.gate_proj, mlp.up_proj, mlp.down_proj, activation=activation,
+        return cls(mlp.gate_proj, getattr(mlp, "up_proj", None), mlp.down_proj, activation=activation,
                    threshold=0.0 if threshold is None else threshold, **options)
 
     def extra_repr(self) -> str:
@@ -162,6 +179,10 @@ class SparseGatedMLP(nn.Module):
         """(per neuron of d_ff, the number of rows of x in which it is active; the row count), from
         twell's TwELL matrix of x (at most max_tokens rows are used)."""
         x, (w_gate, w_up, w_down) = self._operands(x)
+        op = "sparse_gated_ffn" if w_up is not None else "sparse_ffn"
+        ops.check_args(op, x, w_gate, w_up, w_down, self.activation, self.threshold, "sparse", 0, 0, self.max_tokens)
+        if x.device.type != "cuda":
+            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP.neuron_activity: x: expected a CUDA tensor, got one on {x.device}")
         x2 = x.reshape(-1, self.d_model)[: self.max_tokens].contiguous()
         spec = runtime.FfnSpec(self.d_model, self.d_ff, gated=w_up is not None, activation=self.activation,
                                threshold=self.threshold, dtype=ops.DTYPES[x.dtype])
@@ -234,14 +255,24 @@ def sparsify_(model: nn.Module, *, threshold: float | None = None, **options) ->
     Refuses (InvalidArgumentError, nothing replaced) a model without such MLPs, or whose MLP
     activation is not ReLU unless `threshold` is given (SiLU: threshold > 0, which changes the
     function: CATS/TEAL-style pruning)."""
-    found = [(name, m) for name, m in model.named_modules() if _is_mlp(m) and not isinstance(m, SparseGatedMLP)]
+    found, outer = [], []
+    for name, m in model.named_modules(remove_duplicate=False):
+        if not _is_mlp(m) or isinstance(m, SparseGatedMLP) or any(name.startswith(o + ".") for o in outer if o):
+            continue
+        found.append((name, m))
+        outer.append(name)
     if not found:
         raise InvalidArgumentError(f"twell.torch.sparsify_: model: expected MLP modules with gate_proj, up_proj and "
                                    f"down_proj (nn.Linear), found none in {type(model).__name__}")
     if found[0][0] == "":
         raise InvalidArgumentError("twell.torch.sparsify_: model: the model is itself an MLP and cannot be replaced in "
                                    "place; use twell.torch.SparseGatedMLP.from_mlp(model)")
-    replacements = [(name, SparseGatedMLP.from_mlp(m, threshold=threshold, **options)) for name, m in found]
+    # One replacement per module object: an MLP registered under two names stays one (tied) module.
+    made: dict[int, SparseGatedMLP] = {}
+    for _, m in found:
+        if id(m) not in made:
+            made[id(m)] = SparseGatedMLP.from_mlp(m, threshold=threshold, **options)
+    replacements = [(name, made[id(m)]) for name, m in found]
     for name, new in replacements:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

@@ -21,6 +21,8 @@ dense ops from the saved inputs and applies the exact gradients of the threshold
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -33,6 +35,7 @@ DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 ACTIVATIONS = ("relu", "silu")
 DISPATCHES = ("auto", "sparse", "dense")
 DEFAULT_MAX_TOKENS = 16384
+_specs: dict[tuple, tuple] = {}
 
 
 def _fail(op: str, argument: str, expected: str, got) -> None:
@@ -40,18 +43,24 @@ def _fail(op: str, argument: str, expected: str, got) -> None:
 
 
 def _row_stride(op: str, x: Tensor, d_model: int) -> int:
-    """The row stride (elements) of x viewed as [rows, d_model]."""
+    """The row stride (elements) of x viewed as [rows, d_model]: the leading dims must collapse into
+    rows one stride apart (size-1 dims are free); expanded rows (stride 0) are refused."""
     if x.dim() == 0 or x.shape[-1] != d_model:
         _fail(op, "x", f"a tensor [..., {d_model}] (d_model = w_gate.shape[1])", f"shape {tuple(x.shape)}")
     if x.stride(-1) != 1 and x.shape[-1] > 1:
         _fail(op, "x", "a contiguous last dimension (stride 1)", f"strides {x.stride()}; call .contiguous()")
-    if x.dim() == 1:
-        return d_model
-    for i in range(x.dim() - 2):
-        if x.shape[i] > 1 and x.stride(i) != x.stride(i + 1) * x.shape[i + 1]:
+    lead = [(size, stride) for size, stride in zip(x.shape[:-1], x.stride()[:-1]) if size > 1]
+    if not lead:
+        return d_model  # at most one row
+    for (size, stride), (next_size, next_stride) in zip(lead, lead[1:]):
+        if stride != next_stride * next_size:
             _fail(op, "x", "leading dimensions that collapse into rows with one stride",
                   f"shape {tuple(x.shape)} with strides {x.stride()}; call .contiguous()")
-    return x.stride(-2) if x.shape[-2] > 1 else d_model
+    ld = lead[-1][1]
+    if ld < d_model:
+        _fail(op, "x", f"rows at least d_model = {d_model} elements apart (not expanded or overlapping)",
+              f"a row stride of {ld} (shape {tuple(x.shape)}, strides {x.stride()}); call .contiguous()")
+    return ld
 
 
 def _check_weight(op: str, name: str, w: Tensor, shape: tuple, x: Tensor) -> None:
@@ -73,6 +82,9 @@ def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
     # "meta": shape-only tensors (tracing without a GPU) reach the fake implementation only.
     if x.device.type not in ("cuda", "meta"):
         _fail(op, "x", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {x.device}")
+    for name, w in (("w_gate", w_gate), ("w_down", w_down)) + ((("w_up", w_up),) if op == "sparse_gated_ffn" else ()):
+        if not isinstance(w, torch.Tensor):
+            _fail(op, name, "a tensor", type(w).__name__)
     if w_gate.dim() != 2:
         _fail(op, "w_gate", "a 2-D weight [d_ff, d_model]", f"shape {tuple(w_gate.shape)}")
     d_ff, d_model = w_gate.shape
@@ -87,8 +99,10 @@ def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
         _fail(op, "dispatch", "'auto', 'sparse' or 'dense'", repr(dispatch))
     if max_tokens < 1:
         _fail(op, "max_tokens", "a positive row count", max_tokens)
-    if dense_neurons < 0 or dense_neurons >= d_ff:
-        _fail(op, "dense_neurons", f"0..{d_ff - 1} (below d_ff)", dense_neurons)
+    if not (0 <= dense_neurons < d_ff and dense_neurons % 64 == 0):
+        _fail(op, "dense_neurons", f"a multiple of 64 in 0..{d_ff - 1} (below d_ff = w_gate.shape[0])", dense_neurons)
+    if not math.isfinite(threshold) or (activation == "relu" and threshold < 0) or (activation == "silu" and threshold <= 0):
+        _fail(op, "threshold", ">= 0 for relu, > 0 for silu (whose activations are never exactly zero), finite", threshold)
     if not 0 <= decode_max_tokens <= 64:
         _fail(op, "decode_max_tokens", "0..64", decode_max_tokens)
     return ld_x
@@ -105,9 +119,14 @@ def _forward(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Te
     tokens = x.numel() // d_model if d_model else 0
     if tokens == 0:
         return y
-    spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
-                           dtype=DTYPES[x.dtype])
-    options = runtime.PlanOptions(dispatch=dispatch, dense_neurons=dense_neurons, decode_max_tokens=decode_max_tokens)
+    key = (d_model, d_ff, w_up is not None, activation, float(threshold), x.dtype, dispatch, dense_neurons, decode_max_tokens)
+    made = _specs.get(key)
+    if made is None:  # built (and validated) once per distinct call signature: per-call host time matters
+        made = _specs[key] = (
+            runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
+                            dtype=DTYPES[x.dtype]),
+            runtime.PlanOptions(dispatch=dispatch, dense_neurons=dense_neurons, decode_max_tokens=decode_max_tokens))
+    spec, options = made
     capturing = torch.cuda.is_current_stream_capturing()
     entry = _plans.plan_for(x.device, spec, options, max_tokens, tokens, capturing)
     stream = torch.cuda.current_stream(x.device).cuda_stream

@@ -17,7 +17,12 @@ from .modules import SparseGatedMLP, _activation_of
 def shard_rows(d_ff: int, world: int, rank: int) -> tuple[int, int]:
     """The neurons [first, last) of `rank`: d_ff split into `world` near-equal slices, each a multiple
     of 8 neurons (twell's 16-byte weight-row alignment) except possibly the last."""
-    if world < 1 or not 0 <= rank < world:
+    for name, value in (("d_ff", d_ff), ("world", world), ("rank", rank)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidArgumentError(f"twell.torch.parallel: {name}: expected an int, got {value!r}")
+    if d_ff < 1 or world < 1:
+        raise InvalidArgumentError(f"twell.torch.parallel: d_ff and world: expected >= 1, got {d_ff} and {world}")
+    if not 0 <= rank < world:
         raise InvalidArgumentError(f"twell.torch.parallel: rank: expected 0..{world - 1}, got {rank}")
     per = -(-d_ff // world)
     per = -(-per // 8) * 8

@@ -54,7 +54,7 @@ typedef enum twell_activation { TWELL_RELU = 0, TWELL_SILU = 1 } twell_activatio
 typedef enum twell_weight_layout { TWELL_OUT_IN = 0, TWELL_IN_OUT = 1 } twell_weight_layout_t;
 typedef enum twell_consumer { TWELL_CONSUMER_DEFAULT = -1, TWELL_ROW_GATHER = 0, TWELL_TOKEN_BLOCK = 1 } twell_consumer_t;
 typedef enum twell_dispatch { TWELL_DISPATCH_AUTO = 0, TWELL_DISPATCH_SPARSE = 1, TWELL_DISPATCH_DENSE = 2 } twell_dispatch_t;
-typedef enum twell_dense_kernels { TWELL_DENSE_CUBLASLT = 0, TWELL_DENSE_FUSED_GATED_UP = 1 } twell_dense_kernels_t;
+typedef enum twell_dense_kernels { TWELL_DENSE_CUBLASLT = 0, TWELL_DENSE_FUSED_GATED_UP = 1, TWELL_DENSE_CUBLAS = 2 } twell_dense_kernels_t;
 typedef enum twell_jit_policy { TWELL_JIT_IF_LINKED = 0, TWELL_JIT_NEVER = 1 } twell_jit_policy_t;
 
 typedef struct twell_context* twell_context_t;
@@ -165,7 +165,8 @@ twell_status_t twell_plan_neuron_activity(twell_plan_t plan, void* stream, uint6
 twell_status_t twell_choose_dense_neurons(const twell_ffn_spec* spec, int64_t tokens, const uint64_t* sorted_activity,
                                           int64_t count, int64_t rows, int64_t* dense_neurons);
 
-/* The dense path (twell::DenseFfn, twell/dense.h): cuBLASLt GEMMs, or the fused gate + up kernel. */
+/* The dense path (twell::DenseFfn, twell/dense.h): cuBLASLt GEMMs, the fused gate + up kernel, or cuBLAS's
+ * cublasGemmEx as PyTorch calls it (the baseline). */
 twell_status_t twell_dense_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
                                   twell_dense_kernels_t kernels, twell_dense_t* dense);
 twell_status_t twell_dense_destroy(twell_dense_t dense); /* NULL is a no-op */

@@ -16,8 +16,8 @@ class Context;
 
 // Which kernels compute g = x Wg^T, u = x Wu^T and h = act(g) * u (the down GEMM is cuBLASLt's).
 enum class DenseKernels {
-  // Two cuBLASLt GEMMs and an elementwise kernel, as a dense framework runs the layer: the baseline
-  // of the benchmarks and tests.
+  // Two cuBLASLt GEMMs and an elementwise kernel (cuBLASLt's first heuristic algorithm, 32 MiB
+  // workspace): the reference of the GPU tests.
   CuBlasLt,
   // One twell kernel (gate_twell_wgmma.cuh with GatedUp: persistent, TMA + wgmma, clusters of 2, both
   // weight tiles in each ring stage, h = act(g) * u in the epilogue with the same roundings), so x is
@@ -27,6 +27,12 @@ enum class DenseKernels {
   // or hold the fused kernel: fused() is then false). What FfnPlan's dense path and its dense neurons
   // (PlanOptions::dense_neurons) use.
   FusedGatedUp,
+  // The GEMMs as PyTorch's F.linear runs them (at::cuda::blas::gemm: cublasGemmEx, fp32 compute,
+  // CUBLAS_GEMM_DEFAULT_TENSOR_OP, a 32 MiB workspace) and the elementwise kernel: the baseline that
+  // twellc run and ffn_bench report against, the dense computation a PyTorch user gets. On the H200
+  // PyTorch's cuBLAS path took 14.1 ms for the paper's FFN at M = 131072 where CuBlasLt took 15.0
+  // (bench/README.md v30: cuBLAS and cuBLASLt pick different algorithms for these shapes).
+  CuBlas,
 };
 
 class DenseFfn {
