@@ -25,18 +25,7 @@ import torch.nn.functional as F
 import twell
 import twell.torch as tt
 from twell.runtime import tensors_struct
-
-
-def timed(fn, reps):
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return times
+from twell.torch.timing import cuda_event_times as timed
 
 
 def main():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 
 import torch
 from torch import Tensor, nn
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 from .. import runtime
 from .._errors import InvalidArgumentError
 from . import _plans, ops
+from .timing import cuda_event_times
 
 _decision_keys = itertools.count(1)
 
@@ -224,15 +226,7 @@ class SparseGatedMLP(nn.Module):
 
 def _median_ms(fn, reps: int = 3) -> float:
     fn()  # warm-up: kernels load, the plan's own per-bucket calibration runs
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return sorted(times)[len(times) // 2]
+    return statistics.median(cuda_event_times(fn, reps))
 
 
 def _activation_of(mlp: nn.Module) -> str | None:
