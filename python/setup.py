@@ -5,6 +5,7 @@ looks for them at import time (twell._capi.library_path)."""
 import os
 import pathlib
 import shutil
+import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -19,9 +20,12 @@ class BuildPyWithLibraries(build_py):
         source = pathlib.Path(os.environ.get("TWELL_LIB_DIR", HERE.parent / "build" / "lib"))
         found = [source / name for name in LIBRARIES if (source / name).is_file()]
         if not found:
-            print(f"twell: no libraries in {source}: the package will look for them at import time")
+            shutil.rmtree(pathlib.Path(self.build_lib) / "twell" / "_lib", ignore_errors=True)
+            print(f"twell: WARNING: no libraries in {source}: the package will look for them at import time "
+                  "($TWELL_LIB_DIR)", file=sys.stderr)
             return
         target = pathlib.Path(self.build_lib) / "twell" / "_lib"
+        shutil.rmtree(target, ignore_errors=True)  # never package a previous build's libraries
         target.mkdir(parents=True, exist_ok=True)
         for path in found:
             shutil.copy2(path, target / path.name)

@@ -72,8 +72,13 @@ def test_cpu_tensors_get_a_clear_error():
     w = torch.randn(128, 64, dtype=BF16)
     with pytest.raises(ValueError, match="x: expected a CUDA tensor .* got a tensor on cpu"):
         torch.ops.twell.sparse_gated_ffn(x, w, w, w.t().contiguous())
+    m = lambda t: t.to("meta")
     with pytest.raises(ValueError, match="dtype torch.bfloat16 or torch.float16"):
-        torch.ops.twell.sparse_gated_ffn(x.float(), w, w, w.t().contiguous())
+        torch.ops.twell.sparse_gated_ffn(m(x.float()), m(w), m(w), m(w.t().contiguous()))
+    with pytest.raises(ValueError, match="jit"):
+        tt.set_context_options(jit="nevr")
+    with pytest.raises(ValueError, match="device comes from the tensors"):
+        tt.set_context_options(device=1)
 
 
 class ReluMLP(nn.Module):
@@ -101,7 +106,7 @@ def test_sparsify_replaces_mlps_in_place_sharing_parameters():
     assert list(model.state_dict()) == list(before)
     assert mlps[0].decision_key != mlps[1].decision_key
     assert mlps[0].dispatch == "sparse"
-    with pytest.raises(ValueError, match="found none"):
+    with pytest.raises(ValueError, match="already sparsified"):
         sparsify_(model)  # nothing left to replace
 
 

@@ -206,7 +206,8 @@ def spec_struct(d_model: int, d_ff: int, *, gated: bool = True, activation: str 
 
 def _choice(table: dict, value, name: str) -> int:
     if value not in table:
-        raise ValueError(f"twell: {name}: expected one of {', '.join(repr(k) for k in table)}, got {value!r}")
+        from ._errors import InvalidArgumentError
+        raise InvalidArgumentError(f"twell: {name}: expected one of {', '.join(repr(k) for k in table)}, got {value!r}")
     return table[value]
 
 

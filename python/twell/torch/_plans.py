@@ -26,8 +26,12 @@ MIN_CAPACITY = 64
 def set_context_options(**options) -> None:
     """Options of the contexts twell.torch makes (twell.Context's keywords except device: cache_dir,
     disk_cache, target, bundles, jit). Applies to devices not used yet; call before the first op."""
-    if "device" in options:
-        raise InvalidArgumentError("twell.torch.set_context_options: device: the device comes from the tensors")
+    allowed = ("cache_dir", "disk_cache", "target", "bundles", "jit")
+    for name in options:
+        if name not in allowed:
+            raise InvalidArgumentError(f"twell.torch.set_context_options: {name}: expected one of {', '.join(allowed)} "
+                                       "(the device comes from the tensors)")
+    runtime.Context(-1, **options)  # checks every value now, not at the first call on a GPU
     with _lock:
         _context_options.clear()
         _context_options.update(options)

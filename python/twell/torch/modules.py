@@ -28,7 +28,10 @@ class SparseGatedMLP(nn.Module):
     copied: the state_dict keys and .to() stay those of the MLP it replaces).
 
     x [..., d_model], bf16 or fp16 like the weights, on a CUDA device. Under torch.autocast with fp32
-    weights, x and the weights are cast to the autocast dtype. Options (twell.torch.ops):
+    weights, x and the weights are cast to the autocast dtype (a copy of the weights per call: convert
+    the model instead). Calls under torch.no_grad / inference_mode skip the custom-op dispatcher (tens
+    of microseconds of host time); calls that need autograd go through it. Options (twell.torch.ops):
+      threshold   the activation's cut-off (0 for a ReLU-trained model: the exact function)
       activation  "relu" (active iff relu(g) > threshold) or "silu" (|silu(g)| > threshold > 0)
       dispatch    "auto" (per token bucket, the fastest of twell's TwELL path, twell's dense path
                   and PyTorch's own dense F.linear chain, timed on the first call of the bucket:
@@ -256,8 +259,10 @@ def sparsify_(model: nn.Module, *, threshold: float | None = None, **options) ->
         found.append((name, m))
         outer.append(name)
     if not found:
+        done = sum(isinstance(m, SparseGatedMLP) for m in model.modules())
         raise InvalidArgumentError(f"twell.torch.sparsify_: model: expected MLP modules with gate_proj, up_proj and "
-                                   f"down_proj (nn.Linear), found none in {type(model).__name__}")
+                                   f"down_proj (nn.Linear), found none in {type(model).__name__}"
+                                   + (f" (it holds {done} SparseGatedMLP: already sparsified)" if done else ""))
     if found[0][0] == "":
         raise InvalidArgumentError("twell.torch.sparsify_: model: the model is itself an MLP and cannot be replaced in "
                                    "place; use twell.torch.SparseGatedMLP.from_mlp(model)")
