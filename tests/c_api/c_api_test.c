@@ -1,0 +1,60 @@
+/* The C API from C (C11, no C++): twell/c_api.h compiles as C, and a program linking the runtime
+ * alone creates a compile-only context, reads its info, gets clear errors for bad arguments, and (when
+ * libtwell_jit.so is linked into the program, here it is not) would make plans. Exit status 0 = pass. */
+#include <stdio.h>
+#include <string.h>
+
+#include "twell/c_api.h"
+
+static int failures = 0;
+#define EXPECT(cond, what)                                             \
+  do {                                                                 \
+    if (!(cond)) {                                                     \
+      fprintf(stderr, "FAIL %s:%d: %s (last error: %s)\n", __FILE__, __LINE__, what, twell_last_error()); \
+      ++failures;                                                      \
+    }                                                                  \
+  } while (0)
+
+int main(void) {
+  EXPECT(twell_c_api_version() == TWELL_C_API_VERSION, "the library's C API version is the header's");
+  EXPECT(strcmp(twell_status_string(TWELL_ERROR_CUDA), "TWELL_ERROR_CUDA") == 0, "status names");
+
+  twell_context_options options;
+  twell_context_options_init(&options);
+  options.device = -1; /* compile only: no GPU needed */
+  twell_context_t context = NULL;
+  EXPECT(twell_context_create(&options, &context) == TWELL_SUCCESS && context != NULL, "a compile-only context");
+  int has_gpu = 1;
+  const char* target = NULL;
+  EXPECT(twell_context_info(context, &has_gpu, NULL, &target, NULL, NULL) == TWELL_SUCCESS, "context info");
+  EXPECT(has_gpu == 0 && target != NULL && strcmp(target, "sm_90a") == 0, "no GPU, the default target sm_90a");
+
+  /* Without libtwell_jit.so in the process a plan needs a bundle: a clear NOT_FOUND / UNSUPPORTED. */
+  twell_ffn_spec spec;
+  twell_ffn_spec_init(&spec);
+  spec.d_model = 512;
+  spec.d_ff = 1408;
+  twell_plan_t plan = NULL;
+  twell_status_t s = twell_plan_create(context, &spec, 256, NULL, &plan);
+  EXPECT(twell_jit_available() == 0, "no JIT linked into this program");
+  EXPECT((s == TWELL_ERROR_NOT_FOUND || s == TWELL_ERROR_UNSUPPORTED) && plan == NULL, "no kernels without a JIT or bundle");
+  EXPECT(strlen(twell_last_error()) > 0, "a message says why");
+
+  /* Bad arguments: named in the message, nothing written. */
+  spec.d_ff = 0;
+  EXPECT(twell_plan_create(context, &spec, 256, NULL, &plan) == TWELL_ERROR_INVALID_ARGUMENT && plan == NULL, "d_ff 0");
+  EXPECT(strstr(twell_last_error(), "d_ff") != NULL, "the message names d_ff");
+  spec.d_ff = 1408;
+  spec.struct_size = 3;
+  EXPECT(twell_plan_create(context, &spec, 256, NULL, &plan) == TWELL_ERROR_INVALID_ARGUMENT, "a struct of another size");
+  EXPECT(strstr(twell_last_error(), "struct_size") != NULL, "the message names struct_size");
+  EXPECT(twell_plan_run(NULL, NULL, NULL, 1, 0) == TWELL_ERROR_INVALID_ARGUMENT, "a NULL plan");
+  EXPECT(twell_context_load_bundle(context, "/nonexistent/bundle") == TWELL_ERROR_NOT_FOUND, "a missing bundle");
+
+  /* A success clears the message. */
+  EXPECT(twell_context_info(context, NULL, NULL, NULL, NULL, NULL) == TWELL_SUCCESS && twell_last_error()[0] == '\0',
+         "success clears the last error");
+  EXPECT(twell_context_destroy(context) == TWELL_SUCCESS, "destroy");
+  if (failures == 0) printf("c_api: all checks passed\n");
+  return failures == 0 ? 0 : 1;
+}
