@@ -32,4 +32,22 @@ class BuildPyWithLibraries(build_py):
             print(f"twell: packaged {path}")
 
 
-setup(cmdclass={"build_py": BuildPyWithLibraries})
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70
+    from wheel.bdist_wheel import bdist_wheel
+
+
+class PlatformWheel(bdist_wheel):
+    """py3-none-<platform>: any Python 3 (ctypes, no extension module), but this machine's platform
+    (the wheel carries x86_64 Linux libraries)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        return ("py3", "none") + tuple(super().get_tag()[2:])
+
+
+setup(cmdclass={"build_py": BuildPyWithLibraries, "bdist_wheel": PlatformWheel})
