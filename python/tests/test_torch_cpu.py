@@ -209,3 +209,33 @@ def test_shard_rows_checks_its_arguments():
     for args in ((-8, 2, 0), (512, 0, 0), (512, 2, 0.5)):
         with pytest.raises(ValueError):
             shard_rows(*args)
+
+
+def test_auto_path_decides_once_per_bucket(monkeypatch):
+    """SparseGatedMLP's dispatch 'auto' logic with the timing replaced (no GPU): the faster candidate
+    per token bucket, decided once, refused during capture, forgotten by recalibrate()."""
+    import twell.torch.modules as modules
+    mlp = SparseGatedMLP.from_mlp(ReluMLP(d=64, f=128))
+    timed = []
+
+    def fake_median(fn, reps=3):
+        name = "twell" if len(timed) % 2 == 0 else "torch"
+        timed.append(name)
+        return {"twell": 1.0, "torch": 2.0}[name] if current["twell_faster"] else {"twell": 2.0, "torch": 1.0}[name]
+
+    current = {"twell_faster": True}
+    monkeypatch.setattr(modules, "_median_ms", fake_median)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    w = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+    assert mlp._path(torch.empty(1, 64), *w) == "twell"
+    assert mlp._path(torch.empty(1, 64), *w) == "twell" and len(timed) == 2  # decided once
+    current["twell_faster"] = False
+    assert mlp._path(torch.empty(300, 64), *w) == "torch"  # another bucket
+    assert mlp._path(torch.empty(257, 64), *w) == "torch" and len(timed) == 4  # same power-of-two bucket
+    assert set(mlp.path_times[((300 - 1).bit_length(), False)]) == {"twell", "torch"}
+    key = mlp.decision_key
+    mlp.recalibrate()
+    assert not mlp.paths and mlp.decision_key != key
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="warm-up"):
+        mlp._path(torch.empty(1, 64), *w)
