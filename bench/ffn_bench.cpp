@@ -87,7 +87,7 @@ bool gpu_or_skip(benchmark::State& state) {
 // The first time, it also counts the nonzeros that run made (each tile-row's header holds its true
 // count, overflowing or not).
 FfnPlan sized_plan(Problem& p, int64_t tokens, Stream stream, std::optional<ConsumerVariant> consumer = std::nullopt,
-                   std::optional<int> gate_cluster = std::nullopt, DenseKernels dense_kernels = DenseKernels::CuBlasLt) {
+                   std::optional<int> gate_cluster = std::nullopt) {
   PlanOptions twell_path;
   twell_path.dispatch = Dispatch::Sparse;
   FfnSpec spec = p.host.spec;

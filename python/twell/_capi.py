@@ -12,7 +12,7 @@ import os
 import pathlib
 import threading
 
-from ._errors import error_for_status
+from ._errors import InvalidArgumentError, error_for_status
 
 C_API_VERSION = 1  # TWELL_C_API_VERSION this module was written for
 
@@ -195,20 +195,18 @@ def spec_struct(d_model: int, d_ff: int, *, gated: bool = True, activation: str 
     s = FfnSpec()
     lib().twell_ffn_spec_init(ctypes.byref(s))
     s.d_model, s.d_ff, s.gated = d_model, d_ff, int(bool(gated))
-    s.activation = _choice(ACTIVATIONS, activation, "activation")
+    s.activation = choice(ACTIVATIONS, activation, "activation")
     s.threshold = threshold
-    s.dtype = _choice(DTYPES, dtype, "dtype")
-    s.down_layout = _choice(WEIGHT_LAYOUTS, down_layout, "down_layout")
+    s.dtype = choice(DTYPES, dtype, "dtype")
+    s.down_layout = choice(WEIGHT_LAYOUTS, down_layout, "down_layout")
     s.tile_n, s.slots = tile_n, slots
-    s.consumer = _choice(CONSUMERS, consumer, "consumer")
+    s.consumer = choice(CONSUMERS, consumer, "consumer")
     return s
 
 
-def _choice(table: dict, value, name: str) -> int:
+def choice(table: dict, value, name: str) -> int:
+    """table[value], or InvalidArgumentError naming `name` and the accepted values."""
     if value not in table:
-        from ._errors import InvalidArgumentError
         raise InvalidArgumentError(f"twell: {name}: expected one of {', '.join(repr(k) for k in table)}, got {value!r}")
     return table[value]
 
-
-choice = _choice

@@ -51,6 +51,12 @@ def context(device: torch.device) -> runtime.Context:
     return ctx
 
 
+def token_bucket(tokens: int, decode_max_tokens: int) -> tuple[int, bool]:
+    """FfnPlan::run's token bucket: the power of two of `tokens`, and apart for calls the decode
+    kernels take (the calls one Dispatch::Auto decision covers)."""
+    return (tokens - 1).bit_length(), tokens <= decode_max_tokens
+
+
 class PlanEntry:
     """A plan and the (decision key, token bucket) pairs it has run: Dispatch "auto" calibrates
     (synchronizing) on the first call of each, which must not happen during capture."""
@@ -59,8 +65,7 @@ class PlanEntry:
         self.plan, self.capacity, self.seen = plan, capacity, set()
 
     def bucket(self, tokens: int, decision_key: int) -> tuple:
-        # FfnPlan::run's bucket: the power of two, and apart for calls the decode kernels take.
-        return decision_key, (tokens - 1).bit_length(), tokens <= self.plan.options.decode_max_tokens
+        return (decision_key,) + token_bucket(tokens, self.plan.options.decode_max_tokens)
 
 
 def _capacity(tokens: int, limit: int) -> int:

@@ -8,7 +8,6 @@ Qwen-style model in place.
 from __future__ import annotations
 
 import itertools
-import math
 import statistics
 
 import torch
@@ -63,23 +62,8 @@ class SparseGatedMLP(nn.Module):
         if tuple(down_proj.weight.shape) != (d_model, d_ff):
             raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: down_proj: expected weight shape {(d_model, d_ff)}, "
                                        f"got {tuple(down_proj.weight.shape)}")
-        if activation not in ops.ACTIVATIONS:
-            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: activation: expected 'relu' or 'silu', got {activation!r}")
-        if activation == "silu" and not threshold > 0:
-            raise InvalidArgumentError("twell.torch.SparseGatedMLP: threshold: a SiLU MLP needs a threshold > 0 (its "
-                                       f"activations are never exactly zero), got {threshold}")
-        if activation == "relu" and not threshold >= 0:
-            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: threshold: expected >= 0 for ReLU, got {threshold}")
-        if not math.isfinite(threshold):
-            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: threshold: expected a finite number, got {threshold}")
-        if dispatch not in ops.DISPATCHES:
-            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: dispatch: expected 'auto', 'sparse' or 'dense', got {dispatch!r}")
-        for name, value, ok, expected in (
-                ("decode_max_tokens", decode_max_tokens, lambda v: 0 <= v <= 64, "0..64"),
-                ("dense_neurons", dense_neurons, lambda v: 0 <= v < d_ff and v % 64 == 0, f"a multiple of 64 below d_ff = {d_ff}"),
-                ("max_tokens", max_tokens, lambda v: v >= 1, "a positive row count")):
-            if not isinstance(value, int) or isinstance(value, bool) or not ok(value):
-                raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: {name}: expected {expected}, got {value!r}")
+        ops.check_options("torch.SparseGatedMLP", d_ff, activation, threshold, dispatch, decode_max_tokens, dense_neurons,
+                          max_tokens)
         self.gate_proj, self.up_proj, self.down_proj = gate_proj, up_proj, down_proj
         self.d_model, self.d_ff = d_model, d_ff
         self.activation, self.threshold = activation, float(threshold)
@@ -149,7 +133,7 @@ class SparseGatedMLP(nn.Module):
         this call's inputs the first time (median of 3 after a warm-up, CUDA events; synchronizes),
         so that the layer is never slower than PyTorch dense beyond that timing's noise."""
         tokens = x.numel() // self.d_model if self.d_model else 0
-        bucket = ((tokens - 1).bit_length(), tokens <= self.decode_max_tokens)
+        bucket = _plans.token_bucket(tokens, self.decode_max_tokens)
         path = self.paths.get(bucket)
         if path is not None or tokens == 0:
             return path or "twell"

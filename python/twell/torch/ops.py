@@ -93,10 +93,20 @@ def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
     if w_up is not None:
         _check_weight(op, "w_up", w_up, (d_ff, d_model), x)
     _check_weight(op, "w_down", w_down, (d_model, d_ff), x)
+    check_options(op, d_ff, activation, threshold, dispatch, decode_max_tokens, dense_neurons, max_tokens)
+    return ld_x
+
+
+def check_options(op: str, d_ff: int, activation: str, threshold: float, dispatch: str, decode_max_tokens: int,
+                  dense_neurons: int, max_tokens: int) -> None:
+    """The options' rules (twell/spec.h, twell/plan.h), for the operators and SparseGatedMLP alike."""
     if activation not in ACTIVATIONS:
         _fail(op, "activation", "'relu' or 'silu'", repr(activation))
     if dispatch not in DISPATCHES:
         _fail(op, "dispatch", "'auto', 'sparse' or 'dense'", repr(dispatch))
+    for name, value in (("max_tokens", max_tokens), ("dense_neurons", dense_neurons), ("decode_max_tokens", decode_max_tokens)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            _fail(op, name, "an int", repr(value))
     if max_tokens < 1:
         _fail(op, "max_tokens", "a positive row count", max_tokens)
     if not (0 <= dense_neurons < d_ff and dense_neurons % 64 == 0):
@@ -105,7 +115,6 @@ def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
         _fail(op, "threshold", ">= 0 for relu, > 0 for silu (whose activations are never exactly zero), finite", threshold)
     if not 0 <= decode_max_tokens <= 64:
         _fail(op, "decode_max_tokens", "0..64", decode_max_tokens)
-    return ld_x
 
 
 def _forward(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str, threshold: float,
