@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The Python side on the GPU machine (device tool): .carry/lib holds the libraries, .carry/data the
-# real data and the corpus (scripts/pack_carry.sh python). Steps by $TWELL_STEPS (default all):
+# real data and the corpus (scripts/pack_carry.sh python); TWELL_LIB_DIR / TWELL_DATA_DIR override them
+# (e.g. .carry/build/lib after the full scripts/pack_carry.sh). Steps by $TWELL_STEPS (default all):
 #   tests   pytest python/tests (GPU and CPU)           bench  bench/torch_ffn_bench.py
 #   train_mild / train_strong   bench/sparse_lm/train.py at $TWELL_L1_MILD / $TWELL_L1_STRONG
 #   model   bench/sparse_lm/bench_model.py on the strong checkpoint
 # Logs and JSON go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export TWELL_LIB_DIR=$PWD/.carry/lib PYTHONPATH=$PWD/python TWELL_DATA_DIR=$PWD/.carry/data
+export TWELL_LIB_DIR=${TWELL_LIB_DIR:-$PWD/.carry/lib} PYTHONPATH=$PWD/python TWELL_DATA_DIR=${TWELL_DATA_DIR:-$PWD/.carry/data}
 export TWELL_CACHE_DIR=${TWELL_CACHE_DIR:-/tmp/twell-cache}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" build/lm
 steps=${TWELL_STEPS:-train_strong model bench tests train_mild}
