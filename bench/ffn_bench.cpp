@@ -147,7 +147,8 @@ void time_path(benchmark::State& state, bool sparse, bool gate_only, double tflo
 
 // sparse: the TwELL plan with the consumer `variant`; variant -1: the Dispatch::Auto plan (its choice of
 // row gather, token block or dense). Dense: `variant` is the DenseKernels (dense_cublas: cublasGemmEx as
-// PyTorch's F.linear calls it, the baseline a PyTorch user compares with; bench/README.md v30).
+// PyTorch's F.linear calls it, the baseline a PyTorch user compares with; bench/README.md v30;
+// dense_cublaslt_tuned: cuBLASLt's first 8 algorithms timed per GEMM, v31).
 void BM_GatedFfn(benchmark::State& state, bool sparse, int variant) {
   const auto consumer = sparse && variant >= 0 ? std::optional(static_cast<ConsumerVariant>(variant)) : std::nullopt;
   time_path(state, sparse, false, useful_flops(state.range(0), state.range(1) / 1000.0) / 1e12, "TFLOP/s(useful)", consumer,
@@ -586,6 +587,7 @@ BENCHMARK_CAPTURE(BM_GatedFfn, twell_block, true, 1)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, twell_auto, true, -1)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt, false, static_cast<int>(DenseKernels::CuBlasLt))->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublas, false, static_cast<int>(DenseKernels::CuBlas))->Apply(FfnArgs);
+BENCHMARK_CAPTURE(BM_GatedFfn, dense_cublaslt_tuned, false, static_cast<int>(DenseKernels::CuBlasLtTuned))->Apply(FfnArgs);
 BENCHMARK(BM_DenseFused)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_NonGatedFfn, twell, true)->Apply(FfnArgs);
 BENCHMARK_CAPTURE(BM_NonGatedFfn, dense_cublaslt, false)->Apply(FfnArgs);

@@ -1,12 +1,15 @@
 """One gated FFN layer, twell against what a PyTorch user runs, in one process (bench/README.md v30+).
 
-Rows (CUDA events, median of --reps after warm-up, the variants interleaved round by round):
+Rows (CUDA events, GPU time with the host's overhead hidden (twell.torch.timing), median of --reps after
+warm-up, the variants interleaved round by round):
   torch dense          F.linear(relu(F.linear(x, Wg)) * F.linear(x, Wu), Wd): cuBLAS, PyTorch's default
   torch dense (Lt)     the same with torch.backends.cuda.preferred_blas_library("cublaslt")
   torch gate GEMM / down GEMM   the single GEMMs (where the dense time goes)
-  twell dense cublaslt twell::DenseFfn, DenseKernels::CuBlasLt (twellc's and ffn_bench's baseline)
+  twell dense cublaslt twell::DenseFfn, DenseKernels::CuBlasLt (cuBLASLt's first algorithm)
   twell dense fused    twell::DenseFfn, DenseKernels::FusedGatedUp (the plan's dense path)
-  twell dense cublas   twell::DenseFfn, DenseKernels::CuBlas (cublasGemmEx as PyTorch: the C++ baseline)
+  twell dense cublas   twell::DenseFfn, DenseKernels::CuBlas (cublasGemmEx as PyTorch calls it)
+  twell dense cublaslt tuned   DenseKernels::CuBlasLtTuned (cuBLASLt's first 8 algorithms timed; with
+                       cublas, what twellc run's baseline takes the faster of)
   twell sparse / auto  the plan (Dispatch Sparse / Auto) through twell.torch.sparse_gated_ffn
 Weights are random with a gate threshold giving --density active neurons per token (uniform).
 
@@ -57,6 +60,7 @@ def main():
         lt = ctx.dense(spec, m, "cublaslt")
         fused = ctx.dense(spec, m, "fused_gated_up")
         blas = ctx.dense(spec, m, "cublas")
+        tuned = ctx.dense(spec, m, "cublaslt_tuned")
 
         def torch_dense():
             return F.linear(F.relu(F.linear(x, wg)) * F.linear(x, wu), wd)
@@ -77,6 +81,7 @@ def main():
             "twell dense cublaslt": lambda: lt.run_struct(stream(), t, m),
             "twell dense fused": lambda: fused.run_struct(stream(), t, m),
             "twell dense cublas": lambda: blas.run_struct(stream(), t, m),
+            "twell dense cublaslt tuned": lambda: tuned.run_struct(stream(), t, m),
             "twell sparse": lambda: tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, "sparse", max_tokens=m),
             "twell auto": lambda: tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, "auto", max_tokens=m),
         }
@@ -97,7 +102,7 @@ def main():
         for k, v in times.items():
             med = statistics.median(v)
             results.append({"tokens": m, "variant": k, "median_ms": med, "min_ms": min(v), "vs_torch_dense": base / med})
-        del lt, fused, blas, x, y, h, ref
+        del lt, fused, blas, tuned, x, y, h, ref
         torch.cuda.empty_cache()
     print(f"\n{'tokens':>7} | {'variant':32} | {'median ms':>9} | {'min ms':>8} | torch dense / this")
     for r in results:

@@ -194,7 +194,7 @@ def calibrate_splits(twell_model, heldout, batch=4, seq=2048):
     mlps = [m for m in twell_model.modules() if isinstance(m, twell.torch.SparseGatedMLP)]
     inputs = {}
     hooks = [m.register_forward_pre_hook(lambda m, a: inputs.__setitem__(m, a[0].detach())) for m in mlps]
-    tokens = heldout[-(batch * seq + 1):-1].reshape(batch, seq)
+    tokens = heldout[-(batch * seq + 1):-1].reshape(batch, seq).long()  # bytes (uint8) -> embedding indices
     with torch.no_grad():
         twell_model.hidden(tokens)
     for h in hooks:

@@ -22,7 +22,7 @@ ACTIVATIONS = {"relu": 0, "silu": 1}
 WEIGHT_LAYOUTS = {"out_in": 0, "in_out": 1}
 CONSUMERS = {None: -1, "row_gather": 0, "token_block": 1}
 DISPATCHES = {"auto": 0, "sparse": 1, "dense": 2}
-DENSE_KERNELS = {"cublaslt": 0, "fused_gated_up": 1, "cublas": 2}
+DENSE_KERNELS = {"cublaslt": 0, "fused_gated_up": 1, "cublas": 2, "cublaslt_tuned": 3}
 JIT_POLICIES = {"if_linked": 0, "never": 1}
 
 

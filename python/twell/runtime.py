@@ -153,7 +153,8 @@ class Context:
 
     def dense(self, spec: FfnSpec, max_tokens: int, kernels: str = "cublaslt") -> "DenseFfn":
         """The dense path (twell/dense.h): "cublaslt" GEMMs, "fused_gated_up", or "cublas" (cublasGemmEx
-        as PyTorch's F.linear calls it: the baseline)."""
+        as PyTorch's F.linear calls it), or "cublaslt_tuned" (cuBLASLt, its first 8 algorithms timed per
+        GEMM at the first run: the fastest dense baseline)."""
         return DenseFfn(self, spec, max_tokens, kernels)
 
 

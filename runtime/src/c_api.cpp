@@ -378,7 +378,7 @@ twell_status_t twell_dense_create(twell_context_t context, const twell_ffn_spec*
     twell_context& c = require(context, fn, "context");
     require_out(dense, fn, "dense");
     const twell::FfnSpec s = to_spec(spec, fn);
-    const auto k = enum_value<twell::DenseKernels>(kernels, 0, 2, fn, "kernels");
+    const auto k = enum_value<twell::DenseKernels>(kernels, 0, 3, fn, "kernels");
     *dense = new twell_dense{twell::DenseFfn(c.context, s, max_tokens, k)};
   });
 }

@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "context_impl.h"
+#include "driver.h"
 #include "dense_kernels.h"
 #include "launcher.h"
 #include "run_arguments.h"
@@ -23,6 +25,7 @@
 #include "twell/kernels/constraints.h"
 #include "twell/dense.h"
 #include "twell/device/params.h"
+#include "twell/device_memory.h"
 #include "twell/error.h"
 
 namespace twell {
@@ -39,6 +42,8 @@ void check_blas(cublasStatus_t s, const char* what) {
 }
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// How many of cuBLASLt's heuristic choices DenseKernels::CuBlasLtTuned times per GEMM shape.
+constexpr int kTunedCandidates = 8;
 
 // The alignment cuBLASLt may assume for an operand: the largest power of two (at most 256, its
 // default assumption) dividing both the address and the row stride in bytes. Without telling it,
@@ -68,6 +73,7 @@ struct GemmPlan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t layout_b = nullptr, layout_a = nullptr, layout_c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool timed = false;  // algo is the fastest of several candidates (DenseKernels::CuBlasLtTuned)
   GemmPlan() = default;
   GemmPlan(const GemmPlan&) = delete;
   GemmPlan& operator=(const GemmPlan&) = delete;
@@ -87,6 +93,7 @@ struct DenseFfn::Impl {
   std::shared_ptr<LoadedKernel> fused;  // DenseKernels::FusedGatedUp, where it applies
   cublasLtHandle_t handle = nullptr;
   cublasHandle_t blas = nullptr;  // DenseKernels::CuBlas: every GEMM through cublasGemmEx
+  bool tuned = false;             // DenseKernels::CuBlasLtTuned: time cuBLASLt's top algorithms per GEMM
   std::unique_ptr<detail::DeviceBuffer> workspace, g, u;
   // Keyed by (m, n, k, lda, ldb, ldc, b_is_n_by_k, alignments of A, B, C).
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool, uint32_t, uint32_t, uint32_t>, std::unique_ptr<GemmPlan>>
@@ -100,13 +107,18 @@ struct DenseFfn::Impl {
 
   // Row-major C[m, n] = A[m, k] * op(B) where B is stored row-major as [n, k] (transposed = true,
   // nn.Linear) or [k, n]. cuBLASLt is column-major: compute C^T = op(B)^T-as-stored * A^T.
-  const GemmPlan& gemm_plan(const Gemm& g) {
+  //
+  // The algorithm: cuBLASLt's first heuristic choice; with `tuned` (and a stream to time on, outside
+  // capture) the fastest of its first kTunedCandidates choices, each timed on these operands (one
+  // warm-up, median of 3; time_on_stream) with C in scratch memory, so y is never written here.
+  const GemmPlan& gemm_plan(const Gemm& g, std::optional<Stream> timing_stream = std::nullopt) {
     const auto [a_ptr, lda, b_ptr, ldb, b_is_n_by_k, c_ptr, ldc, m, n, k] = g;
     // The column-major product's first operand is B as stored, its second A (see below).
     const uint32_t align_first = operand_alignment(b_ptr, ldb), align_second = operand_alignment(a_ptr, lda),
                    align_c = operand_alignment(c_ptr, ldc);
     auto& slot = gemm_plans[{m, n, k, lda, ldb, ldc, b_is_n_by_k, align_first, align_second, align_c}];
-    if (slot) return *slot;
+    const bool timed = tuned && timing_stream && !capturing(*timing_stream);
+    if (slot && (slot->timed || !timed)) return *slot;  // (a choice made untimed, by prepare(), is timed at the first run())
     auto plan = std::make_unique<GemmPlan>();
     const cudaDataType_t type = spec.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
     check_lt(cublasLtMatmulDescCreate(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
@@ -123,7 +135,7 @@ struct DenseFfn::Impl {
     cublasLtMatmulPreference_t pref = nullptr;
     check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const uint64_t ws = kWorkspaceBytes;
-    cublasLtMatmulHeuristicResult_t heuristic{};
+    cublasLtMatmulHeuristicResult_t heuristics[kTunedCandidates]{};
     int found = 0;
     cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
     const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
@@ -133,16 +145,52 @@ struct DenseFfn::Impl {
       if (set == CUBLAS_STATUS_SUCCESS) set = cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof(bytes));
     const cublasStatus_t got = set != CUBLAS_STATUS_SUCCESS ? set
                                : cublasLtMatmulAlgoGetHeuristic(handle, plan->desc, plan->layout_b, plan->layout_a, plan->layout_c,
-                                                                plan->layout_c, pref, 1, &heuristic, &found);
+                                                                plan->layout_c, pref, timed ? kTunedCandidates : 1, heuristics, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     check_lt(set, "matmul preferences (workspace, alignments)");
     check_lt(got, "cublasLtMatmulAlgoGetHeuristic");
     if (found == 0)
       throw Error(ErrorCode::Unsupported, fmt::format("DenseFfn: cuBLASLt has no algorithm for m={} n={} k={} with operands aligned to "
                                                       "{} / {} / {} bytes", m, n, k, align_second, align_first, align_c));
-    plan->algo = heuristic.algo;
+    plan->algo = heuristics[0].algo;
+    if (timed && found > 1) plan->algo = fastest_algo(*plan, g, heuristics, found, *timing_stream);
+    plan->timed = timed;
     slot = std::move(plan);
     return *slot;
+  }
+
+  static bool capturing(Stream stream) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    return detail::Driver::get().cuStreamIsCapturing(reinterpret_cast<CUstream>(stream), &status) != CUDA_SUCCESS ||
+           status != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
+
+  // The fastest of cuBLASLt's candidates for g, C written to scratch memory of C's shape and stride
+  // (g's own output may be the user's y). A candidate that fails to launch is skipped.
+  cublasLtMatmulAlgo_t fastest_algo(const GemmPlan& plan, const Gemm& g, const cublasLtMatmulHeuristicResult_t* heuristics,
+                                    int found, Stream stream) {
+    detail::DeviceBuffer scratch(size_t(g.m - 1) * g.ldc * 2 + size_t(g.n) * 2);
+    const float alpha = 1.0f, beta = 0.0f;
+    void* c = reinterpret_cast<void*>(scratch.get());
+    cublasLtMatmulAlgo_t best = heuristics[0].algo;
+    double best_ms = 0;
+    for (int i = 0; i < found; ++i) {
+      if (heuristics[i].state != CUBLAS_STATUS_SUCCESS || heuristics[i].workspaceSize > kWorkspaceBytes) continue;
+      const cublasLtMatmulAlgo_t* algo = &heuristics[i].algo;
+      bool failed = false;
+      const auto ms = time_on_stream(stream, [&] {
+        if (failed) return;
+        failed = cublasLtMatmul(handle, plan.desc, &alpha, g.b, plan.layout_b, g.a, plan.layout_a, &beta, c, plan.layout_c, c,
+                                plan.layout_c, algo, reinterpret_cast<void*>(workspace->get()), kWorkspaceBytes,
+                                reinterpret_cast<cudaStream_t>(stream)) != CUBLAS_STATUS_SUCCESS;
+      }, 1, 3);
+      if (failed) continue;
+      if (best_ms == 0 || ms[1] < best_ms) {
+        best_ms = ms[1];
+        best = *algo;
+      }
+    }
+    return best;
   }
 
   void gemm(CUstream stream, const Gemm& g, float beta = 0.0f) {
@@ -163,7 +211,7 @@ struct DenseFfn::Impl {
                  "cublasGemmEx");
       return;
     }
-    const GemmPlan& plan = gemm_plan(g);
+    const GemmPlan& plan = gemm_plan(g, reinterpret_cast<Stream>(stream));
     check_lt(cublasLtMatmul(handle, plan.desc, &alpha, g.b, plan.layout_b, g.a, plan.layout_a, &beta, g.c, plan.layout_c, g.c,
                             plan.layout_c, &plan.algo, reinterpret_cast<void*>(workspace->get()), kWorkspaceBytes,
                             reinterpret_cast<cudaStream_t>(stream)),
@@ -205,6 +253,7 @@ DenseFfn::DenseFfn(Context& context, const FfnSpec& spec, int64_t max_tokens, De
   p.context->make_current();
   check_lt(cublasLtCreate(&p.handle), "cublasLtCreate");
   p.workspace = std::make_unique<detail::DeviceBuffer>(kWorkspaceBytes);
+  p.tuned = kernels == DenseKernels::CuBlasLtTuned;
   if (kernels == DenseKernels::CuBlas) {
     check_blas(cublasCreate(&p.blas), "cublasCreate");
     check_blas(cublasSetWorkspace(p.blas, reinterpret_cast<void*>(p.workspace->get()), kWorkspaceBytes), "cublasSetWorkspace");

@@ -2,6 +2,9 @@
 #include "twell/device_memory.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -74,17 +77,43 @@ void StreamHandle::synchronize() const {
   detail::check(detail::Driver::get().cuStreamSynchronize(reinterpret_cast<CUstream>(stream_)), "cuStreamSynchronize");
 }
 
+namespace {
+// Holds a stream until the host has enqueued the timed calls (cuLaunchHostFunc: the stream waits for
+// the host function, which waits for open), so that the events time the GPU's work back to back and
+// not the host's API calls between them, as a CUDA-graph replay would. The wait is bounded: should
+// the host block while enqueueing (a full launch queue), the stream goes on after 200 ms and the
+// times then include host time, as without the hold.
+struct StreamHold {
+  std::atomic<bool> open{false};
+  static void CUDA_CB wait(void* self) {
+    auto* hold = static_cast<StreamHold*>(self);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (!hold->open.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  }
+};
+}  // namespace
+
 std::vector<double> time_on_stream(Stream stream, const std::function<void()>& fn, int warmup, int reps) {
   const detail::Driver& d = detail::Driver::get();
   auto s = reinterpret_cast<CUstream>(stream);
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<CUevent> events(2 * static_cast<size_t>(reps));
   for (auto& e : events) detail::check(d.cuEventCreate(&e, CU_EVENT_DEFAULT), "cuEventCreate");
-  for (int i = 0; i < reps; ++i) {
-    detail::check(d.cuEventRecord(events[2 * i], s), "cuEventRecord");
-    fn();
-    detail::check(d.cuEventRecord(events[2 * i + 1], s), "cuEventRecord");
+  StreamHold hold;  // outlives the synchronization below, which waits for its host function
+  try {
+    detail::check(d.cuLaunchHostFunc(s, &StreamHold::wait, &hold), "time_on_stream: cuLaunchHostFunc");
+    for (int i = 0; i < reps; ++i) {
+      detail::check(d.cuEventRecord(events[2 * i], s), "cuEventRecord");
+      fn();
+      detail::check(d.cuEventRecord(events[2 * i + 1], s), "cuEventRecord");
+    }
+  } catch (...) {
+    hold.open.store(true, std::memory_order_release);
+    d.cuStreamSynchronize(s);  // the host function must finish before `hold` goes
+    for (auto& e : events) d.cuEventDestroy(e);
+    throw;
   }
+  hold.open.store(true, std::memory_order_release);
   detail::check(d.cuStreamSynchronize(s), "cuStreamSynchronize");
   std::vector<double> ms(reps);
   for (int i = 0; i < reps; ++i) {

@@ -55,6 +55,8 @@ namespace twell::detail {
   X(cuStreamCreate)                                                                                  \
   X(cuStreamDestroy)                                                                                 \
   X(cuStreamSynchronize)                                                                             \
+  X(cuLaunchHostFunc)                                                                                \
+  X(cuStreamIsCapturing)                                                                             \
   X(cuEventCreate)                                                                                   \
   X(cuEventDestroy)                                                                                  \
   X(cuEventRecord)                                                                                   \

@@ -50,6 +50,13 @@ int main(void) {
   EXPECT(strstr(twell_last_error(), "struct_size") != NULL, "the message names struct_size");
   EXPECT(twell_plan_run(NULL, NULL, NULL, 1, 0) == TWELL_ERROR_INVALID_ARGUMENT, "a NULL plan");
   EXPECT(twell_context_load_bundle(context, "/nonexistent/bundle") == TWELL_ERROR_NOT_FOUND, "a missing bundle");
+  twell_ffn_spec_init(&spec);
+  spec.d_model = 512;
+  spec.d_ff = 1408;
+  twell_dense_t dense = NULL;
+  EXPECT(twell_dense_create(context, &spec, 256, (twell_dense_kernels_t)(TWELL_DENSE_CUBLASLT_TUNED + 1), &dense) ==
+             TWELL_ERROR_INVALID_ARGUMENT && dense == NULL, "a dense-kernels value past the enum");
+  EXPECT(strstr(twell_last_error(), "kernels") != NULL, "the message names kernels");
 
   /* A success clears the message. */
   EXPECT(twell_context_info(context, NULL, NULL, NULL, NULL, NULL) == TWELL_SUCCESS && twell_last_error()[0] == '\0',

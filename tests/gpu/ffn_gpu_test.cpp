@@ -689,6 +689,16 @@ TEST(GpuFfn, DenseFusedGatedUp) {
     const auto blas_bits = dev.y.download_vector<uint16_t>(count);
     EXPECT_EQ(std::count(blas_bits.begin(), blas_bits.end(), uint16_t{0xFFFF}), 0) << what << " (cuBLAS)";
     EXPECT_LT(relative_error(to_float(c.dtype, blas_bits), ref), 1e-2) << what << " (cuBLAS)";
+    // cuBLASLt with its candidates timed at the first run (scratch C: y is written once, by the run).
+    DenseFfn tuned(ctx, s, c.m, DenseKernels::CuBlasLtTuned);
+    for (int run = 0; run < 2; ++run) {  // the first run times the candidates, the second reuses the choice
+      dev.y.fill(0xFF);
+      tuned.run(stream.get(), dev.tensors(), c.m);
+      stream.synchronize();
+      const auto tuned_bits = dev.y.download_vector<uint16_t>(count);
+      EXPECT_EQ(std::count(tuned_bits.begin(), tuned_bits.end(), uint16_t{0xFFFF}), 0) << what << " (cuBLASLt tuned)";
+      EXPECT_LT(relative_error(to_float(c.dtype, tuned_bits), ref), 1e-2) << what << " (cuBLASLt tuned, run " << run << ")";
+    }
     // accumulate: y += FFN(x) on top of the y just written (2 FFN(x) up to the rounding).
     fused.run(stream.get(), dev.tensors(), c.m, /*accumulate=*/true);
     stream.synchronize();

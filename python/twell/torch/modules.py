@@ -130,7 +130,8 @@ class SparseGatedMLP(nn.Module):
     def _path(self, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor) -> str:
         """dispatch "auto" per token bucket: "twell" (the plan, itself choosing among its TwELL and
         dense kernels) or "torch" (PyTorch's dense F.linear chain, what the user ran before), timed on
-        this call's inputs the first time (median of 3 after a warm-up, CUDA events; synchronizes),
+        this call's inputs the first time (median of 3 after a warm-up, GPU time by CUDA events with the
+        host's overhead hidden, as under CUDA graphs: timing.cuda_event_times; synchronizes),
         so that the layer is never slower than PyTorch dense beyond that timing's noise."""
         tokens = x.numel() // self.d_model if self.d_model else 0
         bucket = _plans.token_bucket(tokens, self.decode_max_tokens)

@@ -33,6 +33,14 @@ enum class DenseKernels {
   // PyTorch's cuBLAS path took 14.1 ms for the paper's FFN at M = 131072 where CuBlasLt took 15.0
   // (bench/README.md v30: cuBLAS and cuBLASLt pick different algorithms for these shapes).
   CuBlas,
+  // The CuBlasLt kernels, each GEMM with the fastest of cuBLASLt's first 8 heuristic algorithms for
+  // its shape, stride and alignment, timed on the operands of the first run() (one warm-up, median of
+  // 3, C in scratch memory; not during CUDA-graph capture, where the first choice is taken): the
+  // fastest dense computation NVIDIA's libraries give for the FFN, so the honest baseline of twellc
+  // run and ffn_bench ("the faster of PyTorch's dense and cuBLASLt", STYLE.md). The first run() of a
+  // shape costs the timing (about 8 x 4 calls of each GEMM) and a scratch buffer of C's size; which
+  // algorithm wins may differ between processes (results then differ in rounding, not beyond).
+  CuBlasLtTuned,
 };
 
 class DenseFfn {

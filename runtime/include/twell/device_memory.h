@@ -59,7 +59,9 @@ class StreamHandle {
 };
 
 // Times fn (which enqueues work on `stream`) with CUDA events: `warmup` untimed calls, then `reps`
-// timed ones, each between its own pair of events. Returns every time in milliseconds, sorted.
+// timed ones, each between its own pair of events, the stream held (a host function, at most 200 ms)
+// until all are enqueued: the times are the GPU's, without the host's launch overhead between calls
+// (what a CUDA-graph replay sees). Returns every time in milliseconds, sorted. Not during capture.
 std::vector<double> time_on_stream(Stream stream, const std::function<void()>& fn, int warmup, int reps);
 
 // Times fn without the host's launch overhead: `calls` calls of fn (which must enqueue only
