@@ -59,7 +59,10 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const kernels::KernelSource
   });
   k->binary = result.entry;
   fill_report(*k, target);
-  k->report.cache = result.hit == detail::CacheHit::Memory ? "memory" : result.hit == detail::CacheHit::Disk ? "disk" : "miss";
+  k->report.cache = result.hit == detail::CacheHit::Memory ? "memory"
+                    : result.hit == detail::CacheHit::Disk ? "disk"
+                    : result.corrupt                       ? "miss (corrupt entry replaced)"
+                                                           : "miss";
   k->report.compile_ms = compile_ms;
   k->report.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - compile_ms;
   return k;

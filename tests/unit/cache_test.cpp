@@ -3,19 +3,23 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <future>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <optional>
 #include <regex>
 #include <set>
@@ -616,6 +620,333 @@ TEST(KernelCache, DefaultDirFollowsTheEnvironment) {
     EnvVar twell("TWELL_CACHE_DIR", nullptr);
     EnvVar xdg("XDG_CACHE_HOME", "relative/ignored");
     EXPECT_EQ(KernelCache::default_dir(), fs::path("/home/someone/.cache/twell"));
+  }
+}
+
+// ---- Size cap, stale files, bounded lock waits, tools (issue 16, item 3) ----
+
+// An entry of `ptx_bytes` PTX bytes and 8 cubin bytes: its file has 48 + ptx_bytes + 8 bytes.
+CacheEntry sizedEntry(char fill, size_t ptx_bytes) {
+  CacheEntry e;
+  e.ptx.assign(ptx_bytes, fill);
+  e.cubin = {'\x7f', 'E', 'L', 'F', fill, fill, fill, fill};
+  return e;
+}
+constexpr size_t kSizedPtx = 4000, kSizedFile = 48 + kSizedPtx + 8;
+
+// Sets the path's mtime to `seconds_ago` seconds before now.
+void setAge(const fs::path& p, int seconds_ago) {
+  timespec times[2];
+  ::clock_gettime(CLOCK_REALTIME, &times[0]);
+  times[0].tv_sec -= seconds_ago;
+  times[1] = times[0];
+  ASSERT_EQ(::utimensat(AT_FDCWD, p.c_str(), times, AT_SYMLINK_NOFOLLOW), 0) << p << ": " << std::strerror(errno);
+}
+
+uint64_t entryBytes(const fs::path& dir) {
+  uint64_t total = 0;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".twk") total += fs::file_size(e.path());
+  return total;
+}
+
+std::set<std::string> names(const fs::path& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+// An exclusive flock on a path through its own open file description (so it conflicts with the cache's
+// locks in this process too), like another process holding the key's lock.
+class HeldLock {
+ public:
+  explicit HeldLock(const fs::path& p) : fd_(::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)) {
+    EXPECT_GE(fd_, 0) << p << ": " << std::strerror(errno);
+    EXPECT_EQ(::flock(fd_, LOCK_EX | LOCK_NB), 0) << p << ": " << std::strerror(errno);
+  }
+  ~HeldLock() { release(); }
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
+CacheLimits limitsOf(uint64_t max_bytes, std::chrono::milliseconds lock_timeout = std::chrono::seconds(30)) {
+  CacheLimits limits;
+  limits.max_bytes = max_bytes;
+  limits.lock_timeout = lock_timeout;
+  return limits;
+}
+
+TEST(KernelCacheLimits, EvictsLeastRecentlyUsedEntriesToKeepTheCap) {
+  TempDir dir;
+  const CacheLimits limits = limitsOf(3 * kSizedFile + kSizedFile / 2);
+  {
+    KernelCache cache(dir.path(), limits);
+    for (const char* key : {"k1", "k2", "k3"}) cache.get_or_compile(key, [&] { return sizedEntry(key[1], kSizedPtx); });
+  }
+  ASSERT_EQ(fs::file_size(dir.path() / "k1.twk"), kSizedFile);
+  setAge(dir.path() / "k1.twk", 300);
+  setAge(dir.path() / "k2.twk", 200);
+  setAge(dir.path() / "k3.twk", 100);
+
+  KernelCache cache(dir.path(), limits);
+  // A disk hit makes k1 the most recently used: k2 is now the oldest.
+  EXPECT_EQ(cache.get_or_compile("k1", [] () -> CacheEntry { throw std::runtime_error("recompiled"); }).hit,
+            CacheHit::Disk);
+  EXPECT_EQ(cache.get_or_compile("k4", [] { return sizedEntry('4', kSizedPtx); }).hit, CacheHit::Miss);
+  EXPECT_EQ(names(dir.path()), (std::set<std::string>{"k1.twk", "k1.lock", "k3.twk", "k3.lock", "k4.twk", "k4.lock"}))
+      << "expected k2 (least recently used) evicted with its lock file";
+  EXPECT_EQ(cache.stats().evicted_entries, 1u);
+  for (const char* key : {"k5", "k6", "k7"}) {
+    cache.get_or_compile(key, [&] { return sizedEntry(key[1], kSizedPtx); });
+    EXPECT_LE(entryBytes(dir.path()), limits.max_bytes) << "after " << key;
+    EXPECT_TRUE(fs::exists(dir.path() / (std::string(key) + ".twk"))) << "the entry just published was evicted";
+  }
+  EXPECT_EQ(entryBytes(dir.path()), 3 * kSizedFile);
+  EXPECT_EQ(cache.stats().evicted_entries, 4u);
+}
+
+TEST(KernelCacheLimits, EvictionSkipsAnEntryWhoseLockIsHeld) {
+  TempDir dir;
+  const CacheLimits limits = limitsOf(2 * kSizedFile + kSizedFile / 2);
+  KernelCache cache(dir.path(), limits);
+  cache.get_or_compile("k1", [] { return sizedEntry('1', kSizedPtx); });
+  cache.get_or_compile("k2", [] { return sizedEntry('2', kSizedPtx); });
+  setAge(dir.path() / "k1.twk", 300);
+  setAge(dir.path() / "k2.twk", 200);
+  HeldLock held(dir.path() / "k1.lock");  // another process loading k1 under its lock
+  cache.get_or_compile("k3", [] { return sizedEntry('3', kSizedPtx); });
+  EXPECT_EQ(names(dir.path()), (std::set<std::string>{"k1.twk", "k1.lock", "k3.twk", "k3.lock"}))
+      << "expected the held k1 skipped and k2 evicted";
+}
+
+TEST(KernelCacheLimits, TheEntryJustPublishedIsKeptEvenAboveTheCap) {
+  TempDir dir;
+  KernelCache cache(dir.path(), limitsOf(kSizedFile / 2));
+  cache.get_or_compile("k1", [] { return sizedEntry('1', kSizedPtx); });
+  EXPECT_TRUE(fs::exists(dir.path() / "k1.twk"));
+  cache.get_or_compile("k2", [] { return sizedEntry('2', kSizedPtx); });
+  EXPECT_EQ(names(dir.path()), (std::set<std::string>{"k2.twk", "k2.lock"}));
+}
+
+TEST(KernelCacheLimits, StaleTemporariesAreRemovedWhenTheCacheOpens) {
+  TempDir dir;
+  const fs::path stale = dir.path() / ".k1.4242.4243.0.tmp", fresh = dir.path() / ".k2.4242.4243.1.tmp",
+                 writing = dir.path() / ".k3.4242.4243.2.tmp", probe = dir.path() / ".probe.4242.4242.3.tmp";
+  for (const fs::path& p : {stale, fresh, writing, probe}) writeFile(p, "partial entry");
+  for (const fs::path& p : {stale, writing, probe}) setAge(p, 20 * 60);
+  HeldLock held(dir.path() / "k3.lock");  // a writer stopped for 20 minutes before its rename
+  KernelCache cache(dir.path());
+  EXPECT_EQ(names(dir.path()), (std::set<std::string>{fresh.filename().string(), writing.filename().string(), "k3.lock"}));
+  EXPECT_EQ(cache.stats().removed_temporaries, 2u);
+}
+
+TEST(KernelCacheLimits, StaleLockFilesWithoutEntriesAreRemovedAfterAPublish) {
+  TempDir dir;
+  for (const char* name : {"old.lock", "new.lock", "held.lock"}) writeFile(dir.path() / name, "");
+  setAge(dir.path() / "old.lock", 20 * 60);
+  setAge(dir.path() / "held.lock", 20 * 60);
+  HeldLock held(dir.path() / "held.lock");
+  KernelCache cache(dir.path());
+  cache.get_or_compile(kKey, [] { return sampleEntry(); });
+  EXPECT_EQ(names(dir.path()), (std::set<std::string>{"new.lock", "held.lock", kKey + ".twk", kKey + ".lock"}));
+}
+
+TEST(KernelCacheLimits, LockWaitIsBoundedThenCompilesInMemory) {
+  TempDir dir;
+  KernelCache cache(dir.path(), limitsOf(CacheLimits::kDefaultMaxBytes, std::chrono::milliseconds(1300)));
+  const fs::path lock = dir.path() / (kKey + ".lock");
+  HeldLock held(lock);  // a holder that is stopped (SIGSTOP): alive, never releasing
+  Compiler compiler;
+  testing::internal::CaptureStderr();
+  const auto t0 = std::chrono::steady_clock::now();
+  KernelCache::Result r = cache.get_or_compile(kKey, compiler.fn());
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string messages = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.hit, CacheHit::Miss);
+  EXPECT_EQ(r.entry->ptx, compiler.entry.ptx);
+  EXPECT_GE(waited, 1.25);
+  EXPECT_LT(waited, 10.0);
+  EXPECT_NE(messages.find("waiting for the lock " + lock.string()), std::string::npos) << messages;
+  EXPECT_NE(messages.find("still held after 1.3 s"), std::string::npos) << messages;
+  EXPECT_NE(messages.find("in memory without publishing"), std::string::npos) << messages;
+  EXPECT_FALSE(fs::exists(cache.entry_path(kKey))) << "published without holding the key's lock";
+  EXPECT_EQ(cache.stats().lock_timeouts, 1u);
+  EXPECT_EQ(cache.get_or_compile(kKey, compiler.fn()).hit, CacheHit::Memory);
+  EXPECT_EQ(compiler.calls, 1);
+}
+
+TEST(KernelCacheLimits, LockWaitEndsWhenTheHolderReleases) {
+  TempDir dir;
+  KernelCache cache(dir.path());
+  HeldLock held(dir.path() / (kKey + ".lock"));
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    held.release();
+  });
+  Compiler compiler;
+  testing::internal::CaptureStderr();
+  KernelCache::Result r = cache.get_or_compile(kKey, compiler.fn());
+  const std::string messages = testing::internal::GetCapturedStderr();
+  releaser.join();
+  EXPECT_EQ(r.hit, CacheHit::Miss);
+  EXPECT_TRUE(fs::exists(cache.entry_path(kKey)));
+  EXPECT_EQ(messages, "");
+  EXPECT_EQ(cache.stats().lock_timeouts, 0u);
+}
+
+// A locker that waited on a lock file its holder then removed must not use it: a third process may
+// already hold the new file at that path.
+TEST(KernelCacheLimits, ALockerRechecksTheLockFileAfterItsHolderRemovedIt) {
+  TempDir dir;
+  KernelCache cache(dir.path());
+  const fs::path lock = dir.path() / (kKey + ".lock");
+  auto remover = std::make_unique<HeldLock>(lock);
+  std::atomic<bool> compiled{false};
+  std::thread waiter([&] {
+    cache.get_or_compile(kKey, [&] {
+      compiled = true;
+      return sampleEntry();
+    });
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the waiter has opened the old file
+  ASSERT_EQ(::unlink(lock.c_str()), 0);
+  auto newcomer = std::make_unique<HeldLock>(lock);  // locks the new file at the path
+  remover.reset();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(compiled) << "compiled while another held the lock file at the path";
+  newcomer.reset();
+  waiter.join();
+  EXPECT_TRUE(compiled);
+  EXPECT_TRUE(fs::exists(cache.entry_path(kKey)));
+}
+
+TEST(KernelCacheTools, ScanClassifiesTheFiles) {
+  TempDir dir;
+  KernelCache(dir.path()).get_or_compile(kKey, [] { return sampleEntry(); });
+  writeFile(dir.path() / ".k2.1.2.3.tmp", "x");
+  writeFile(dir.path() / "README", "not the cache's");
+  std::vector<KernelCache::File> files = KernelCache::scan(dir.path());
+  ASSERT_EQ(files.size(), 3u);
+  EXPECT_EQ(files[0].kind, KernelCache::File::Kind::Temporary);
+  EXPECT_EQ(files[0].key, "k2");
+  EXPECT_EQ(files[1].kind, KernelCache::File::Kind::Lock);
+  EXPECT_EQ(files[2].kind, KernelCache::File::Kind::Entry);
+  EXPECT_EQ(files[2].key, kKey);
+  EXPECT_EQ(files[2].bytes, fs::file_size(KernelCache(dir.path()).entry_path(kKey)));
+  EXPECT_TRUE(files[2].regular);
+  try {
+    KernelCache::scan(dir.path() / "missing");
+    ADD_FAILURE() << "scanned a missing directory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NotFound);
+    EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos) << e.what();
+  }
+}
+
+TEST(KernelCacheTools, ValidateFileSaysWhatIsWrong) {
+  TempDir dir;
+  KernelCache cache(dir.path());
+  cache.get_or_compile(kKey, [] { return sampleEntry(); });
+  const fs::path file = cache.entry_path(kKey);
+  CacheEntry loaded;
+  EXPECT_EQ(KernelCache::validate_file(file, kKey, &loaded), "");
+  EXPECT_EQ(loaded.ptx, sampleEntry().ptx);
+  EXPECT_NE(KernelCache::validate_file(file, "otherkey").find("another key"), std::string::npos);
+  const std::string good = readFile(file);
+  for (const Damage& damage : kDamages) {
+    writeFile(file, damage.apply(good));
+    EXPECT_NE(KernelCache::validate_file(file, kKey), "") << damage.name;
+  }
+  writeFile(file, good.substr(0, good.size() - 5));
+  EXPECT_NE(KernelCache::validate_file(file, kKey).find("truncated"), std::string::npos);
+  ASSERT_TRUE(fs::remove(file));
+  ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0);
+  EXPECT_NE(KernelCache::validate_file(file, kKey).find("FIFO"), std::string::npos);
+}
+
+TEST(KernelCacheTools, CorruptEntryIsReportedInTheResult) {
+  TempDir dir;
+  Compiler compiler;
+  KernelCache(dir.path()).get_or_compile(kKey, compiler.fn());
+  const fs::path file = KernelCache(dir.path()).entry_path(kKey);
+  writeFile(file, "garbage");
+  KernelCache cache(dir.path());
+  KernelCache::Result r = cache.get_or_compile(kKey, compiler.fn());
+  EXPECT_EQ(r.hit, CacheHit::Miss);
+  EXPECT_TRUE(r.corrupt);
+  EXPECT_FALSE(cache.get_or_compile("fresh", compiler.fn()).corrupt);
+  EXPECT_FALSE(KernelCache(dir.path()).get_or_compile(kKey, compiler.fn()).corrupt);
+}
+
+TEST(KernelCacheTools, RemoveKeyAndClearHoldEachLock) {
+  TempDir dir;
+  {
+    KernelCache cache(dir.path());
+    for (const char* key : {"k1", "k2", "k3"}) cache.get_or_compile(key, [] { return sampleEntry(); });
+  }
+  writeFile(dir.path() / ".k1.1.1.1.tmp", "left by a killed writer");
+  writeFile(dir.path() / "k3.twk", "damaged");
+  EXPECT_EQ(KernelCache::remove_key(dir.path(), "k1", true), KernelCache::Removal::Kept);
+  EXPECT_EQ(KernelCache::remove_key(dir.path(), "k3", true), KernelCache::Removal::Removed);
+  EXPECT_FALSE(fs::exists(dir.path() / "k3.twk"));
+  EXPECT_FALSE(fs::exists(dir.path() / "k3.lock"));
+  {
+    HeldLock held(dir.path() / "k2.lock");
+    EXPECT_EQ(KernelCache::remove_key(dir.path(), "k2"), KernelCache::Removal::InUse);
+    const KernelCache::Cleared cleared = KernelCache::clear(dir.path());
+    EXPECT_EQ(cleared.entries, 1u);
+    EXPECT_EQ(cleared.temporaries, 1u);
+    EXPECT_EQ(cleared.locks, 1u);
+    EXPECT_EQ(cleared.keys_in_use, 1u);
+    EXPECT_EQ(names(dir.path()), (std::set<std::string>{"k2.twk", "k2.lock"}));
+  }
+  const KernelCache::Cleared cleared = KernelCache::clear(dir.path());
+  EXPECT_EQ(cleared.entries, 1u);
+  EXPECT_EQ(cleared.keys_in_use, 0u);
+  EXPECT_EQ(names(dir.path()), std::set<std::string>{});
+  EXPECT_THROW(KernelCache::remove_key(dir.path(), "../x"), Error);
+}
+
+TEST(KernelCacheLimits, FromTheEnvironment) {
+  {
+    EnvVar bytes("TWELL_CACHE_MAX_BYTES", nullptr);
+    EnvVar timeout("TWELL_CACHE_LOCK_TIMEOUT_S", nullptr);
+    EXPECT_EQ(CacheLimits::from_env().max_bytes, uint64_t{2} << 30);
+    EXPECT_EQ(CacheLimits::from_env().lock_timeout, std::chrono::seconds(30));
+  }
+  {
+    EnvVar bytes("TWELL_CACHE_MAX_BYTES", "0");
+    EnvVar timeout("TWELL_CACHE_LOCK_TIMEOUT_S", "2.5");
+    EXPECT_EQ(CacheLimits::from_env().max_bytes, CacheLimits::kDefaultMaxBytes);
+    EXPECT_EQ(CacheLimits::from_env().lock_timeout, std::chrono::milliseconds(2500));
+  }
+  for (const auto& [text, bytes] : std::vector<std::pair<const char*, uint64_t>>{
+           {"123456", 123456}, {"64K", 64 << 10}, {"512M", uint64_t{512} << 20}, {"3G", uint64_t{3} << 30}}) {
+    EnvVar var("TWELL_CACHE_MAX_BYTES", text);
+    EXPECT_EQ(CacheLimits::from_env().max_bytes, bytes) << text;
+  }
+  // Invalid values: the default, and one warning per variable for the whole process.
+  EnvVar bytes("TWELL_CACHE_MAX_BYTES", "lots");
+  EnvVar timeout("TWELL_CACHE_LOCK_TIMEOUT_S", "-1");
+  testing::internal::CaptureStderr();
+  const CacheLimits first = CacheLimits::from_env();
+  const CacheLimits second = CacheLimits::from_env();
+  const std::string warnings = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(first.max_bytes, CacheLimits::kDefaultMaxBytes);
+  EXPECT_EQ(second.lock_timeout, CacheLimits::kDefaultLockTimeout);
+  EXPECT_NE(warnings.find("$TWELL_CACHE_MAX_BYTES: expected a number of bytes"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("got 'lots'"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("$TWELL_CACHE_LOCK_TIMEOUT_S"), std::string::npos) << warnings;
+  EXPECT_NE(warnings.find("got '-1'"), std::string::npos) << warnings;
+  EXPECT_EQ(std::count(warnings.begin(), warnings.end(), '\n'), 2) << warnings;
+  for (const char* bad : {"12X", "1e3", " 5", "99999999999999999999", "17179869184G"}) {
+    EnvVar var("TWELL_CACHE_MAX_BYTES", bad);
+    EXPECT_EQ(CacheLimits::from_env().max_bytes, CacheLimits::kDefaultMaxBytes) << bad;
   }
 }
 

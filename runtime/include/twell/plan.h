@@ -69,7 +69,8 @@ struct KernelReport {
   std::string kind;       // "gate_twell" | "gated_down" | "down" (the non-gated consumer) | "transpose" |
                           // "decode_gate" | "decode_gate_small" | "decode_up" | "decode_down"
                           // (PlanOptions::decode_max_tokens)
-  std::string cache;      // "memory" | "disk" | "miss" (compiled now by the JIT) | "bundle" (ahead of time)
+  std::string cache;      // "memory" | "disk" | "miss" (compiled now by the JIT) | "miss (corrupt entry replaced)"
+                          // (compiled now, a damaged disk entry was found) | "bundle" (ahead of time)
   double compile_ms = 0;  // NVRTC time (0 on a cache hit)
   double load_ms = 0;     // cache lookup or module load time
   size_t ptx_bytes = 0;
