@@ -108,6 +108,7 @@ _SIGNATURES = {
                                      ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(ctypes.c_char_p),
                                      ctypes.POINTER(ctypes.c_char_p)]),
     "twell_context_load_bundle": (_STATUS, [_P, ctypes.c_char_p]),
+    "twell_context_tune": (_STATUS, [_P, _P, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p)]),
     "twell_plan_create": (_STATUS, [_P, ctypes.POINTER(FfnSpec), _I64, ctypes.POINTER(PlanOptions), ctypes.POINTER(_P)]),
     "twell_plan_destroy": (_STATUS, [_P]),
     "twell_plan_run": (_STATUS, [_P, _P, ctypes.POINTER(FfnTensors), _I64, ctypes.c_uint64]),

@@ -147,6 +147,36 @@ class Context:
             raise InvalidArgumentError(f"twell.Context.load_bundle: directory: expected a directory name, got {directory!r}")
         check(lib().twell_context_load_bundle(self._handle, os.fsencode(directory)))
 
+    def tune(self, spec: FfnSpec, tokens=None, density: float | None = None, weights=None, layer: int | None = None,
+             budget_s: float = 60.0, reps: int = 5, write: bool = True, database: str | None = None) -> dict:
+        """Autotunes plans of `spec` on this GPU and stores the winner and runner-up per token bucket in the
+        tuning database ($TWELL_TUNING_DIR, else beside the kernel cache), which later plans of this spec
+        read (twell/tuning.h). tokens: counts, one bucket each (default 1, 16, 256, 16384, 131072);
+        density: uniform random inputs with this active fraction (default 0.005), or weights: safetensors
+        paths holding layers.<layer>.x and the gate weight. Returns the result (per bucket: winner,
+        runner_up, heuristic_ms, dense_ms). Raises NoDeviceError without a GPU, InvalidArgumentError
+        naming the field for bad arguments."""
+        if not isinstance(spec, FfnSpec):
+            raise InvalidArgumentError(f"twell.Context.tune: spec: expected a twell.FfnSpec, got {type(spec).__name__}")
+        request = {"budget_s": float(budget_s), "reps": _int("Context.tune", "reps", reps, 1, 1000), "write": bool(write)}
+        if tokens is not None:
+            tokens = [tokens] if isinstance(tokens, int) else list(tokens)
+            request["tokens"] = [_int("Context.tune", "tokens", t, 1, 1 << 24) for t in tokens]
+        if density is not None and weights is not None:
+            raise InvalidArgumentError("twell.Context.tune: expected density (random inputs) or weights (a real layer), got both")
+        if density is not None:
+            request["density"] = float(density)
+        if weights is not None:
+            request["weights"] = [os.fspath(w) for w in ([weights] if isinstance(weights, (str, os.PathLike)) else weights)]
+            if layer is not None:
+                request["layer"] = _int("Context.tune", "layer", layer, 0, 1 << 30)
+        if database is not None:
+            request["database"] = os.fspath(database)
+        out = ctypes.c_char_p()
+        check(lib().twell_context_tune(self._handle, ctypes.byref(spec._struct()), json.dumps(request).encode(),
+                                       ctypes.byref(out)))
+        return json.loads(out.value.decode())
+
     def plan(self, spec: FfnSpec, max_tokens: int, options: PlanOptions = PlanOptions()) -> "Plan":
         """Generates (or loads) the kernels of `spec` and allocates the workspace for max_tokens rows."""
         return Plan(self, spec, max_tokens, options)
@@ -246,6 +276,11 @@ class DenseFfn:
 
     def run_struct(self, stream: int, tensors: _capi.FfnTensors, tokens: int) -> None:
         check(lib().twell_dense_run(self._handle, stream, ctypes.byref(tensors), tokens))
+
+
+def tune(spec: FfnSpec, device: int = 0, **kwargs) -> dict:
+    """Context(device).tune(spec, **kwargs): autotuning into the tuning database (Context.tune)."""
+    return Context(device).tune(spec, **kwargs)
 
 
 def choose_dense_neurons(spec: FfnSpec, tokens: int, sorted_activity, rows: int) -> int:

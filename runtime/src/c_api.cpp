@@ -16,7 +16,10 @@
 #include "twell/jit_registry.h"
 #include "twell/kernels/validate.h"
 #include "twell/neuron_order.h"
+#include "twell/layer_data.h"
 #include "twell/plan.h"
+#include "twell/safetensors.h"
+#include "twell/tuning.h"
 
 #ifndef TWELL_VERSION
 #define TWELL_VERSION "unknown"
@@ -24,7 +27,7 @@
 
 struct twell_context {
   twell::Context context;
-  std::string target, device_name, no_gpu_reason;
+  std::string target, device_name, no_gpu_reason, tune_json;
 };
 
 struct twell_plan {
@@ -152,6 +155,7 @@ nlohmann::json describe(const twell::FfnPlan& plan) {
           {"max_tokens", plan.max_tokens()},
           {"dense_neurons", plan.dense_neurons()},
           {"runnable", plan.runnable()},
+          {"config_source", plan.config_source()},
           {"kernels", kernels}};
 }
 
@@ -261,6 +265,57 @@ twell_status_t twell_context_load_bundle(twell_context_t context, const char* di
     twell_context& c = require(context, "twell_context_load_bundle", "context");
     if (dir == nullptr) invalid("twell_context_load_bundle", "dir", "a directory name", "NULL");
     c.context.load_bundle(dir);
+  });
+}
+
+twell_status_t twell_context_tune(twell_context_t context, const twell_ffn_spec* spec, const char* request_json,
+                                  const char** result_json) {
+  return guarded([&] {
+    constexpr const char* fn = "twell_context_tune";
+    twell_context& c = require(context, fn, "context");
+    require_out(result_json, fn, "result_json");
+    twell::TuneRequest r;
+    r.spec = to_spec(spec, fn);
+    const nlohmann::json q = request_json ? nlohmann::json::parse(request_json, nullptr, /*allow_exceptions=*/false) : nlohmann::json::object();
+    if (!q.is_object()) invalid(fn, "request_json", "a JSON object", request_json ? std::string(request_json).substr(0, 200) : "");
+    try {
+      for (const auto& [key, value] : q.items()) {
+        if (key == "tokens") r.tokens = value.get<std::vector<int64_t>>();
+        else if (key == "density") r.density = value.get<double>();
+        else if (key == "budget_s") r.budget_s = value.get<double>();
+        else if (key == "reps") r.reps = value.get<int>();
+        else if (key == "write") r.write = value.get<bool>();
+        else if (key == "database") r.database = value.get<std::string>();
+        else if (key != "weights" && key != "layer")
+          invalid(fn, "request_json", "keys tokens, density, weights, layer, budget_s, reps, write, database", "key '" + key + "'");
+      }
+      if (q.contains("weights")) {
+        std::vector<twell::SafeTensors> files;
+        for (const auto& f : q["weights"].get<std::vector<std::string>>()) files.push_back(twell::SafeTensors::read(f));
+        std::optional<int> layer;
+        if (q.contains("layer")) layer = q["layer"].get<int>();
+        r.layer = twell::load_layer(files, layer, /*random_up_down_if_missing=*/true);
+      }
+    } catch (const nlohmann::json::exception& e) {
+      invalid(fn, "request_json", "values of the documented types", e.what());
+    }
+    const twell::TuneResult t = c.context.tune(r);
+    auto config = [](const twell::TunedConfig& k) {
+      return nlohmann::json{{"path", k.path == twell::TunedConfig::Path::TwELL ? "twell" : "dense"}, {"tile_n", k.tile_n},
+                            {"slots", k.slots}, {"cluster_m", k.cluster_m}, {"consumer", to_string(k.consumer)},
+                            {"decode_max_tokens", k.decode_max_tokens}, {"ms", k.ms}};
+    };
+    nlohmann::json j = {{"workload", t.workload}, {"file", t.file.string()}, {"seconds", t.seconds},
+                        {"configurations", t.configurations}, {"pruned", t.pruned}, {"compiled", t.compiled},
+                        {"outliers", t.outliers}, {"buckets", nlohmann::json::array()}};
+    for (const auto& b : t.buckets) {
+      nlohmann::json e = {{"tokens", b.tokens}, {"winner", config(b.winner)}, {"heuristic_ms", b.heuristic_ms},
+                          {"dense_ms", b.dense_ms}, {"candidates", b.candidates}, {"rejected", b.rejected}};
+      if (b.runner_up) e["runner_up"] = config(*b.runner_up);
+      j["buckets"].push_back(e);
+    }
+    c.tune_json = j.dump();
+    *result_json = c.tune_json.c_str();
   });
 }
 

@@ -9,6 +9,7 @@
 #include "twell/error.h"
 #include "twell/kernels/constraints.h"
 #include "twell/kernels/validate.h"
+#include "twell/tuning.h"
 
 namespace twell {
 
@@ -46,14 +47,53 @@ void check_tiles(const TwellLayout& layout, int64_t d_ff, int64_t max_tokens) {
 
 }  // namespace
 
-FfnPlan Context::plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options) {
+namespace {
+// PlanOptions::tuning: the tuned layout for the fields `spec` leaves unset, and where it came from.
+FfnSpec tuned_spec(Context& context, const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options, std::string* source) {
+  if (spec.tile_n || spec.slots || spec.gate_cluster_m) {
+    *source = "option";
+    return spec;
+  }
+  *source = "heuristic";
+  if (options.tuning == PlanOptions::Tuning::Ignore || !context.has_gpu()) return spec;
+  const TuningDatabase db{std::filesystem::path(options.tuning_dir)};
+  const auto entry = db.lookup(tuning_hardware(context), spec, options.tuning_workload);
+  if (!entry || entry->buckets.empty()) return spec;
+  const TunedBucket* bucket = &entry->buckets.back();
+  for (const TunedBucket& b : entry->buckets)
+    if (b.tokens >= max_tokens) {
+      bucket = &b;
+      break;
+    }
+  // The best TwELL configuration of the bucket (the winner may be the dense path).
+  const TunedConfig* best = nullptr;
+  for (const auto* c : {&bucket->winner, bucket->runner_up ? &*bucket->runner_up : nullptr})
+    if (c && c->path == TunedConfig::Path::TwELL && !best) best = c;
+  if (!best) return spec;
+  FfnSpec s = spec;
+  s.tile_n = best->tile_n;
+  s.slots = best->slots;
+  s.gate_cluster_m = best->cluster_m;
+  if (options.dispatch != Dispatch::Auto && !s.consumer) s.consumer = best->consumer;
+  if (!kernels::validate_spec(s, "").empty()) return spec;  // an entry this version cannot build
+  *source = fmt::format("database {} workload {} bucket {}: tile_n {} slots {} cluster_m {}{}", entry->file.string(),
+                        entry->workload, bucket->tokens, best->tile_n, best->slots, best->cluster_m,
+                        s.consumer && !spec.consumer ? fmt::format(" consumer {}", to_string(*s.consumer)) : std::string());
+  return s;
+}
+}  // namespace
+
+FfnPlan Context::plan(const FfnSpec& user_spec, int64_t max_tokens, const PlanOptions& options) {
   const std::shared_ptr<Context::Impl> ctx = context_impl(*this);  // throws for a moved-from context
-  check_spec(spec, max_tokens, options);
+  check_spec(user_spec, max_tokens, options);
+  std::string config_source;
+  const FfnSpec spec = tuned_spec(*this, user_spec, max_tokens, options, &config_source);
   FfnPlan plan;
   plan.impl_ = std::make_unique<FfnPlan::Impl>();
   FfnPlan::Impl& p = *plan.impl_;
   p.context = ctx;
   p.spec = spec;
+  p.config_source = std::move(config_source);
   p.dense_neurons = options.dense_neurons;
   p.sparse_spec = spec;
   p.sparse_spec.d_ff = spec.d_ff - options.dense_neurons;

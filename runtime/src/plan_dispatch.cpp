@@ -87,6 +87,8 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t d
 
 std::string FfnPlan::last_path() const { return checked_plan(impl_, "last_path").last_path; }
 
+std::string FfnPlan::config_source() const { return checked_plan(impl_, "config_source").config_source; }
+
 void FfnPlan::recalibrate() { checked_plan(impl_, "recalibrate").bucket_path.clear(); }
 
 void FfnPlan::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) { launch(stream, t, tokens, Stages::GateOnly); }

@@ -63,6 +63,7 @@ struct FfnPlan::Impl {
   std::unique_ptr<detail::DeviceBuffer> decode_act, decode_arrivals, decode_entries;
   bool use_block = false;  // the consumer the next launch() runs
   std::string last_path;
+  std::string config_source = "heuristic";  // FfnPlan::config_source
 
   void allocate_backup(uint32_t capacity) {
     backup_capacity = capacity;

@@ -2,6 +2,8 @@
 //   twellc run [FILE.safetensors ...] [--layer N] ...   the main job (see `twellc run --help`)
 //   twellc emit (FILE.mlir | --d-model D --d-ff F) ...   ahead-of-time MLIR / CUDA / PTX
 //   twellc compile (--d-model D --d-ff F | --sample) -o DIR   ahead-of-time bundles for the runtime
+//   twellc cache list|stats|clear|verify [--dir D]        the kernel cache directory
+//   twellc tune --d-model D --d-ff F ...                 autotuning into the tuning database
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -104,17 +106,23 @@ int main(int argc, char** argv) {
       "usage: twellc run [FILE.safetensors ...] [options]   run the sparse FFN on real data (default: embedded sample)\n"
       "       twellc emit (FILE.mlir | --d-model D --d-ff F) [--emit mlir|cuda|ptx] [--out DIR]\n"
       "       twellc compile (--d-model D --d-ff F | --sample) [--target sm_90a,sm_80] -o DIR   bundles\n"
+      "       twellc tune --d-model D --d-ff F [--tokens M,...] [--density P | --weights FILE --layer N]   autotune\n"
+      "       twellc cache list|stats|clear|verify [--dir D]   the kernel cache (twellc cache --help)\n"
       "       twellc <command> --help                       options of a command\n";
   if (argc < 2) {
-    std::fprintf(stderr, "twellc: expected a command (run, emit or compile), got none\n%s", usage.c_str());
+    std::fprintf(stderr, "twellc: expected a command (run, emit, compile or tune), got none\n%s", usage.c_str());
     return 2;
   }
   const std::string cmd = argv[1];
   std::vector<std::string> rest(argv + 2, argv + argc);
-  if (cmd == "run" || cmd == "emit" || cmd == "compile") {
+  if (cmd == "cache") return twellc::cache_command(rest);  // reports its own errors and output failures
+  if (cmd == "run" || cmd == "emit" || cmd == "compile" || cmd == "tune") {
     int rc = 1;
     try {
-      rc = cmd == "run" ? twellc::run_command(rest) : cmd == "emit" ? twellc::emit_command(rest) : twellc::compile_command(rest);
+      rc = cmd == "run"       ? twellc::run_command(rest)
+           : cmd == "emit"    ? twellc::emit_command(rest)
+           : cmd == "compile" ? twellc::compile_command(rest)
+                              : twellc::tune_command(rest);
     } catch (const std::exception& e) {  // the commands report twell::Error themselves; anything else lands here
       std::fprintf(stderr, "twellc %s: error: %s\n", cmd.c_str(), e.what());
       return 1;

@@ -140,6 +140,14 @@ twell_status_t twell_context_destroy(twell_context_t context); /* NULL is a no-o
 twell_status_t twell_context_info(twell_context_t context, int* has_gpu, int* sm_count, const char** target,
                                   const char** device_name, const char** no_gpu_reason);
 twell_status_t twell_context_load_bundle(twell_context_t context, const char* dir);
+/* Autotunes plans of `spec` on the context's GPU (twell::tune, twell/tuning.h) and stores the result in
+ * the tuning database, which later plans read. request_json (NULL: the defaults) is an object with
+ * any of "tokens" (array of counts), "density" (fraction), "weights" (array of safetensors paths) with
+ * "layer", "budget_s", "reps", "write" (bool), "database" (directory). *result_json receives the result
+ * (workload, file, seconds, configurations, pruned, compiled, outliers, buckets with winner, runner_up,
+ * heuristic_ms, dense_ms), owned by the context, valid until its next tune. */
+twell_status_t twell_context_tune(twell_context_t context, const twell_ffn_spec* spec, const char* request_json,
+                                  const char** result_json);
 
 /* Plans (twell::FfnPlan). options NULL: the defaults. */
 twell_status_t twell_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,

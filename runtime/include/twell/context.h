@@ -20,6 +20,7 @@
 #include "twell/kernels/kernel.h"
 #include "twell/plan.h"
 #include "twell/spec.h"
+#include "twell/tuning.h"
 
 namespace twell {
 
@@ -79,6 +80,10 @@ class Context {
   int sm_count() const;               // 0 without a GPU
   const Target& target() const;
   CacheCounters cache_counters() const;
+
+  // Autotunes plans of request.spec on this GPU and stores the result in the tuning database
+  // (twell/tuning.h: tune()); later plans of that spec use it (PlanOptions::tuning).
+  TuneResult tune(const TuneRequest& request);
 
   // Generates, compiles (or loads from the cache) and, with a GPU, loads the kernels of `spec` and
   // allocates the workspace for up to `max_tokens` rows. Without a GPU the plan can report and emit

@@ -61,6 +61,16 @@ struct PlanOptions {
   // same four kernels (decode_gate for up to 64 rows, decode_gate_small for up to 8, decode_up,
   // decode_down), and sizes their workspace: about min(max_tokens, decode_max_tokens) x d_ff x 10 bytes.
   int64_t decode_max_tokens = 64;
+  // The tuning database (twell/tuning.h): with Use, the layout fields the FfnSpec leaves unset (tile_n,
+  // slots, gate_cluster_m; the consumer too unless Dispatch::Auto, which times both) come from the
+  // tuned entry of this GPU and spec, if there is one: the best TwELL configuration of the bucket
+  // holding max_tokens (else the largest bucket). FfnPlan::config_source() says where they came from.
+  enum class Tuning { Use, Ignore };
+  Tuning tuning = Tuning::Use;
+  // Which tuned workload ("density:0.50%", "pattern:<hex>"); empty: the most recently tuned one.
+  std::string tuning_workload;
+  // The database directory; empty: TuningDatabase::default_dir().
+  std::string tuning_dir;
 };
 
 // How one kernel was obtained.
@@ -130,6 +140,11 @@ class FfnPlan {
   // The path the last run() took: "twell" (with the dense neurons of PlanOptions::dense_neurons, if
   // any) or "dense" ("" before the first run).
   std::string last_path() const;
+
+  // Where the layout came from: "option" (the FfnSpec set tile_n / slots / cluster), "heuristic"
+  // (twell-select-config's defaults: no tuned entry, or PlanOptions::Tuning::Ignore), or
+  // "database <file> workload <w> bucket <tokens>: tile_n T slots S cluster_m C[ consumer V]".
+  std::string config_source() const;
 
   // Dispatch::Auto decides once per (decision key, token bucket), on the inputs of its first run(). This
   // forgets every decision: the next run() of each bucket times the paths again. Call it when the

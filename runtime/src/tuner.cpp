@@ -1,0 +1,398 @@
+// The tuner (twell/tuning.h): enumerate, prune, compile in parallel, check against the reference, time
+// per token bucket, store the winner and the runner-up.
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <future>
+#include <map>
+#include <random>
+#include <thread>
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include "driver.h"
+#include "twell/context.h"
+#include "twell/dense.h"
+#include "twell/device_memory.h"
+#include "twell/error.h"
+#include "twell/half.h"
+#include "twell/kernels/validate.h"
+#include "twell/reference.h"
+#include "twell/tuning.h"
+
+#ifndef TWELL_VERSION
+#define TWELL_VERSION "unknown"
+#endif
+
+namespace twell {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+[[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::InvalidArgument, "tune: " + what); }
+
+// The inverse of the standard normal CDF (Acklam's rational approximation, relative error < 1.2e-9):
+// where to put the gate's mean so that a fraction p of N(mean, 1) lies above the threshold.
+double normal_quantile(double p) {
+  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+                             1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00};
+  static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
+                             6.680131188771972e+01, -1.328068155288572e+01};
+  static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
+                             -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00};
+  static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00};
+  const double lo = 0.02425;
+  if (p < lo) {
+    const double q = std::sqrt(-2 * std::log(p));
+    return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1);
+  }
+  if (p > 1 - lo) return -normal_quantile(1 - p);
+  const double q = p - 0.5, r = q * q;
+  return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q /
+         (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
+}
+
+// Host inputs of the tune, bf16/fp16 bits: x [rows, d_model], weights in nn.Linear layouts.
+struct HostInputs {
+  int64_t rows = 0;
+  std::vector<uint16_t> x, w_gate, w_up, w_down;
+  std::string workload;
+};
+
+// Uniform random inputs at `density`: x ~ N(0, 1) except column 0, which is 1; Wg ~ N(0, 1/(d_model-1))
+// except column 0, which is threshold - z (z the normal quantile of 1 - density), so that
+// g = x Wg^T ~ N(threshold - z, 1) and a fraction `density` of the neurons is active per token (ReLU;
+// about that for SiLU's magnitude test). Wu, Wd ~ U(+-1/sqrt(fan_in)) as nn.Linear initializes them.
+HostInputs random_inputs(const FfnSpec& s, int64_t rows, double density) {
+  HostInputs in;
+  in.rows = rows;
+  in.workload = density_workload(density);
+  std::mt19937_64 rng(0x7e11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto bits = [&](float v) { return from_float(s.dtype, v); };
+  const float z = static_cast<float>(normal_quantile(1 - density));
+  in.x.resize(size_t(rows) * s.d_model);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < s.d_model; ++c) in.x[r * s.d_model + c] = bits(c == 0 ? 1.0f : normal(rng));
+  const float wscale = 1.0f / std::sqrt(static_cast<float>(std::max<int64_t>(1, s.d_model - 1)));
+  in.w_gate.resize(size_t(s.d_ff) * s.d_model);
+  for (int64_t n = 0; n < s.d_ff; ++n)
+    for (int64_t c = 0; c < s.d_model; ++c) in.w_gate[n * s.d_model + c] = bits(c == 0 ? s.threshold - z : wscale * normal(rng));
+  auto uniform = [&](std::vector<uint16_t>& w, size_t count, int64_t fan_in) {
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const float k = 1.0f / std::sqrt(static_cast<float>(fan_in));
+    w.resize(count);
+    for (auto& v : w) v = bits(k * u(rng));
+  };
+  if (s.gated) uniform(in.w_up, size_t(s.d_ff) * s.d_model, s.d_model);
+  uniform(in.w_down, size_t(s.d_model) * s.d_ff, s.d_ff);
+  return in;
+}
+
+// A real layer's inputs, its token rows repeated to `rows`; the workload names a fingerprint of its x
+// and Wg (the activation pattern follows from them and the spec's threshold, which keys the file).
+HostInputs layer_inputs(const FfnSpec& s, const LayerData& d, int64_t rows) {
+  if (d.d_model != s.d_model || d.d_ff != s.d_ff)
+    bad(fmt::format("layer: expected d_model {} and d_ff {} (the spec's), got {} and {}", s.d_model, s.d_ff, d.d_model, d.d_ff));
+  if (d.tokens < 1) bad("layer: expected at least one token row of x, got 0");
+  HostInputs in;
+  in.rows = rows;
+  uint64_t h = XXH64(d.x.data(), d.x.size() * 2, 0);
+  h = XXH64(d.w_gate.data(), d.w_gate.size() * 2, h);
+  in.workload = fmt::format("pattern:{:016x}", h);
+  in.x.resize(size_t(rows) * s.d_model);
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy_n(d.x.begin() + (r % d.tokens) * s.d_model, s.d_model, in.x.begin() + r * s.d_model);
+  in.w_gate = d.w_gate;
+  if (s.gated) in.w_up = d.w_up;
+  in.w_down = d.w_down;
+  return in;
+}
+
+// A candidate's plan: its configuration exactly (Dispatch::Sparse, no database), decode kernels or not.
+PlanOptions sparse_options(int64_t decode_max_tokens) {
+  PlanOptions o;
+  o.dispatch = Dispatch::Sparse;
+  o.decode_max_tokens = decode_max_tokens;
+  o.tuning = PlanOptions::Tuning::Ignore;
+  return o;
+}
+
+std::string describe(const TunedConfig& c) {
+  if (c.path == TunedConfig::Path::Dense) return "dense (fused gate+up, cuBLASLt down)";
+  return fmt::format("tile_n {} slots {} cluster {} {}{}", c.tile_n, c.slots, c.cluster_m, to_string(c.consumer),
+                     c.decode_max_tokens > 0 ? fmt::format(" decode<= {}", c.decode_max_tokens) : std::string());
+}
+
+// Slot counts worth trying for a tile width, from the mean nnz per tile-row at that width: the
+// smallest 2^k - 1 holding about the 99th percentile of a Poisson count, and its neighbours.
+std::vector<int> slot_candidates(double mean_nnz, int tile_n) {
+  const double p99 = mean_nnz + 2.33 * std::sqrt(std::max(mean_nnz, 1.0)) + 1;
+  int s = 3;
+  while (s < p99 && s < tile_n - 1) s = 2 * s + 1;
+  std::vector<int> out;
+  for (int v : {(s - 1) / 2, s, 2 * s + 1})
+    if (v >= 3 && v < tile_n) out.push_back(v);
+  return out;
+}
+
+}  // namespace
+
+TuningHardware tuning_hardware(Context& ctx) {
+  TuningHardware hw;
+  hw.arch = ctx.target().arch();
+  hw.sm_count = ctx.sm_count();
+  hw.driver_version = ctx.has_gpu() ? detail::Driver::get().driver_version : 0;
+  hw.twell_version = TWELL_VERSION;
+  hw.device_name = ctx.device_name();
+  return hw;
+}
+
+TuneResult Context::tune(const TuneRequest& request) { return twell::tune(*this, request); }
+
+TuneResult tune(Context& ctx, const TuneRequest& r) {
+  const auto start = Clock::now();
+  auto say = [&](const std::string& line) {
+    if (r.progress) r.progress(line);
+  };
+  if (!ctx.has_gpu()) throw Error(ErrorCode::NoDevice, "tune: needs a GPU (" + ctx.no_gpu_reason() + ")");
+  FfnSpec spec = r.spec;
+  spec.tile_n.reset();
+  spec.slots.reset();
+  spec.consumer.reset();
+  spec.gate_cluster_m.reset();
+  if (const std::string e = kernels::validate_spec(spec, "spec."); !e.empty()) bad(e);
+  if (r.tokens.empty()) bad("tokens: expected at least one token count, got none");
+  std::vector<int64_t> buckets;
+  for (int64_t t : r.tokens) {
+    if (t < 1 || t > (int64_t{1} << 24)) bad(fmt::format("tokens: expected counts in 1..{}, got {}", int64_t{1} << 24, t));
+    buckets.push_back(static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(t))));
+  }
+  std::sort(buckets.begin(), buckets.end());
+  buckets.erase(std::unique(buckets.begin(), buckets.end()), buckets.end());
+  if (!r.layer && !(r.density > 0 && r.density < 1)) bad(fmt::format("density: expected a fraction in (0, 1), got {}", r.density));
+  if (r.reps < 1 || r.reps > 1000) bad(fmt::format("reps: expected 1..1000, got {}", r.reps));
+  if (r.budget_s < 0) bad(fmt::format("budget_s: expected >= 0 (0: no limit), got {}", r.budget_s));
+
+  TuneResult result;
+  result.hardware = tuning_hardware(ctx);
+  const int64_t max_m = buckets.back();
+  const HostInputs in = r.layer ? layer_inputs(spec, *r.layer, max_m) : random_inputs(spec, max_m, r.density);
+  result.workload = in.workload;
+  say(fmt::format("tune: d_model {} d_ff {} {} {} threshold {} on {} ({} SMs), workload {}, buckets {}", spec.d_model, spec.d_ff,
+                  to_string(spec.dtype), to_string(spec.activation), spec.threshold, result.hardware.device_name,
+                  result.hardware.sm_count, in.workload, fmt::join(buckets, ", ")));
+
+  // Device inputs. x and y rotate through max_m rows: a bucket of m rows takes successive m-row
+  // windows, so repeated calls do not find their x in L2 (the weights, tens of MB, are read each call).
+  StreamHandle stream(ctx);
+  DeviceMemory x(ctx, in.x.size() * 2), wg(ctx, in.w_gate.size() * 2), wd(ctx, in.w_down.size() * 2),
+      y(ctx, size_t(max_m) * spec.d_model * 2);
+  std::optional<DeviceMemory> wu;
+  x.upload(in.x);
+  wg.upload(in.w_gate);
+  wd.upload(in.w_down);
+  if (spec.gated) {
+    wu.emplace(ctx, in.w_up.size() * 2);
+    wu->upload(in.w_up);
+  }
+  auto tensors = [&](int64_t window, int64_t m) {
+    const int64_t windows = std::max<int64_t>(1, max_m / m);
+    const size_t offset = size_t(window % windows) * m * spec.d_model;
+    FfnTensors t;
+    t.x = static_cast<const uint16_t*>(x.data()) + offset;
+    t.w_gate = wg.data();
+    t.w_up = spec.gated ? wu->data() : nullptr;
+    t.w_down = wd.data();
+    t.y = static_cast<uint16_t*>(y.data()) + offset;
+    return t;
+  };
+  auto download_y = [&](int64_t m) {
+    std::vector<uint16_t> bits(size_t(m) * spec.d_model);
+    y.download(bits.data(), bits.size() * 2);
+    std::vector<float> out(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) out[i] = to_float(spec.dtype, bits[i]);
+    return out;
+  };
+  // Times fn(window) for one bucket: GPU time (time_on_stream), median of reps; outliers counted.
+  auto time_bucket = [&](int64_t, const std::function<void(int64_t)>& fn) {
+    int64_t window = 0;
+    const auto ms = time_on_stream(stream.get(), [&] { fn(window++); }, 1, r.reps);
+    const double median = ms[ms.size() / 2];
+    for (double t : ms) result.outliers += t > 1.5 * median;
+    return median;
+  };
+
+  // The reference per bucket (cuBLASLt's dense FFN on the first window) and the dense path's time.
+  std::map<int64_t, std::vector<float>> reference;
+  std::map<int64_t, double> dense_ms;
+  {
+    DenseFfn ref(ctx, spec, max_m, DenseKernels::CuBlasLt);
+    DenseFfn fused(ctx, spec, max_m, DenseKernels::FusedGatedUp);
+    for (int64_t m : buckets) {
+      y.fill(0xFF);
+      ref.run(stream.get(), tensors(0, m), m);
+      stream.synchronize();
+      reference[m] = download_y(m);
+      dense_ms[m] = time_bucket(m, [&](int64_t w) { fused.run(stream.get(), tensors(w, m), m); });
+    }
+  }
+  // Mean nnz per neuron-tile: measured where the inputs are real (one sparse run of the default
+  // layout), else the requested density.
+  double density = r.density;
+  if (r.layer) {
+    FfnPlan probe = ctx.plan(spec, std::min<int64_t>(max_m, 16384), sparse_options(0));
+    const int64_t m = std::min<int64_t>(max_m, 16384);
+    probe.run(stream.get(), tensors(0, m), m);
+    const TwellMatrix h = probe.download_twell(stream.get());
+    const int64_t wpr = h.layout.words_per_row(h.d_ff);
+    uint64_t nnz = 0;
+    for (int64_t row = 0; row < h.rows; ++row)
+      for (int64_t t = 0; t < h.layout.tiles(h.d_ff); ++t) nnz += h.words[row * wpr + t * (h.layout.slots + 1)];
+    density = double(nnz) / (double(h.rows) * h.d_ff);
+    say(fmt::format("  measured density {:.3f}% over {} rows", 100 * density, h.rows));
+  }
+
+  // The configuration space the contracts allow on this target, pruned by the cost model: slots far
+  // below the mean nnz (nearly every tile-row overflows) are not tried.
+  const bool hopper = ctx.target().sm == 90 && ctx.target().arch_specific;
+  std::vector<TunedConfig> configs;
+  for (int tile_n : {64, 128, 256, 512}) {
+    const double mean = density * tile_n;
+    for (int slots : slot_candidates(mean, tile_n))
+      for (int cluster : hopper ? std::vector<int>{1, 2} : std::vector<int>{1})
+        for (ConsumerVariant consumer : {ConsumerVariant::RowGather, ConsumerVariant::TokenBlock}) {
+          FfnSpec s = spec;
+          s.tile_n = tile_n;
+          s.slots = slots;
+          s.gate_cluster_m = cluster;
+          s.consumer = consumer;
+          ++result.configurations;
+          if (!kernels::validate_spec(s, "").empty()) continue;  // not legal for these fields
+          if (slots < mean / 2) {
+            ++result.pruned;
+            continue;
+          }
+          configs.push_back(TunedConfig{TunedConfig::Path::TwELL, tile_n, slots, cluster, consumer, 0, 0});
+        }
+  }
+  say(fmt::format("  {} configurations legal here, {} pruned by the cost model, {} to compile", result.configurations,
+                  result.pruned, configs.size()));
+
+  // Compile the candidates' plans in parallel (NVRTC in threads; the cache serializes identical kernels).
+  const auto before = ctx.cache_counters();
+  struct Candidate {
+    TunedConfig config;
+    std::optional<FfnPlan> plan;       // decode_max_tokens 64
+    std::optional<FfnPlan> no_decode;  // the same without the decode kernels (made when a bucket needs it)
+    std::string error;
+  };
+  std::vector<Candidate> candidates(configs.size());
+  {
+    const unsigned threads = r.compile_threads > 0 ? unsigned(r.compile_threads) : std::max(1u, std::thread::hardware_concurrency());
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    for (unsigned i = 0; i < std::min<size_t>(threads, configs.size()); ++i)
+      pool.emplace_back([&] {
+        for (size_t k = next++; k < configs.size(); k = next++) {
+          candidates[k].config = configs[k];
+          if (r.budget_s > 0 && seconds_since(start) > r.budget_s) {
+            candidates[k].error = "budget";
+            continue;
+          }
+          FfnSpec s = spec;
+          s.tile_n = configs[k].tile_n;
+          s.slots = configs[k].slots;
+          s.gate_cluster_m = configs[k].cluster_m;
+          s.consumer = configs[k].consumer;
+          try {
+            candidates[k].plan.emplace(ctx.plan(s, max_m, sparse_options(64)));
+          } catch (const Error& e) {
+            candidates[k].error = e.what();
+          }
+        }
+      });
+    for (auto& t : pool) t.join();
+  }
+  result.compiled = static_cast<int>(ctx.cache_counters().misses - before.misses);
+  say(fmt::format("  compiled: {} kernels in {:.1f} s (cache misses)", result.compiled, seconds_since(start)));
+
+  // The heuristic's plan (no database): what a plan gets without tuning.
+  PlanOptions heuristic_options;
+  heuristic_options.tuning = PlanOptions::Tuning::Ignore;
+  FfnPlan heuristic = ctx.plan(spec, max_m, heuristic_options);
+
+  for (int64_t m : buckets) {
+    TunedBucket b;
+    b.tokens = m;
+    b.dense_ms = dense_ms[m];
+    b.heuristic_ms = time_bucket(m, [&](int64_t w) { heuristic.run(stream.get(), tensors(w, m), m); });
+    std::vector<TunedConfig> ranked;
+    ranked.push_back(TunedConfig{TunedConfig::Path::Dense, 0, 0, 1, ConsumerVariant::RowGather, 0, b.dense_ms});
+    // One candidate plan at this bucket: checked against the reference on the first window (a
+    // configuration that changes results is rejected, not ranked), then timed over rotating windows.
+    auto evaluate = [&](FfnPlan& plan, TunedConfig config) {
+      if (r.budget_s > 0 && seconds_since(start) > r.budget_s) {
+        ++result.pruned;
+        return;
+      }
+      ++b.candidates;
+      y.fill(0xFF);
+      plan.run(stream.get(), tensors(0, m), m);
+      stream.synchronize();
+      const double err = relative_error(download_y(m), reference[m]);
+      if (!(err <= 1e-2)) {  // NaN rejects too
+        ++b.rejected;
+        say(fmt::format("  M={}: {} rejected: relative error {:.3e} against the reference", m, describe(config), err));
+        return;
+      }
+      config.ms = time_bucket(m, [&](int64_t w) { plan.run(stream.get(), tensors(w, m), m); });
+      ranked.push_back(config);
+    };
+    for (Candidate& c : candidates) {
+      if (!c.plan) {
+        if (c.error == "budget") ++result.pruned;
+        continue;
+      }
+      // Calls of at most 64 rows take the decode kernels of a plan that has them (the row consumer's;
+      // the token block has none); the same configuration without them is the other candidate.
+      const bool decode = m <= 64 && c.config.consumer == ConsumerVariant::RowGather;
+      TunedConfig config = c.config;
+      config.decode_max_tokens = decode ? 64 : 0;
+      evaluate(*c.plan, config);
+      if (decode) {
+        if (!c.no_decode) {
+          FfnSpec s = spec;
+          s.tile_n = c.config.tile_n;
+          s.slots = c.config.slots;
+          s.gate_cluster_m = c.config.cluster_m;
+          s.consumer = c.config.consumer;
+          c.no_decode.emplace(ctx.plan(s, max_m, sparse_options(0)));
+        }
+        config.decode_max_tokens = 0;
+        evaluate(*c.no_decode, config);
+      }
+    }
+    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.ms < b.ms; });
+    b.winner = ranked[0];
+    if (ranked.size() > 1) b.runner_up = ranked[1];
+    const double left = r.budget_s > 0 ? std::max(0.0, r.budget_s - seconds_since(start)) : 0;
+    say(fmt::format("  M={:>6}: {:.4f} ms {} | runner-up {:.4f} ms | heuristic {:.4f} ms, dense {:.4f} ms ({} timed, {} "
+                    "rejected; {:.0f} s elapsed{})", m, b.winner.ms, describe(b.winner), b.runner_up ? b.runner_up->ms : 0.0,
+                    b.heuristic_ms, b.dense_ms, b.candidates, b.rejected, seconds_since(start),
+                    r.budget_s > 0 ? fmt::format(", {:.0f} s left", left) : std::string()));
+    result.buckets.push_back(b);
+  }
+  if (r.write) result.file = TuningDatabase(r.database).store(result.hardware, spec, result.workload, result.buckets);
+  result.seconds = seconds_since(start);
+  say(fmt::format("tune: done in {:.1f} s{}{}", result.seconds, result.file.empty() ? "" : ", stored in " + result.file.string(),
+                  result.outliers ? fmt::format(" ({} timed calls were outliers, above 1.5x their median)", result.outliers)
+                                  : std::string()));
+  return result;
+}
+
+}  // namespace twell
