@@ -11,7 +11,6 @@ int run_command(const std::vector<std::string>& args);
 int emit_command(const std::vector<std::string>& args);
 int compile_command(const std::vector<std::string>& args);
 int cache_command(const std::vector<std::string>& args);  // cache_command.cpp: list|stats|clear|verify
-int cache_command(const std::vector<std::string>& args);  // cache_command.cpp: list|stats|clear|verify
 int tune_command(const std::vector<std::string>& args);
 
 // Parses "--name value" / "--name=value" options and positional arguments; unknown options are errors.

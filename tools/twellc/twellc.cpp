@@ -3,7 +3,6 @@
 //   twellc emit (FILE.mlir | --d-model D --d-ff F) ...   ahead-of-time MLIR / CUDA / PTX
 //   twellc compile (--d-model D --d-ff F | --sample) -o DIR   ahead-of-time bundles for the runtime
 //   twellc cache list|stats|clear|verify [--dir D]        the kernel cache directory
-//   twellc cache list|stats|clear|verify [--dir D]        the kernel cache directory
 //   twellc tune --d-model D --d-ff F ...                 autotuning into the tuning database
 #include <cerrno>
 #include <cstdio>
@@ -109,7 +108,6 @@ int main(int argc, char** argv) {
       "       twellc compile (--d-model D --d-ff F | --sample) [--target sm_90a,sm_80] -o DIR   bundles\n"
       "       twellc tune --d-model D --d-ff F [--tokens M,...] [--density P | --weights FILE --layer N]   autotune\n"
       "       twellc cache list|stats|clear|verify [--dir D]   the kernel cache (twellc cache --help)\n"
-      "       twellc cache list|stats|clear|verify [--dir D]   the kernel cache (twellc cache --help)\n"
       "       twellc <command> --help                       options of a command\n";
   if (argc < 2) {
     std::fprintf(stderr, "twellc: expected a command (run, emit, compile or tune), got none\n%s", usage.c_str());
@@ -117,7 +115,6 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   std::vector<std::string> rest(argv + 2, argv + argc);
-  if (cmd == "cache") return twellc::cache_command(rest);  // reports its own errors and output failures
   if (cmd == "cache") return twellc::cache_command(rest);  // reports its own errors and output failures
   if (cmd == "run" || cmd == "emit" || cmd == "compile" || cmd == "tune") {
     int rc = 1;
