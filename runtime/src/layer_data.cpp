@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "quoted_text.h"
 #include "twell/error.h"
 #include "twell/half.h"
 
@@ -48,14 +49,16 @@ std::optional<std::vector<uint16_t>> find_matrix(const std::vector<SafeTensors>&
         const auto index = parse_index(n.substr(prefix.size()), 1 << 20);
         if (!index)
           throw Error(ErrorCode::InvalidArgument,
-                      fmt::format("tensor '{}' in '{}': expected a shard name '{}<index>' with index 0..{}", n, f.source(), prefix, 1 << 20));
+                      fmt::format("tensor '{}' in '{}': expected a shard name '{}<index>' with index 0..{}", detail::excerpt(n),
+                                  f.source(), prefix, 1 << 20));
         shards.push_back({*index, {&f, n}});
       }
   if (shards.empty()) return std::nullopt;
   std::sort(shards.begin(), shards.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (size_t i = 1; i < shards.size(); ++i)
     if (shards[i].first == shards[i - 1].first)
-      throw Error(ErrorCode::InvalidArgument, fmt::format("{}: shard '{}' appears twice ('{}' and '{}')", name, shards[i].second.second,
+      throw Error(ErrorCode::InvalidArgument, fmt::format("{}: shard '{}' appears twice ('{}' and '{}')", name,
+                                                          detail::excerpt(shards[i].second.second),
                                                           shards[i - 1].second.first->source(), shards[i].second.first->source()));
   std::vector<uint16_t> out;
   int64_t next = 0, width = cols, index = 0;
@@ -63,7 +66,7 @@ std::optional<std::vector<uint16_t>> find_matrix(const std::vector<SafeTensors>&
     if (i != index)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("{}: shards are not contiguous: expected shard '{}{}', got '{}' in '{}'", name, prefix, index,
-                              where.second, where.first->source()));
+                              detail::excerpt(where.second), where.first->source()));
     int64_t r = 0, c = 0;
     auto part = where.first->matrix16(where.second, DType::BF16, -1, width, &r, &c);
     width = c;
@@ -107,12 +110,12 @@ LayerData load_layer(const std::vector<SafeTensors>& files, std::optional<int> l
     if (present.size() != 1)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("--layer: the files ({}) hold layers [{}]; expected exactly one or --layer N", file_list(files),
-                              fmt::join(present, ", ")));
+                              detail::short_list(present)));
     d.layer = present[0];
   } else {
     if (std::find(present.begin(), present.end(), *layer) == present.end())
       throw Error(ErrorCode::NotFound, fmt::format("--layer {}: not in {} (layers present: [{}])", *layer, file_list(files),
-                                                   fmt::join(present, ", ")));
+                                                   detail::short_list(present)));
     d.layer = *layer;
   }
   for (const auto& f : files) d.sources.push_back(f.source());

@@ -3,15 +3,19 @@
 
 #include <cstring>
 #include <fstream>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "quoted_text.h"
 #include "twell/error.h"
 
 namespace twell {
 namespace {
+
+using detail::excerpt;
 
 int64_t dtype_size(const std::string& d) {
   if (d == "F64" || d == "I64" || d == "U64") return 8;
@@ -20,6 +24,12 @@ int64_t dtype_size(const std::string& d) {
   if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
   return 0;
 }
+
+// A safetensors header nests 3 deep ({name: {shape: [...]}}); the bound keeps a hostile header from
+// exhausting the stack in nlohmann's recursive dump (a header nested 70000 deep did).
+constexpr int kMaxHeaderDepth = 64;
+// Dimensions of a tensor (real ones have a few): its shape is quoted in messages.
+constexpr size_t kMaxRank = 64;
 
 }  // namespace
 
@@ -62,9 +72,16 @@ SafeTensors SafeTensors::parse(std::vector<uint8_t> bytes, const std::string& so
     fail(fmt::format("header length {} exceeds the {} bytes after it", header_len, bytes.size() - 8));
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(header_len));
+    header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(header_len),
+                                   [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+                                     if (depth > kMaxHeaderDepth) throw std::length_error("header nested too deep");
+                                     return true;
+                                   });
   } catch (const nlohmann::json::exception& e) {
-    fail(fmt::format("header is not JSON: {}", e.what()));
+    fail(fmt::format("header is not JSON: {}", excerpt(e.what())));
+  } catch (const std::length_error&) {
+    fail(fmt::format("expected a header nested at most {} levels deep (safetensors nests 3), got one nested deeper",
+                     kMaxHeaderDepth));
   }
   if (!header.is_object()) fail("header is not a JSON object");
   SafeTensors st;
@@ -80,28 +97,32 @@ SafeTensors SafeTensors::parse(std::vector<uint8_t> bytes, const std::string& so
     if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") || !entry.contains("data_offsets") ||
         !entry["dtype"].is_string() || !entry["shape"].is_array() || !entry["data_offsets"].is_array() ||
         entry["data_offsets"].size() != 2)
-      fail(fmt::format("tensor '{}': expected {{dtype, shape, data_offsets: [begin, end]}}, got {}", name, entry.dump()));
+      fail(fmt::format("tensor '{}': expected {{dtype, shape, data_offsets: [begin, end]}}, got {}", excerpt(name),
+                       excerpt(entry.dump())));
     TensorView t;
     t.dtype = entry["dtype"].get<std::string>();
     const int64_t esize = dtype_size(t.dtype);
-    if (esize == 0) fail(fmt::format("tensor '{}': unknown dtype '{}'", name, t.dtype));
+    if (esize == 0) fail(fmt::format("tensor '{}': unknown dtype '{}'", excerpt(name), excerpt(t.dtype)));
     // Every extent and the byte count must fit in int64 (no wrap-around can make a shape "match").
+    if (entry["shape"].size() > kMaxRank)
+      fail(fmt::format("tensor '{}': expected at most {} dimensions, got a shape of {}", excerpt(name), kMaxRank,
+                       entry["shape"].size()));
     int64_t bytes_needed = esize;
     for (const auto& d : entry["shape"]) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > (uint64_t{1} << 48))
-        fail(fmt::format("tensor '{}': shape entries must be integers in 0..2^48, got {}", name, d.dump()));
+        fail(fmt::format("tensor '{}': shape entries must be integers in 0..2^48, got {}", excerpt(name), excerpt(d.dump())));
       t.shape.push_back(d.get<int64_t>());
       if (__builtin_mul_overflow(bytes_needed, t.shape.back(), &bytes_needed))
-        fail(fmt::format("tensor '{}': shape [{}] overflows a 64-bit byte count", name, fmt::join(t.shape, ", ")));
+        fail(fmt::format("tensor '{}': shape [{}] overflows a 64-bit byte count", excerpt(name), fmt::join(t.shape, ", ")));
     }
     const auto& off = entry["data_offsets"];
     if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      fail(fmt::format("tensor '{}': data_offsets must be non-negative integers", name));
+      fail(fmt::format("tensor '{}': data_offsets must be non-negative integers", excerpt(name)));
     const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
     if (b > e || e > data_size)
-      fail(fmt::format("tensor '{}': data_offsets [{}, {}] outside the {} data bytes", name, b, e, data_size));
+      fail(fmt::format("tensor '{}': data_offsets [{}, {}] outside the {} data bytes", excerpt(name), b, e, data_size));
     if (static_cast<int64_t>(e - b) != bytes_needed)
-      fail(fmt::format("tensor '{}': {} {} x {} needs {} bytes, data_offsets give {}", name, t.dtype,
+      fail(fmt::format("tensor '{}': {} {} x {} needs {} bytes, data_offsets give {}", excerpt(name), t.dtype,
                        fmt::join(t.shape, "x"), esize, t.elements() * esize, e - b));
     t.offset = data_begin + b;
     t.data = std::span<const uint8_t>(static_cast<const uint8_t*>(nullptr), e - b);  // bound in at()
@@ -120,7 +141,7 @@ TensorView SafeTensors::at(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end())
     throw Error(ErrorCode::NotFound,
-                fmt::format("tensor '{}' not found in '{}'; it has: {}", name, source_, fmt::join(names(), ", ")));
+                fmt::format("tensor '{}' not found in '{}'; it has: {}", excerpt(name), source_, detail::short_list(names())));
   TensorView t = it->second;
   t.data = std::span<const uint8_t>(bytes_.data() + t.offset, t.data.size());
   return t;

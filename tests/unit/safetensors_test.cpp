@@ -3,6 +3,8 @@
 
 #include <fstream>
 
+#include <fmt/format.h>
+
 #include "test_data.h"
 #include "twell/error.h"
 #include "twell/layer_data.h"
@@ -135,4 +137,84 @@ TEST(LayerData, HugeNumbersInNamesAndDuplicates) {
       make_file(R"({"layers.0.x":{"dtype":"BF16","shape":[0,2],"data_offsets":[0,0]},"layers.0.gate.weight":{"dtype":"BF16","shape":[3,2],"data_offsets":[0,12]}})", 12),
       "empty");
   EXPECT_NE(error_of([&] { load_layer({empty_x}, 0, true); }).find("expected at least one token"), std::string::npos);
+}
+
+// Hostile headers (issue 16): nesting deep enough to overflow the stack in a recursive JSON walk, and
+// text long enough to make a message of megabytes. Each is a Parse error with a short message.
+TEST(SafeTensors, DeepAndHugeHeadersGiveShortErrors) {
+  auto nested = [](const std::string& head, int depth, const std::string& tail) {
+    return head + std::string(depth, '[') + std::string(depth, ']') + tail;
+  };
+  for (const int depth : {65, 50000, 70000}) {
+    const std::string message = error_of([&] { SafeTensors::parse(make_file(nested(R"({"t": )", depth, "}"), 0), "deep"); });
+    EXPECT_NE(message.find("'deep' is not a valid safetensors file: expected a header nested at most 64 levels deep"),
+              std::string::npos) << message;
+    EXPECT_LT(message.size(), 300u);
+  }
+  const std::string metadata =
+      error_of([&] { SafeTensors::parse(make_file(nested(R"({"__metadata__": {"m": )", 70000, "}}"), 0), "meta"); });
+  EXPECT_NE(metadata.find("nested at most 64 levels deep"), std::string::npos) << metadata;
+  // 60 levels are within the bound: the entry is wrong, and quoted whole (120 bytes).
+  const std::string shallow = error_of([&] { SafeTensors::parse(make_file(nested(R"({"t": )", 60, "}"), 0), "f"); });
+  EXPECT_NE(shallow.find("tensor 't': expected {dtype, shape, data_offsets: [begin, end]}, got " + std::string(60, '[') +
+                         std::string(60, ']')), std::string::npos) << shallow;
+
+  // Wide instead of deep: an entry of 100000 numbers, a name and a dtype of 100000 bytes.
+  std::string wide = "[0";
+  for (int i = 1; i < 100000; ++i) wide += ",0";
+  wide += "]";
+  const std::string long_name(100000, 'n');
+  for (const std::string& header :
+       {R"({"t": )" + wide + "}", R"({")" + long_name + R"(": 1})",
+        R"({"t": {"dtype": ")" + long_name + R"(", "shape": [1], "data_offsets": [0, 1]}})",
+        R"({"t": {"dtype": "BF16", "shape": )" + wide + R"(, "data_offsets": [0, 2]}})",
+        R"({"t": {"dtype": "BF16", "shape": [")" + long_name + R"("], "data_offsets": [0, 2]}})"}) {
+    const std::string message = error_of([&] { SafeTensors::parse(make_file(header, 2), "wide"); });
+    EXPECT_NE(message.find("'wide' is not a valid safetensors file: "), std::string::npos) << message.substr(0, 400);
+    EXPECT_LT(message.size(), 600u) << message.substr(0, 400);
+  }
+  EXPECT_NE(error_of([&] { SafeTensors::parse(make_file(R"({"t": )" + wide + "}", 0), "f"); }).find(",0,0... (200001 bytes in all)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { SafeTensors::parse(make_file(R"({"t": {"dtype": "BF16", "shape": )" + wide + R"(, "data_offsets": [0, 2]}})", 2), "f"); })
+                .find("tensor 't': expected at most 64 dimensions, got a shape of 100000"),
+            std::string::npos);
+  // A JSON syntax error after a long string: nlohmann quotes the token, the message cuts it.
+  const std::string syntax = error_of([&] { SafeTensors::parse(make_file(R"({"t": ")" + long_name + "\x01", 0), "f"); });
+  EXPECT_NE(syntax.find("header is not JSON: "), std::string::npos) << syntax.substr(0, 400);
+  EXPECT_LT(syntax.size(), 500u);
+
+  // A missing tensor lists the first 20 names of a file with thousands.
+  std::string many = "{";
+  for (int i = 0; i < 5000; ++i)
+    many += fmt::format(R"({}"t{}": {{"dtype": "BF16", "shape": [0], "data_offsets": [0, 0]}})", i ? "," : "", i);
+  many += "}";
+  const auto st = SafeTensors::parse(make_file(many, 0), "many");
+  const std::string missing = error_of([&] { st.at(long_name); });
+  EXPECT_NE(missing.find("tensor 'nnnn"), std::string::npos) << missing.substr(0, 400);
+  EXPECT_NE(missing.find(" and 4980 more"), std::string::npos) << missing.substr(0, 400);
+  EXPECT_LT(missing.size(), 800u);
+}
+
+TEST(LayerData, ManyLayersAndLongShardNamesGiveShortErrors) {
+  std::string many = "{";
+  for (int i = 0; i < 1000; ++i)
+    many += fmt::format(R"({}"layers.{}.x": {{"dtype": "BF16", "shape": [0], "data_offsets": [0, 0]}})", i ? "," : "", i);
+  many += "}";
+  const auto st = SafeTensors::parse(make_file(many, 0), "many");
+  const std::string which = error_of([&] { load_layer({st}, std::nullopt, true); });
+  EXPECT_NE(which.find("hold layers [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19 and 980 more]"),
+            std::string::npos) << which.substr(0, 400);
+  const std::string absent = error_of([&] { load_layer({st}, 5000, true); });
+  EXPECT_NE(absent.find("--layer 5000: not in many (layers present: [0, 1, "), std::string::npos) << absent.substr(0, 400);
+  EXPECT_LT(absent.size(), 300u);
+
+  const std::string shard_name = "layers.0.gate.weight.rows" + std::string(100000, '9');
+  const auto shard = SafeTensors::parse(
+      make_file(R"({"layers.0.x":{"dtype":"BF16","shape":[1,2],"data_offsets":[0,4]},")" + shard_name +
+                    R"(":{"dtype":"BF16","shape":[1,2],"data_offsets":[4,8]}})", 8),
+      "shard");
+  const std::string message = error_of([&] { load_layer({shard}, 0, true); });
+  EXPECT_NE(message.find("expected a shard name 'layers.0.gate.weight.rows<index>'"), std::string::npos) << message.substr(0, 400);
+  EXPECT_NE(message.find("... (100025 bytes in all)"), std::string::npos) << message.substr(0, 400);
+  EXPECT_LT(message.size(), 500u);
 }

@@ -25,7 +25,10 @@ class SafeTensors {
  public:
   // Reads and validates the whole file: header length within the file, JSON well formed, every
   // tensor's dtype known, offsets in range and matching dtype size x shape. Throws Error(NotFound)
-  // if the file cannot be opened and Error(Parse) naming the file and the fault otherwise.
+  // if the file cannot be opened, Error(InvalidArgument) if it is a directory or special file, and
+  // Error(Parse) naming the file and the fault otherwise (a header nested deeper than 64 levels or a
+  // shape of more than 64 dimensions is a fault). Messages quote at most 200 bytes of any text from
+  // the file.
   static SafeTensors read(const std::filesystem::path& path);
   // Same from bytes already in memory (the embedded sample); `source` names it in messages.
   static SafeTensors parse(std::vector<uint8_t> bytes, const std::string& source);
@@ -35,7 +38,7 @@ class SafeTensors {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& source() const { return source_; }
 
-  // Throws Error(NotFound) naming the tensor, the file and the tensors it has. The view's data lives
+  // Throws Error(NotFound) naming the tensor, the file and the tensors it has (the first 20). The view's data lives
   // as long as this object (copies of a SafeTensors own their bytes).
   TensorView at(const std::string& name) const;
 
