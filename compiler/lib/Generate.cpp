@@ -24,6 +24,7 @@
 #include "twell/Dialect/TwellOps.h"
 #include "twell/compiler/EmitCuda.h"
 #include "twell/compiler/Passes.h"
+#include "twell/compiler/SourceNesting.h"
 #include "twell/error.h"
 
 namespace twell::compiler {
@@ -270,6 +271,7 @@ GeneratedFfn generateFromMlir(std::string_view mlir_text, std::string_view filen
                               const Target& target) {
   std::unique_ptr<mlir::MLIRContext> context = makeContext();
   checkTarget(context.get(), target, "generateFromMlir");
+  if (std::string deep = checkMlirNesting(mlir_text, filename); !deep.empty()) throw Error(ErrorCode::Parse, deep);
   llvm::SourceMgr sourceMgr;
   sourceMgr.AddNewSourceBuffer(
       llvm::MemoryBuffer::getMemBufferCopy(llvm::StringRef(mlir_text.data(), mlir_text.size()),

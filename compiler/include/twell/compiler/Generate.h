@@ -39,7 +39,8 @@ GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target,
 
 // Same from MLIR text (one module with one func.func holding a twell.gated_ffn or a twell.gate_matmul
 // feeding a twell.gated_down). `filename` is used in diagnostics. Throws twell::Error(Parse) with the
-// MLIR diagnostics (file:line:col, source line) on parse or verification failure, and
+// MLIR diagnostics (file:line:col, source line) on parse or verification failure or when brackets nest
+// deeper than kMaxMlirNesting (twell/compiler/SourceNesting.h: checked before parsing), and
 // Error(InvalidArgument) with the diagnostics when the pipeline rejects the IR (not one FFN, a
 // kernel's explicit #twell.target differs from `target`, an explicit `decode` attribute the decode
 // kernels cannot honour) or `target` is illegal. Thread-safe.
