@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "mlir_input.h"
 #include "twell/compiler/Generate.h"
 #include "twell/context.h"
 #include "twell/error.h"
@@ -122,12 +123,7 @@ int compile_command(const std::vector<std::string>& argv) {
           throw std::invalid_argument(fmt::format("--{}: shape options describe an FFN without a .mlir file; '{}' already "
                                                   "describes one", o, mlir_file));
       if (args.has("sample")) throw std::invalid_argument("--sample: expected it or FILE.mlir, got both");
-      std::ifstream in(mlir_file);
-      if (!in)
-        throw twell::Error(twell::ErrorCode::NotFound, fmt::format("FILE.mlir: cannot open '{}': {}", mlir_file, std::strerror(errno)));
-      std::stringstream text;
-      text << in.rdbuf();
-      mlir_text = text.str();
+      mlir_text = read_mlir_file(mlir_file);
     }
     if (args.has("o") && args.has("out")) throw std::invalid_argument("-o and --out: expected one of them, got both");
     const std::string out = args.has("o") ? args.get("o") : args.get("out");

@@ -6,11 +6,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "commands.h"
+#include "mlir_input.h"
 #include "twell/compiler/Generate.h"
 #include "twell/context.h"
 #include "twell/error.h"
@@ -53,13 +53,7 @@ int emit_command(const std::vector<std::string>& argv) {
         if (args.has(o))
           throw std::invalid_argument(fmt::format("--{}: shape options describe an FFN without a .mlir file; the file '{}' already "
                                                   "describes one", o, args.positional[0]));
-      std::ifstream in(args.positional[0]);
-      if (!in)
-        throw twell::Error(twell::ErrorCode::NotFound, fmt::format("FILE.mlir: cannot open '{}': {}", args.positional[0],
-                                                                   std::strerror(errno)));
-      std::stringstream text;
-      text << in.rdbuf();
-      gen = twell::compiler::generateFromMlir(text.str(), args.positional[0], target);
+      gen = twell::compiler::generateFromMlir(read_mlir_file(args.positional[0]), args.positional[0], target);
     } else if (args.positional.empty()) {
       const twell::FfnSpec spec = spec_from_args(args);
       gen = twell::compiler::generateFfn(spec, target);
