@@ -35,6 +35,7 @@ def test_compile_only_context_reports_no_gpu_and_plans_describe_kernels():
     assert d["runnable"] is False and d["max_tokens"] == 256
     kinds = [k["kind"] for k in d["kernels"]]
     assert "gate_twell" in kinds and "gated_down" in kinds
+    assert d["config_source"] == "heuristic"  # no GPU: the tuning database is not consulted
     with pytest.raises(twell.NoDeviceError, match="GPU"):
         plan.run(0, x=16, w_gate=16, w_up=16, w_down=16, y=32, tokens=1)
 
@@ -124,3 +125,20 @@ def test_python_arguments_are_checked_before_ctypes():
     with pytest.raises(ValueError, match="count"):
         _capi.check(_capi.lib().twell_choose_dense_neurons(ctypes.byref(_capi.spec_struct(512, 1408)), 64, None, -5, 1,
                                                            ctypes.byref(ctypes.c_int64())))
+
+
+def test_tune_needs_a_gpu_and_names_bad_arguments():
+    ctx = twell.Context(-1)
+    spec = twell.FfnSpec(512, 1408)
+    with pytest.raises(twell.NoDeviceError, match="tune: needs a GPU"):
+        ctx.tune(spec, tokens=[1, 64], density=0.01, write=False)
+    with pytest.raises(twell.InvalidArgumentError, match="tokens"):
+        ctx.tune(spec, tokens=[0])
+    with pytest.raises(twell.InvalidArgumentError, match="density .*weights|got both"):
+        ctx.tune(spec, density=0.01, weights="x.safetensors")
+    with pytest.raises(twell.InvalidArgumentError, match="reps"):
+        ctx.tune(spec, reps=0)
+    # The C API refuses unknown request keys by name.
+    out = ctypes.c_char_p()
+    status = _capi.lib().twell_context_tune(ctx._handle, ctypes.byref(spec._struct()), b'{"tokenz": [1]}', ctypes.byref(out))
+    assert status == 1 and "tokenz" in _capi.lib().twell_last_error().decode()
