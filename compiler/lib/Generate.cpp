@@ -182,7 +182,9 @@ bool isSupportedTarget(const Target& target) {
 
 std::string supportedTargets() { return ::twell::kernels::SupportedArchs::list(); }
 
-GeneratedFfn generateFfn(const FfnSpec& spec, const Target& target, std::optional<WeightLayout> decode_down_layout) {
+GeneratedFfn generateFfn(const FfnSpec& user_spec, const Target& target, std::optional<WeightLayout> decode_down_layout) {
+  // Threshold -0.0 as +0.0: the same kernels, with the same names, as the runtime's request keys.
+  const FfnSpec spec = ::twell::kernels::canonical_spec(user_spec);
   auto fail = [](const std::string& message) {
     throw Error(ErrorCode::InvalidArgument, "generateFfn: " + message);
   };

@@ -14,6 +14,7 @@
 #include "mlir/IR/BuiltinTypes.h"
 #include "mlir/IR/DialectImplementation.h"
 #include "twell/kernels/constraints.h"
+#include "twell/spec.h"
 #include "twell/Dialect/TwellDialect.h"
 
 namespace mlir::twell {
@@ -47,6 +48,9 @@ void TwellDialect::registerAttributes() {
 static FailureOr<llvm::APFloat> parseF32Parameter(AsmParser& parser) {
   llvm::APFloat value(0.0f);
   if (parser.parseFloat(llvm::APFloat::IEEEsingle(), value)) return failure();
+  // -0.0 reads as 0.0: both give the same predicate, and one layer must get one kernel name (the
+  // runtime canonicalizes FfnSpec::threshold the same way, twell/kernels/validate.h).
+  if (value.isZero()) value = llvm::APFloat(0.0f);
   return value;
 }
 
@@ -149,6 +153,12 @@ LogicalResult LayoutAttr::verify(llvm::function_ref<InFlightDiagnostic()> emitEr
     return emitError() << "threshold must be an f32";
   if (!threshold.isFinite())
     return emitError() << "threshold must be finite, got " << formatF32(threshold);
+  // The gate's output is rounded to `value`: a larger threshold would keep no activation.
+  const ::twell::DType dtype = value.isF16() ? ::twell::DType::FP16 : ::twell::DType::BF16;
+  if (threshold.convertToFloat() > ::twell::max_finite(dtype))
+    return emitError() << "threshold must be at most " << formatF32(llvm::APFloat(::twell::max_finite(dtype)))
+                       << ", the largest finite " << ::twell::to_string(dtype) << " (no activation could pass it), got "
+                       << formatF32(threshold);
   switch (activation) {
     case Activation::ReLU:
       if (threshold.isNegative() && !threshold.isZero())

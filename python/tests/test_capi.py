@@ -1,5 +1,6 @@
 """The C API through ctypes, without a GPU: loading, versions, status codes and error messages."""
 import ctypes
+import math
 
 import pytest
 
@@ -46,6 +47,11 @@ def test_invalid_spec_names_the_field():
         ctx.plan(twell.FfnSpec(512, 0), 256)
     with pytest.raises(ValueError, match="threshold"):
         ctx.plan(twell.FfnSpec(512, 1408, activation="silu", threshold=0.0), 256)
+    # Above the dtype's largest finite value (issue 16: an fp16 SiLU threshold of 3e38 was accepted).
+    with pytest.raises(twell.InvalidArgumentError, match="threshold: expected at most 65504 with dtype f16"):
+        ctx.plan(twell.FfnSpec(512, 1408, activation="silu", threshold=3e38, dtype="fp16"), 256)
+    with pytest.raises(twell.InvalidArgumentError, match="threshold: expected at most 3.38953e\\+38 with dtype bf16"):
+        ctx.plan(twell.FfnSpec(512, 1408, threshold=3.4e38), 256)
     with pytest.raises(ValueError, match="dispatch"):
         ctx.plan(twell.FfnSpec(512, 1408), 256, twell.PlanOptions(dispatch="fastest"))
     with pytest.raises(ValueError, match="dense_neurons"):
@@ -54,6 +60,18 @@ def test_invalid_spec_names_the_field():
         ctx.plan(twell.FfnSpec(512, 1408), 256, twell.PlanOptions(decode_max_tokens=65))
     # The context keeps working after errors.
     assert ctx.plan(twell.FfnSpec(256, 512), 64).describe()["spec"]["d_ff"] == 512
+
+
+def test_negative_zero_threshold_is_zero():
+    """Threshold -0.0 is 0.0 (issue 16: it compiled a second kernel set for the same layer): the second plan
+    finds the first one's kernels in memory, under the same names."""
+    ctx = twell.Context(-1, disk_cache=False)
+    zero = ctx.plan(twell.FfnSpec(256, 512), 64).describe()
+    negative_zero = ctx.plan(twell.FfnSpec(256, 512, threshold=-0.0), 64).describe()
+    assert math.copysign(1.0, negative_zero["spec"]["threshold"]) == 1.0
+    gates = [k for k in negative_zero["kernels"] if k["kind"] in ("gate_twell", "gated_down")]
+    assert len(gates) >= 2 and all(k["cache"] == "memory" for k in gates), gates
+    assert [k["name"] for k in zero["kernels"]] == [k["name"] for k in negative_zero["kernels"]]
 
 
 def test_c_level_argument_checks():

@@ -182,6 +182,11 @@ def test_operator_checks_what_the_kernels_would_refuse():
             torch.ops.twell.sparse_gated_ffn(x, w, w, wd, "relu", bad)
     with pytest.raises(ValueError, match="threshold"):
         torch.ops.twell.sparse_gated_ffn(x, w, w, wd, "silu", 0.0)
+    x16, w16, wd16 = (t.to(torch.float16) for t in (x, w, wd))
+    with pytest.raises(ValueError, match=r"threshold: expected at most 65504 with x's dtype torch.float16 .*, got 3e\+38"):
+        torch.ops.twell.sparse_gated_ffn(x16, w16, w16, wd16, "silu", 3e38)
+    with pytest.raises(ValueError, match="threshold: expected at most 65504"):
+        torch.ops.twell.sparse_gated_ffn(x16, w16, w16, wd16, "relu", 65505.0)
     with pytest.raises(ValueError, match="multiple of 64"):
         torch.ops.twell.sparse_gated_ffn(x, w, w, wd, dense_neurons=63)
 

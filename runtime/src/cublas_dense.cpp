@@ -23,6 +23,7 @@
 #include "run_arguments.h"
 #include "tma_map.h"
 #include "twell/kernels/constraints.h"
+#include "twell/kernels/validate.h"
 #include "twell/dense.h"
 #include "twell/device/params.h"
 #include "twell/device_memory.h"
@@ -245,9 +246,9 @@ DenseFfn::DenseFfn(Context& context, const FfnSpec& spec, int64_t max_tokens, De
   if (spec.d_model <= 0 || spec.d_ff <= 0 || max_tokens < 1)
     throw Error(ErrorCode::InvalidArgument, fmt::format("DenseFfn: expected d_model, d_ff, max_tokens >= 1, got {}, {}, {}",
                                                         spec.d_model, spec.d_ff, max_tokens));
-  p.spec = spec;
+  p.spec = twell::kernels::canonical_spec(spec);  // the request key Context::plan makes
   p.max_tokens = max_tokens;
-  detail::DenseKernelSet set = detail::dense_kernels(*p.context, spec, kernels);
+  detail::DenseKernelSet set = detail::dense_kernels(*p.context, p.spec, kernels);
   p.gated_mul = std::move(set.gated_mul);
   p.fused = std::move(set.fused);
   p.context->make_current();

@@ -263,7 +263,9 @@ std::shared_ptr<LoadedKernel> Context::Impl::auxiliary(kernels::KernelKind kind,
   return k;
 }
 
-void Context::add_kernels(const FfnSpec& spec, const kernels::GeneratedFfn& generated, std::optional<WeightLayout> decode_down_layout) {
+void Context::add_kernels(const FfnSpec& user_spec, const kernels::GeneratedFfn& generated,
+                          std::optional<WeightLayout> decode_down_layout) {
+  const FfnSpec spec = kernels::canonical_spec(user_spec);  // the request key Context::plan makes
   auto impl = context_impl(*this);
   auto bad = [](const std::string& what) { throw Error(ErrorCode::InvalidArgument, "Context::add_kernels: " + what); };
   if (generated.kernels.size() != 2 || generated.kernels[0].kind != kernels::KernelKind::GateTwell ||

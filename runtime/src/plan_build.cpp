@@ -87,7 +87,8 @@ FfnPlan Context::plan(const FfnSpec& user_spec, int64_t max_tokens, const PlanOp
   const std::shared_ptr<Context::Impl> ctx = context_impl(*this);  // throws for a moved-from context
   check_spec(user_spec, max_tokens, options);
   std::string config_source;
-  const FfnSpec spec = tuned_spec(*this, user_spec, max_tokens, options, &config_source);
+  // Canonical (threshold -0.0 as +0.0) before any key is made from it: one layer, one kernel set.
+  const FfnSpec spec = tuned_spec(*this, kernels::canonical_spec(user_spec), max_tokens, options, &config_source);
   FfnPlan plan;
   plan.impl_ = std::make_unique<FfnPlan::Impl>();
   FfnPlan::Impl& p = *plan.impl_;

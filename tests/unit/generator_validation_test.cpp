@@ -3,6 +3,7 @@
 // given, before any kernel is generated.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -184,4 +185,81 @@ TEST(GeneratorValidation, EveryValidEnumValueGenerates) {
         EXPECT_NO_THROW(compiler::generateFfn(s, Target{80, false}))
             << to_string(dtype) << " " << to_string(down) << " " << to_string(act);
       }
+}
+
+// A threshold above the dtype's largest finite value keeps no activation (issue 16: an f16 SiLU
+// threshold of 3e38 was accepted): rejected naming the field, the dtype and the bound, for both
+// activations and dtypes; the bound itself is accepted.
+TEST(GeneratorValidation, ThresholdAboveTheDtypeRangeIsRejected) {
+  struct Case {
+    DType dtype;
+    Activation activation;
+    float threshold;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {DType::FP16, Activation::SiLU, 3e38f,
+       "generateFfn: spec.threshold: expected at most 65504 with dtype f16 (its largest finite value: no activation "
+       "could pass a larger threshold), got 3e+38"},
+      {DType::FP16, Activation::ReLU, 65505.0f, "spec.threshold: expected at most 65504 with dtype f16"},
+      {DType::BF16, Activation::ReLU, 3.4e38f, "spec.threshold: expected at most 3.38953e+38 with dtype bf16"},
+      {DType::BF16, Activation::SiLU, 3.4e38f, "spec.threshold: expected at most 3.38953e+38 with dtype bf16"},
+  };
+  for (const Case& c : cases) {
+    FfnSpec s = smallSpec();
+    s.dtype = c.dtype;
+    s.activation = c.activation;
+    s.threshold = c.threshold;
+    EXPECT_NE(ffnError(s, Target{90, true}).find(c.expected), std::string::npos) << c.expected;
+  }
+  FfnSpec at_bound = smallSpec();
+  at_bound.dtype = DType::FP16;
+  at_bound.threshold = 65504.0f;
+  EXPECT_EQ(compiler::generateFfn(at_bound, Target{90, true}).layout.threshold, 65504.0f);
+}
+
+// The same bound in the dialect: #twell.layout's verifier names the threshold, the value type and the
+// bound (generateFromMlir's Parse error).
+TEST(GeneratorValidation, LayoutThresholdAboveTheValueRangeIsAParseError) {
+  std::string text = kModule;
+  const std::string from = "value = bf16, index = i16, activation = relu, threshold = 0.0";
+  text.replace(text.find(from), from.size(), "value = f16, index = i16, activation = silu, threshold = 3.0e+38");
+  for (size_t at; (at = text.find("xbf16")) != std::string::npos;) text.replace(at, 5, "xf16");  // the tensors' type
+  try {
+    compiler::generateFromMlir(text, "f16.mlir", Target{90, true});
+    ADD_FAILURE() << "an f16 layout with threshold 3e38 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::Parse) << e.what();
+    EXPECT_NE(std::string(e.what()).find("threshold must be at most 65504.0, the largest finite f16 (no activation could "
+                                         "pass it), got 3.0e+38"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Threshold -0.0 is +0.0 (issue 16: it compiled a second kernel set, a second cache entry, for the same
+// layer): generateFfn and generateFromMlir give the same kernels, names and layout as for 0.0.
+TEST(GeneratorValidation, NegativeZeroThresholdGivesTheKernelsOfZero) {
+  FfnSpec zero = smallSpec(), negative_zero = smallSpec();
+  negative_zero.threshold = -0.0f;
+  const compiler::GeneratedFfn a = compiler::generateFfn(zero, Target{90, true});
+  const compiler::GeneratedFfn b = compiler::generateFfn(negative_zero, Target{90, true});
+  ASSERT_EQ(a.kernels.size(), b.kernels.size());
+  for (size_t i = 0; i < a.kernels.size(); ++i) {
+    EXPECT_EQ(a.kernels[i].name, b.kernels[i].name);
+    EXPECT_EQ(a.kernels[i].source, b.kernels[i].source);
+  }
+  ASSERT_EQ(a.decode.size(), b.decode.size());
+  for (size_t i = 0; i < a.decode.size(); ++i) EXPECT_EQ(a.decode[i].name, b.decode[i].name);
+  EXPECT_FALSE(std::signbit(b.layout.threshold));
+  EXPECT_EQ(a.ir, b.ir);
+
+  std::string text = kModule;
+  const compiler::GeneratedFfn from_zero = compiler::generateFromMlir(text, "zero.mlir", Target{90, true});
+  text.replace(text.find("threshold = 0.0"), 15, "threshold = -0.0");
+  const compiler::GeneratedFfn from_negative_zero = compiler::generateFromMlir(text, "negative_zero.mlir", Target{90, true});
+  ASSERT_EQ(from_zero.kernels.size(), from_negative_zero.kernels.size());
+  for (size_t i = 0; i < from_zero.kernels.size(); ++i)
+    EXPECT_EQ(from_zero.kernels[i].name, from_negative_zero.kernels[i].name);
+  EXPECT_FALSE(std::signbit(from_negative_zero.layout.threshold));
 }

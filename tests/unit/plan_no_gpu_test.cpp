@@ -2,6 +2,8 @@
 // launch or copy says why it cannot (Error(NoDevice)) or what is missing (Error(InvalidArgument)).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "driver.h"
 #include "twell/context.h"
 #include "twell/device_memory.h"
@@ -150,6 +152,46 @@ TEST(TimeGraphOnStream, ArgumentsAreNamed) {
   EXPECT_NE(message(nullptr, 1, 1).find("stream: expected a created stream"), std::string::npos);
   EXPECT_NE(message(fake, 0, 1).find("calls: expected at least 1, got 0"), std::string::npos);
   EXPECT_NE(message(fake, 1, -2).find("reps: expected at least 1, got -2"), std::string::npos);
+}
+
+}  // namespace
+
+namespace {
+
+// Threshold -0.0 is +0.0 in the runtime too (issue 16): the second plan finds the first one's kernels
+// in memory, under the same names, instead of compiling a second set; a threshold above the dtype's
+// range is named. With or without a GPU.
+TEST(PlanLimits, NegativeZeroThresholdSharesTheKernelsOfZero) {
+  ContextOptions o;
+  o.disk_cache = false;
+  Context ctx(o);
+  FfnSpec s;
+  s.d_model = 512;
+  s.d_ff = 1408;
+  PlanOptions sparse;
+  sparse.dispatch = Dispatch::Sparse;
+  sparse.decode_max_tokens = 0;
+  const FfnPlan zero = ctx.plan(s, 16, sparse);
+  s.threshold = -0.0f;
+  const FfnPlan negative_zero = ctx.plan(s, 16, sparse);
+  EXPECT_FALSE(std::signbit(negative_zero.spec().threshold));
+  ASSERT_EQ(zero.kernels().size(), negative_zero.kernels().size());
+  for (size_t i = 0; i < zero.kernels().size(); ++i) {
+    EXPECT_EQ(zero.kernels()[i].name, negative_zero.kernels()[i].name);
+    EXPECT_EQ(negative_zero.kernels()[i].cache, "memory") << negative_zero.kernels()[i].name;
+  }
+
+  s.dtype = DType::FP16;
+  s.activation = Activation::SiLU;
+  s.threshold = 3e38f;
+  try {
+    ctx.plan(s, 16, sparse);
+    FAIL() << "an f16 threshold of 3e38 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FfnSpec::threshold: expected at most 65504 with dtype f16"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

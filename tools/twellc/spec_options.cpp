@@ -58,6 +58,10 @@ twell::FfnSpec spec_from_args(const Args& args) {
         "--threshold: expected a value > 0 with --activation silu (a neuron is active iff |silu(g)| > threshold), got {}",
         spec.threshold));
   spec.dtype = dtype == "bf16" ? twell::DType::BF16 : twell::DType::FP16;
+  if (spec.threshold > twell::max_finite(spec.dtype))
+    throw std::invalid_argument(fmt::format("--threshold: expected at most {} with --dtype {} (its largest finite value: no "
+                                            "activation could pass a larger threshold), got {}",
+                                            twell::max_finite(spec.dtype), dtype, spec.threshold));
   spec.down_layout = down == "out_in" ? twell::WeightLayout::OutIn : twell::WeightLayout::InOut;
   spec.gated = !args.has("non-gated");
   if (act == "relu" && spec.threshold < 0.0f)

@@ -59,7 +59,7 @@ struct FfnSpec {
   int64_t d_ff = 0;
   bool gated = true;  // false: no up projection (FfnTensors::w_up must be null)
   Activation activation = Activation::ReLU;
-  float threshold = 0.0f;
+  float threshold = 0.0f;  // finite, at most max_finite(dtype); -0.0 is taken as 0.0 (the same kernels)
   DType dtype = DType::BF16;
   WeightLayout down_layout = WeightLayout::OutIn;
   std::optional<int> tile_n;  // unset: the generator chooses (256)
@@ -82,6 +82,10 @@ struct Target {
   bool arch_specific = true;   // the "a" suffix (sm_90a)
   std::string arch() const { return "sm_" + std::to_string(sm) + (arch_specific ? "a" : ""); }
 };
+
+// The largest finite value of a dtype: f16 65504 (2^15 x (2 - 2^-10)), bf16 about 3.3895e38
+// (2^127 x (2 - 2^-7)). The gate's output is rounded to the dtype, so a threshold above it keeps nothing.
+constexpr float max_finite(DType t) { return t == DType::FP16 ? 65504.0f : 0x1.FEp+127f; }
 
 constexpr const char* to_string(DType t) { return t == DType::BF16 ? "bf16" : "f16"; }
 constexpr const char* to_string(Activation a) { return a == Activation::ReLU ? "relu" : "silu"; }

@@ -94,6 +94,10 @@ def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
         _check_weight(op, "w_up", w_up, (d_ff, d_model), x)
     _check_weight(op, "w_down", w_down, (d_model, d_ff), x)
     check_options(op, d_ff, activation, threshold, dispatch, decode_max_tokens, dense_neurons, max_tokens)
+    # The gate's output is rounded to x's dtype: a threshold above its largest finite value keeps nothing.
+    if threshold > torch.finfo(x.dtype).max:
+        _fail(op, "threshold", f"at most {torch.finfo(x.dtype).max:g} with x's dtype {x.dtype} (its largest finite value: "
+              "no activation could pass a larger threshold)", threshold)
     return ld_x
 
 

@@ -87,8 +87,10 @@ class Context {
 
   // Generates, compiles (or loads from the cache) and, with a GPU, loads the kernels of `spec` and
   // allocates the workspace for up to `max_tokens` rows. Without a GPU the plan can report and emit
-  // but not run. Gated (spec.gated) or not. Throws Error(InvalidArgument) naming the spec field for an
-  // illegal spec, Error(Compile) if NVRTC rejects generated code.
+  // but not run. Gated (spec.gated) or not. The plan holds kernels::canonical_spec(spec) (threshold
+  // -0.0 as 0.0). Throws Error(InvalidArgument) naming the spec field for an illegal spec
+  // (kernels::validate_spec: a threshold above max_finite(spec.dtype) included), Error(Compile) if
+  // NVRTC rejects generated code.
   FfnPlan plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options = {});
 
   // Compiles generated kernels (generated.kernels, then generated.decode) through the JIT and the cache

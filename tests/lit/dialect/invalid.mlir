@@ -83,6 +83,22 @@ func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, 
 
 // -----
 
+// The gate's output is rounded to the value type: a threshold above its largest finite value keeps nothing.
+// expected-error @+1 {{threshold must be at most 65504.0, the largest finite f16 (no activation could pass it), got 3.0e+38}}
+func.func private @f(tensor<?x600xf16, #twell.layout<tile_n = 256, slots = 31, value = f16, index = i16, activation = silu, threshold = 3.0e+38>>)
+
+// -----
+
+// expected-error @+1 {{threshold must be at most 65504.0, the largest finite f16 (no activation could pass it), got 65505.0}}
+func.func private @f(tensor<?x600xf16, #twell.layout<tile_n = 256, slots = 31, value = f16, index = i16, activation = relu, threshold = 65505.0>>)
+
+// -----
+
+// expected-error @+1 {{threshold must be at most 3.3895314e+38, the largest finite bf16 (no activation could pass it), got 3.4028235e+38}}
+func.func private @f(tensor<?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0x7F7FFFFF>>)
+
+// -----
+
 // expected-error @+1 {{#twell.layout encodes a rank-2 tensor [M, d_ff], got rank 3}}
 func.func private @f(tensor<2x?x600xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>>)
 

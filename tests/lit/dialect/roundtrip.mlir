@@ -112,3 +112,12 @@ func.func @specialized_kernels(%x: tensor<4x2048xbf16>, %wg: tensor<5632x2048xbf
       -> tensor<4x2048xbf16>
   return %y : tensor<4x2048xbf16>
 }
+
+// -0.0 reads as 0.0: both give the same predicate, and one layer must get one kernel name. The largest
+// finite f16 is a legal threshold.
+// CHECK-LABEL: func.func private @thresholds
+// CHECK-SAME: value = bf16, index = i16, activation = relu, threshold = 0.0>
+// CHECK-SAME: value = f16, index = i16, activation = silu, threshold = 65504.0>
+func.func private @thresholds(
+  tensor<?x64xbf16, #twell.layout<tile_n = 64, slots = 7, value = bf16, index = i16, activation = relu, threshold = -0.0>>,
+  tensor<?x64xf16, #twell.layout<tile_n = 64, slots = 7, value = f16, index = i16, activation = silu, threshold = 65504.0>>)

@@ -31,6 +31,7 @@ std::string supportedTargets();
 // the C++ API, runs the pipeline and emits CUDA. `decode_down_layout`: the Wd layout the decode kernels
 // read, where it differs from spec.down_layout (a plan that gives the large-M consumer an in_out copy of
 // an out_in Wd keeps its decode calls on the user's out_in Wd, which costs less than a copy at a few rows).
+// The spec is canonicalized first (kernels::canonical_spec: threshold -0.0 as +0.0, the same kernels).
 // Throws twell::Error(InvalidArgument) naming the field when the spec (including an enum field out of
 // range) or the target (!isSupportedTarget) is illegal, Error(Compile) if the pipeline
 // rejects the IR it built (a bug). Thread-safe: every call has its own MLIRContext.

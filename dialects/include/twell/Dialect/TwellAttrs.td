@@ -117,7 +117,8 @@ def Twell_LayoutAttr : AttrDef<Twell_Dialect, "Layout",
     (row, tile) owns `slots` + 1 words of 32 bits: the nnz of the tile-row, then the entries in
     ascending column order, each the value (`value` type, high bits) and its column inside the tile
     (`index` type, low bits). An entry is active iff act(g) > threshold (relu) or |act(g)| > threshold
-    (silu).
+    (silu). The threshold is finite, at most the largest finite `value` (f16: 65504) and never -0.0
+    (the parser and the float builder read it as 0.0).
 
     ```mlir
     tensor<?x5632xbf16, #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16,
@@ -136,7 +137,9 @@ def Twell_LayoutAttr : AttrDef<Twell_Dialect, "Layout",
     AttrBuilder<(ins "int64_t":$tile_n, "int64_t":$slots, "::mlir::Type":$value,
                      "::mlir::Type":$index, "::mlir::twell::Activation":$activation,
                      "float":$threshold), [{
-      return $_get($_ctxt, tile_n, slots, value, index, activation, ::llvm::APFloat(threshold));
+      // -0.0 as 0.0, as the parser reads it: one predicate, one kernel name.
+      return $_get($_ctxt, tile_n, slots, value, index, activation,
+                   ::llvm::APFloat(threshold == 0.0f ? 0.0f : threshold));
     }]>
   ];
   let assemblyFormat = "`<` struct(params) `>`";

@@ -5,6 +5,7 @@
 // emits (a divergence between emitter and contracts is a bug caught before launch).
 #pragma once
 #include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "twell/kernels/constraints.h"
@@ -146,9 +147,9 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
 }
 
 // "" when every field of `s` is one the generator accepts (its enums in range, the variant and cluster
-// choices, the layout's rules, the activation's threshold), else the first violation, naming the field
-// after `prefix` ("spec." for the generator, "FfnSpec::" for the runtime): "spec.tile_n: expected a
-// power of two in 32..1024, got 33". The one owner of these rules: generateFfn checks specs with it,
+// choices, the layout's rules, the activation's threshold, at most max_finite(dtype)), else the first
+// violation, naming the field after `prefix` ("spec." for the generator, "FfnSpec::" for the runtime):
+// "spec.tile_n: expected a power of two in 32..1024, got 33". The one owner of these rules: generateFfn checks specs with it,
 // and the runtime before looking up kernels, so a deployment without the JIT names the field too.
 inline std::string validate_spec(const FfnSpec& s, const std::string& prefix) {
   auto field = [&](const char* name) { return prefix + name + ": "; };
@@ -175,7 +176,24 @@ inline std::string validate_spec(const FfnSpec& s, const std::string& prefix) {
     return field("threshold") + "expected a value >= 0 with ReLU (active iff relu(g) > threshold), got " + std::to_string(s.threshold);
   if (s.activation == Activation::SiLU && !(s.threshold > 0.0f))
     return field("threshold") + "expected a value > 0 with SiLU (active iff |silu(g)| > threshold), got " + std::to_string(s.threshold);
+  if (s.threshold > max_finite(s.dtype)) {
+    auto text = [](float v) {
+      char buffer[32];
+      std::snprintf(buffer, sizeof buffer, "%g", static_cast<double>(v));
+      return std::string(buffer);
+    };
+    return field("threshold") + "expected at most " + text(max_finite(s.dtype)) + " with dtype " + to_string(s.dtype) +
+           " (its largest finite value: no activation could pass a larger threshold), got " + text(s.threshold);
+  }
   return "";
+}
+
+// `s` as the runtime and the generator key, name and compile it: a threshold of -0.0 becomes +0.0.
+// Both zeros give the same predicate (relu(g) > t; SiLU rejects zero), so one layer gets one kernel
+// set and one cache entry, not two with different names.
+inline FfnSpec canonical_spec(FfnSpec s) {
+  if (s.threshold == 0.0f) s.threshold = 0.0f;
+  return s;
 }
 
 }  // namespace twell::kernels
