@@ -7,7 +7,7 @@
 namespace twell::compiler {
 
 std::string checkMlirNesting(std::string_view text, std::string_view filename, int limit) {
-  if (text.substr(0, 4) == std::string_view("ML\xef" "R", 4)) return "";
+  if (text.substr(0, 4) == std::string_view("ML\xefR", 4)) return "";  // bytecode
   int depth = 0;
   size_t line = 1, line_start = 0;
   bool in_string = false;
@@ -20,8 +20,12 @@ std::string checkMlirNesting(std::string_view text, std::string_view filename, i
       continue;
     }
     if (in_string) {
-      if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') ++i;  // the escaped character, `\"` included
-      else if (c == '"') in_string = false;
+      // Skips the escaped character (`\"` included), never the newline that ends the line.
+      if (c == '\\' && i + 1 < text.size() && text[i + 1] != '\n') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
       continue;
     }
     switch (c) {
@@ -39,7 +43,8 @@ std::string checkMlirNesting(std::string_view text, std::string_view filename, i
         if (++depth > limit)
           return std::string(filename) + ":" + std::to_string(line) + ":" + std::to_string(i - line_start + 1) +
                  ": error: brackets nested " + std::to_string(depth) + " deep here: expected at most " +
-                 std::to_string(limit) + " levels (twell's nesting limit: MLIR's parser recurses once per level "
+                 std::to_string(limit) +
+                 " levels (twell's nesting limit: MLIR's parser recurses once per level "
                  "and would overflow the stack)";
         break;
       case '>':

@@ -43,7 +43,8 @@ std::optional<std::string> checkedInput(const std::string& input) {
   std::error_code ec;
   const auto status = std::filesystem::status(input, ec);
   const bool file = input != "-" && std::filesystem::is_regular_file(status);
-  const bool stream = input == "-" || (!file && std::filesystem::exists(status) && !std::filesystem::is_directory(status));
+  const bool stream =
+      input == "-" || (!file && std::filesystem::exists(status) && !std::filesystem::is_directory(status));
   if (!file && !stream) return input;
   std::string text;
   if (file) {
@@ -60,7 +61,8 @@ std::optional<std::string> checkedInput(const std::string& input) {
       return std::nullopt;
     }
   }
-  if (const std::string deep = twell::compiler::checkMlirNesting(text, input == "-" ? "<stdin>" : input); !deep.empty()) {
+  if (const std::string deep = twell::compiler::checkMlirNesting(text, input == "-" ? "<stdin>" : input);
+      !deep.empty()) {
     llvm::errs() << deep << "\n";
     return std::nullopt;
   }
@@ -72,8 +74,8 @@ std::optional<std::string> checkedInput(const std::string& input) {
 int main(int argc, char** argv) {
   mlir::DialectRegistry registry;
   mlir::twell::registerTwellDialectsAndPasses(registry);
-  const auto [input, output] = mlir::registerAndParseCLIOptions(
-      argc, argv, "twell optimizer: the twell dialect and its passes\n", registry);
+  const auto [input, output] =
+      mlir::registerAndParseCLIOptions(argc, argv, "twell optimizer: the twell dialect and its passes\n", registry);
   const mlir::MlirOptMainConfig config = mlir::MlirOptMainConfig::createFromCLOptions();
   std::string checked = input;
   if (!config.shouldShowDialects() && !config.shouldListPasses()) {  // those read no input
