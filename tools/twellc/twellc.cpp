@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
       "       twellc cache list|stats|clear|verify [--dir D]   the kernel cache (twellc cache --help)\n"
       "       twellc <command> --help                       options of a command\n";
   if (argc < 2) {
-    std::fprintf(stderr, "twellc: expected a command (run, emit, compile or tune), got none\n%s", usage.c_str());
+    std::fprintf(stderr, "twellc: expected a command (run, emit, compile, tune or cache), got none\n%s", usage.c_str());
     return 2;
   }
   const std::string cmd = argv[1];

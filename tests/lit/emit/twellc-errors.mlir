@@ -30,7 +30,7 @@
 // TILE: --tile-n: expected a power of two in 32..1024, got 100
 // SLOTS: --slots: expected 1..tile_n (64), got 65
 // SILU: --threshold: expected a value > 0 with --activation silu (a neuron is active iff |silu(g)| > threshold), got 0
-// NOCMD: twellc: expected a command (run, emit or compile), got none
+// NOCMD: twellc: expected a command (run, emit, compile, tune or cache), got none
 // NODECODE: note: no decode kernels for this layer
 // NOOUT: -o DIR: expected the output directory, got none
 // TWICE: --target: sm_90a given twice
