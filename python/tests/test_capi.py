@@ -156,7 +156,16 @@ def test_tune_needs_a_gpu_and_names_bad_arguments():
         ctx.tune(spec, density=0.01, weights="x.safetensors")
     with pytest.raises(twell.InvalidArgumentError, match="reps"):
         ctx.tune(spec, reps=0)
+    for bad in ({"budget_s": float("nan")}, {"budget_s": "abc"}, {"density": float("inf")}, {"database": 5},
+                {"tokens": "16"}, {"layer": 3}):
+        with pytest.raises(twell.InvalidArgumentError, match=next(iter(bad))):
+            ctx.tune(spec, **bad)
     # The C API refuses unknown request keys by name.
     out = ctypes.c_char_p()
     status = _capi.lib().twell_context_tune(ctx._handle, ctypes.byref(spec._struct()), b'{"tokenz": [1]}', ctypes.byref(out))
     assert status == 1 and "tokenz" in _capi.lib().twell_last_error().decode()
+    # Strict JSON types: a float is not truncated to a count, a bool is not a number.
+    for request, key in ((b'{"tokens": [1.9]}', "tokens"), (b'{"reps": true}', "reps"), (b'{"reps": 4294967301}', "reps"),
+                         (b'{"layer": 3}', "layer"), (b'{"density": 0.1, "weights": ["a"]}', "density")):
+        status = _capi.lib().twell_context_tune(ctx._handle, ctypes.byref(spec._struct()), request, ctypes.byref(out))
+        assert status == 1 and key in _capi.lib().twell_last_error().decode(), request

@@ -158,19 +158,31 @@ class Context:
         naming the field for bad arguments."""
         if not isinstance(spec, FfnSpec):
             raise InvalidArgumentError(f"twell.Context.tune: spec: expected a twell.FfnSpec, got {type(spec).__name__}")
-        request = {"budget_s": float(budget_s), "reps": _int("Context.tune", "reps", reps, 1, 1000), "write": bool(write)}
+        budget = _number("Context.tune", "budget_s", budget_s)
+        if not (0 <= budget < float("inf")):
+            raise InvalidArgumentError(f"twell.Context.tune: budget_s: expected a finite number >= 0 (0: no limit), got {budget_s!r}")
+        request = {"budget_s": budget, "reps": _int("Context.tune", "reps", reps, 1, 1000), "write": bool(write)}
         if tokens is not None:
+            if isinstance(tokens, (str, bytes)):
+                raise InvalidArgumentError(f"twell.Context.tune: tokens: expected an int or a list of ints, got {tokens!r}")
             tokens = [tokens] if isinstance(tokens, int) else list(tokens)
             request["tokens"] = [_int("Context.tune", "tokens", t, 1, 1 << 24) for t in tokens]
         if density is not None and weights is not None:
             raise InvalidArgumentError("twell.Context.tune: expected density (random inputs) or weights (a real layer), got both")
+        if layer is not None and weights is None:
+            raise InvalidArgumentError("twell.Context.tune: layer: expected it with weights, got it alone")
         if density is not None:
-            request["density"] = float(density)
+            d = _number("Context.tune", "density", density)
+            if not 0 < d < 1:
+                raise InvalidArgumentError(f"twell.Context.tune: density: expected a fraction in (0, 1), got {density!r}")
+            request["density"] = d
         if weights is not None:
             request["weights"] = [os.fspath(w) for w in ([weights] if isinstance(weights, (str, os.PathLike)) else weights)]
             if layer is not None:
                 request["layer"] = _int("Context.tune", "layer", layer, 0, 1 << 30)
         if database is not None:
+            if not isinstance(database, (str, os.PathLike)):
+                raise InvalidArgumentError(f"twell.Context.tune: database: expected a directory name, got {database!r}")
             request["database"] = os.fspath(database)
         out = ctypes.c_char_p()
         check(lib().twell_context_tune(self._handle, ctypes.byref(spec._struct()), json.dumps(request).encode(),

@@ -27,7 +27,7 @@
 
 struct twell_context {
   twell::Context context;
-  std::string target, device_name, no_gpu_reason, tune_json;
+  std::string target, device_name, no_gpu_reason;
 };
 
 struct twell_plan {
@@ -278,30 +278,57 @@ twell_status_t twell_context_tune(twell_context_t context, const twell_ffn_spec*
     r.spec = to_spec(spec, fn);
     const nlohmann::json q = request_json ? nlohmann::json::parse(request_json, nullptr, /*allow_exceptions=*/false) : nlohmann::json::object();
     if (!q.is_object()) invalid(fn, "request_json", "a JSON object", request_json ? std::string(request_json).substr(0, 200) : "");
-    try {
-      for (const auto& [key, value] : q.items()) {
-        if (key == "tokens") r.tokens = value.get<std::vector<int64_t>>();
-        else if (key == "density") r.density = value.get<double>();
-        else if (key == "budget_s") r.budget_s = value.get<double>();
-        else if (key == "reps") r.reps = value.get<int>();
-        else if (key == "write") r.write = value.get<bool>();
-        else if (key == "database") r.database = value.get<std::string>();
-        else if (key != "weights" && key != "layer")
-          invalid(fn, "request_json", "keys tokens, density, weights, layer, budget_s, reps, write, database", "key '" + key + "'");
+    // Strict types: no float truncated to a count, no bool read as a number, no out-of-range cast.
+    auto integer = [&](const nlohmann::json& v, const char* key, int64_t lo, int64_t hi) {
+      if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi ||
+          (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)))
+        invalid(fn, "request_json", fmt::format("\"{}\": an integer in {}..{}", key, lo, hi), v.dump().substr(0, 100));
+      return v.get<int64_t>();
+    };
+    auto number = [&](const nlohmann::json& v, const char* key) {
+      if (!v.is_number()) invalid(fn, "request_json", fmt::format("\"{}\": a number", key), v.dump().substr(0, 100));
+      return v.get<double>();
+    };
+    for (const auto& [key, value] : q.items()) {
+      if (key == "tokens") {
+        if (!value.is_array()) invalid(fn, "request_json", "\"tokens\": an array of integers", value.dump().substr(0, 100));
+        r.tokens.clear();
+        for (const auto& t : value) r.tokens.push_back(integer(t, "tokens", 1, int64_t{1} << 24));
+      } else if (key == "density") {
+        r.density = number(value, "density");
+      } else if (key == "budget_s") {
+        r.budget_s = number(value, "budget_s");
+      } else if (key == "reps") {
+        r.reps = static_cast<int>(integer(value, "reps", 1, 1000));
+      } else if (key == "write") {
+        if (!value.is_boolean()) invalid(fn, "request_json", "\"write\": true or false", value.dump().substr(0, 100));
+        r.write = value.get<bool>();
+      } else if (key == "database") {
+        if (!value.is_string()) invalid(fn, "request_json", "\"database\": a directory name", value.dump().substr(0, 100));
+        r.database = value.get<std::string>();
+      } else if (key != "weights" && key != "layer") {
+        invalid(fn, "request_json", "keys tokens, density, weights, layer, budget_s, reps, write, database",
+                "key " + nlohmann::json(key).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace).substr(0, 100));
       }
-      if (q.contains("weights")) {
-        std::vector<twell::SafeTensors> files;
-        for (const auto& f : q["weights"].get<std::vector<std::string>>()) files.push_back(twell::SafeTensors::read(f));
-        std::optional<int> layer;
-        if (q.contains("layer")) layer = q["layer"].get<int>();
-        r.layer = twell::load_layer(files, layer, /*random_up_down_if_missing=*/true);
+    }
+    if (q.contains("layer") && !q.contains("weights")) invalid(fn, "request_json", "\"layer\" with \"weights\"", "\"layer\" alone");
+    if (q.contains("density") && q.contains("weights"))
+      invalid(fn, "request_json", "\"density\" (random inputs) or \"weights\" (a real layer)", "both");
+    if (q.contains("weights")) {
+      const auto& w = q["weights"];
+      if (!w.is_array() || w.empty()) invalid(fn, "request_json", "\"weights\": a non-empty array of paths", w.dump().substr(0, 100));
+      std::vector<twell::SafeTensors> files;
+      for (const auto& f : w) {
+        if (!f.is_string()) invalid(fn, "request_json", "\"weights\": paths (strings)", f.dump().substr(0, 100));
+        files.push_back(twell::SafeTensors::read(f.get<std::string>()));
       }
-    } catch (const nlohmann::json::exception& e) {
-      invalid(fn, "request_json", "values of the documented types", e.what());
+      std::optional<int> layer;
+      if (q.contains("layer")) layer = static_cast<int>(integer(q["layer"], "layer", 0, 1 << 30));
+      r.layer = twell::load_layer(files, layer, /*random_up_down_if_missing=*/true);
     }
     const twell::TuneResult t = c.context.tune(r);
     auto config = [](const twell::TunedConfig& k) {
-      return nlohmann::json{{"path", k.path == twell::TunedConfig::Path::TwELL ? "twell" : "dense"}, {"tile_n", k.tile_n},
+      return nlohmann::json{{"path", twell::to_string(k.path)}, {"tile_n", k.tile_n},
                             {"slots", k.slots}, {"cluster_m", k.cluster_m}, {"consumer", to_string(k.consumer)},
                             {"decode_max_tokens", k.decode_max_tokens}, {"ms", k.ms}};
     };
@@ -314,8 +341,10 @@ twell_status_t twell_context_tune(twell_context_t context, const twell_ffn_spec*
       if (b.runner_up) e["runner_up"] = config(*b.runner_up);
       j["buckets"].push_back(e);
     }
-    c.tune_json = j.dump();
-    *result_json = c.tune_json.c_str();
+    // Per thread: concurrent tunes on one context (contexts are shared by threads) each keep theirs.
+    thread_local std::string tune_json;
+    tune_json = j.dump();
+    *result_json = tune_json.c_str();
   });
 }
 

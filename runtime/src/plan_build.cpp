@@ -65,11 +65,17 @@ FfnSpec tuned_spec(Context& context, const FfnSpec& spec, int64_t max_tokens, co
       bucket = &b;
       break;
     }
-  // The best TwELL configuration of the bucket (the winner may be the dense path).
+  // The winner's layout; where the dense path won, the runner-up's if it is a TwELL layout (Auto takes
+  // the dense path by itself); where the untuned plan won, nothing changes.
   const TunedConfig* best = nullptr;
-  for (const auto* c : {&bucket->winner, bucket->runner_up ? &*bucket->runner_up : nullptr})
-    if (c && c->path == TunedConfig::Path::TwELL && !best) best = c;
-  if (!best) return spec;
+  if (bucket->winner.path == TunedConfig::Path::TwELL) best = &bucket->winner;
+  else if (bucket->winner.path == TunedConfig::Path::Dense && bucket->runner_up && bucket->runner_up->path == TunedConfig::Path::TwELL)
+    best = &*bucket->runner_up;
+  if (!best) {
+    *source = fmt::format("heuristic (database {} workload {} bucket {}: the untuned plan was fastest)", entry->file.string(),
+                          entry->workload, bucket->tokens);
+    return spec;
+  }
   FfnSpec s = spec;
   s.tile_n = best->tile_n;
   s.slots = best->slots;
@@ -84,11 +90,26 @@ FfnSpec tuned_spec(Context& context, const FfnSpec& spec, int64_t max_tokens, co
 }  // namespace
 
 FfnPlan Context::plan(const FfnSpec& user_spec, int64_t max_tokens, const PlanOptions& options) {
-  const std::shared_ptr<Context::Impl> ctx = context_impl(*this);  // throws for a moved-from context
   check_spec(user_spec, max_tokens, options);
-  std::string config_source;
   // Canonical (threshold -0.0 as +0.0) before any key is made from it: one layer, one kernel set.
-  const FfnSpec spec = tuned_spec(*this, kernels::canonical_spec(user_spec), max_tokens, options, &config_source);
+  const FfnSpec canonical = kernels::canonical_spec(user_spec);
+  std::string config_source;
+  const FfnSpec tuned = tuned_spec(*this, canonical, max_tokens, options, &config_source);
+  if (config_source.rfind("database", 0) == 0) {
+    // A tuned layout this context cannot build (a bundle-only deployment without those kernels, a
+    // workspace that does not fit, a layout the generator refuses here) is ignored, not an error.
+    try {
+      return make_plan(tuned, max_tokens, options, config_source);
+    } catch (const Error& e) {
+      config_source = fmt::format("heuristic (the tuned layout of {} could not be used: {})", config_source.substr(9),
+                                  std::string(e.what()).substr(0, 300));
+    }
+  }
+  return make_plan(canonical, max_tokens, options, std::move(config_source));
+}
+
+FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options, std::string config_source) {
+  const std::shared_ptr<Context::Impl> ctx = context_impl(*this);  // throws for a moved-from context
   FfnPlan plan;
   plan.impl_ = std::make_unique<FfnPlan::Impl>();
   FfnPlan::Impl& p = *plan.impl_;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <future>
 #include <map>
+#include <system_error>
 #include <random>
 #include <thread>
 
@@ -74,7 +75,7 @@ HostInputs random_inputs(const FfnSpec& s, int64_t rows, double density) {
   std::mt19937_64 rng(0x7e11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto bits = [&](float v) { return from_float(s.dtype, v); };
-  const float z = static_cast<float>(normal_quantile(1 - density));
+  const float z = static_cast<float>(-normal_quantile(density));  // the upper quantile, exact for tiny densities
   // 16384 distinct rows, repeated beyond (drawing 2^28 normals would take seconds of the budget).
   in.x.resize(size_t(rows) * s.d_model);
   const int64_t distinct = std::min<int64_t>(rows, 16384);
@@ -128,6 +129,7 @@ PlanOptions sparse_options(int64_t decode_max_tokens) {
 
 std::string describe(const TunedConfig& c) {
   if (c.path == TunedConfig::Path::Dense) return "dense (fused gate+up, cuBLASLt down)";
+  if (c.path == TunedConfig::Path::Heuristic) return "the heuristic's plan (untuned)";
   return fmt::format("tile_n {} slots {} cluster {} {}{}", c.tile_n, c.slots, c.cluster_m, to_string(c.consumer),
                      c.decode_max_tokens > 0 ? fmt::format(" decode<= {}", c.decode_max_tokens) : std::string());
 }
@@ -286,118 +288,153 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
           s.consumer = consumer;
           ++result.configurations;
           if (!kernels::validate_spec(s, "").empty()) continue;  // not legal for these fields
-          if (slots < mean / 2) {
+          const bool default_layout = tile_n == 256 && slots == 31;
+          if (slots < mean / 2 && !default_layout) {
             ++result.pruned;
             continue;
           }
           configs.push_back(TunedConfig{TunedConfig::Path::TwELL, tile_n, slots, cluster, consumer, 0, 0});
         }
   }
+  // The generator's default layout first, then by distance from the expected nnz per tile-row: under a
+  // budget the likeliest winners are timed first.
+  std::stable_sort(configs.begin(), configs.end(), [&](const TunedConfig& x, const TunedConfig& y) {
+    auto rank = [&](const TunedConfig& c) {
+      if (c.tile_n == 256 && c.slots == 31) return -1.0;
+      return std::abs(std::log2((c.slots + 1.0) / (density * c.tile_n + 1.0)));
+    };
+    return rank(x) < rank(y);
+  });
   say(fmt::format("  {} configurations legal here, {} pruned by the cost model, {} to compile", result.configurations,
                   result.pruned, configs.size()));
 
   // Compile the candidates' plans in parallel (NVRTC in threads; the cache serializes identical kernels).
   const auto before = ctx.cache_counters();
-  struct Candidate {
-    TunedConfig config;
-    std::optional<FfnPlan> plan;       // decode_max_tokens 64
-    std::optional<FfnPlan> no_decode;  // the same without the decode kernels (made when a bucket needs it)
-    std::string error;
+  auto spec_of = [&](const TunedConfig& c) {
+    FfnSpec s = spec;
+    s.tile_n = c.tile_n;
+    s.slots = c.slots;
+    s.gate_cluster_m = c.cluster_m;
+    s.consumer = c.consumer;
+    return s;
   };
-  std::vector<Candidate> candidates(configs.size());
+  // Compile every candidate's kernels in parallel (NVRTC in threads; Context::plan is thread-safe and
+  // the cache serializes identical kernels). The plans made here hold one token row: no workspace.
+  std::vector<std::string> compile_error(configs.size());
   {
     const unsigned threads = r.compile_threads > 0 ? unsigned(r.compile_threads) : std::max(1u, std::thread::hardware_concurrency());
     std::atomic<size_t> next{0};
-    std::vector<std::thread> pool;
-    for (unsigned i = 0; i < std::min<size_t>(threads, configs.size()); ++i)
-      pool.emplace_back([&] {
-        for (size_t k = next++; k < configs.size(); k = next++) {
-          candidates[k].config = configs[k];
-          if (r.budget_s > 0 && seconds_since(start) > r.budget_s) {
-            candidates[k].error = "budget";
-            continue;
-          }
-          FfnSpec s = spec;
-          s.tile_n = configs[k].tile_n;
-          s.slots = configs[k].slots;
-          s.gate_cluster_m = configs[k].cluster_m;
-          s.consumer = configs[k].consumer;
-          try {
-            candidates[k].plan.emplace(ctx.plan(s, max_m, sparse_options(64)));
-          } catch (const Error& e) {
-            candidates[k].error = e.what();
-          }
+    auto work = [&] {
+      for (size_t k = next++; k < configs.size(); k = next++) {
+        if (r.budget_s > 0 && seconds_since(start) > r.budget_s) {
+          compile_error[k] = "budget";
+          continue;
         }
-      });
+        try {
+          ctx.plan(spec_of(configs[k]), 1, sparse_options(64));
+        } catch (const std::exception& e) {  // not only twell::Error: nothing may escape a thread
+          compile_error[k] = e.what();
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    try {
+      for (unsigned i = 1; i < std::min<size_t>(threads, configs.size()); ++i) pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      // Fewer threads than asked: those running (and this one) share the work.
+    }
+    work();
     for (auto& t : pool) t.join();
   }
   result.compiled = static_cast<int>(ctx.cache_counters().misses - before.misses);
+  for (size_t k = 0; k < configs.size(); ++k)
+    if (!compile_error[k].empty() && compile_error[k] != "budget")
+      say(fmt::format("  {} not built: {}", describe(configs[k]), compile_error[k].substr(0, 300)));
   say(fmt::format("  compiled: {} kernels in {:.1f} s (cache misses)", result.compiled, seconds_since(start)));
 
-  // The heuristic's plan (no database): what a plan gets without tuning.
-  PlanOptions heuristic_options;
-  heuristic_options.tuning = PlanOptions::Tuning::Ignore;
-  FfnPlan heuristic = ctx.plan(spec, max_m, heuristic_options);
-
-  for (int64_t m : buckets) {
-    TunedBucket b;
-    b.tokens = m;
-    b.dense_ms = dense_ms[m];
-    b.heuristic_ms = time_bucket(m, [&](int64_t w) { heuristic.run(stream.get(), tensors(w, m), m); });
-    std::vector<TunedConfig> ranked;
-    ranked.push_back(TunedConfig{TunedConfig::Path::Dense, 0, 0, 1, ConsumerVariant::RowGather, 0, b.dense_ms});
-    // One candidate plan at this bucket: checked against the reference on the first window (a
-    // configuration that changes results is rejected, not ranked), then timed over rotating windows.
-    auto evaluate = [&](FfnPlan& plan, TunedConfig config) {
-      if (r.budget_s > 0 && seconds_since(start) > r.budget_s) {
-        ++result.pruned;
-        return;
-      }
-      ++b.candidates;
-      y.fill(0xFF);
-      plan.run(stream.get(), tensors(0, m), m);
-      stream.synchronize();
-      const double err = relative_error(download_y(m), reference[m]);
-      if (!(err <= 1e-2)) {  // NaN rejects too
-        ++b.rejected;
-        say(fmt::format("  M={}: {} rejected: relative error {:.3e} against the reference", m, describe(config), err));
-        return;
-      }
-      config.ms = time_bucket(m, [&](int64_t w) { plan.run(stream.get(), tensors(w, m), m); });
-      ranked.push_back(config);
-    };
-    for (Candidate& c : candidates) {
-      if (!c.plan) {
-        if (c.error == "budget") ++result.pruned;
-        continue;
-      }
-      // Calls of at most 64 rows take the decode kernels of a plan that has them (the row consumer's;
-      // the token block has none); the same configuration without them is the other candidate.
-      const bool decode = m <= 64 && c.config.consumer == ConsumerVariant::RowGather;
-      TunedConfig config = c.config;
-      config.decode_max_tokens = decode ? 64 : 0;
-      evaluate(*c.plan, config);
-      if (decode) {
-        if (!c.no_decode) {
-          FfnSpec s = spec;
-          s.tile_n = c.config.tile_n;
-          s.slots = c.config.slots;
-          s.gate_cluster_m = c.config.cluster_m;
-          s.consumer = c.config.consumer;
-          c.no_decode.emplace(ctx.plan(s, max_m, sparse_options(0)));
-        }
-        config.decode_max_tokens = 0;
-        evaluate(*c.no_decode, config);
-      }
+  // Per bucket, the times of the heuristic's plan (no database: what an untuned plan runs), of the dense
+  // path, and of every candidate that agrees with the reference.
+  std::map<int64_t, TunedBucket> per_bucket;
+  std::map<int64_t, std::vector<TunedConfig>> ranked;
+  {
+    PlanOptions heuristic_options;
+    heuristic_options.tuning = PlanOptions::Tuning::Ignore;
+    FfnPlan heuristic = ctx.plan(spec, max_m, heuristic_options);
+    for (int64_t m : buckets) {
+      TunedBucket& b = per_bucket[m];
+      b.tokens = m;
+      b.dense_ms = dense_ms[m];
+      b.heuristic_ms = time_bucket(m, [&](int64_t w) { heuristic.run(stream.get(), tensors(w, m), m); });
+      TunedConfig h;
+      h.path = TunedConfig::Path::Heuristic;
+      h.ms = b.heuristic_ms;
+      ranked[m].push_back(h);
+      TunedConfig dense;
+      dense.path = TunedConfig::Path::Dense;
+      dense.ms = b.dense_ms;
+      ranked[m].push_back(dense);
     }
-    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.ms < b.ms; });
-    b.winner = ranked[0];
-    if (ranked.size() > 1) b.runner_up = ranked[1];
-    const double left = r.budget_s > 0 ? std::max(0.0, r.budget_s - seconds_since(start)) : 0;
+  }
+  // One plan at one bucket: checked against the reference on the first window (a configuration that
+  // changes results is rejected, not ranked), then timed over rotating windows.
+  auto evaluate = [&](FfnPlan& plan, TunedConfig config, int64_t m) {
+    TunedBucket& b = per_bucket[m];
+    ++b.candidates;
+    y.fill(0xFF);
+    plan.run(stream.get(), tensors(0, m), m);
+    stream.synchronize();
+    const double err = relative_error(download_y(m), reference[m]);
+    if (!(err <= 1e-2)) {  // NaN rejects too
+      ++b.rejected;
+      say(fmt::format("  M={}: {} rejected: relative error {:.3e} against the reference", m, describe(config), err));
+      return;
+    }
+    config.ms = time_bucket(m, [&](int64_t w) { plan.run(stream.get(), tensors(w, m), m); });
+    ranked[m].push_back(config);
+  };
+  // Candidate by candidate, one max_m plan alive at a time (its workspace, then the next one's).
+  size_t timed = 0;
+  for (size_t k = 0; k < configs.size(); ++k) {
+    if (!compile_error[k].empty() || (r.budget_s > 0 && seconds_since(start) > r.budget_s)) {
+      ++result.pruned;
+      continue;
+    }
+    try {
+      FfnPlan plan = ctx.plan(spec_of(configs[k]), max_m, sparse_options(64));
+      std::optional<FfnPlan> no_decode;
+      for (int64_t m : buckets) {
+        // Calls of at most 64 rows take the decode kernels of a plan that has them (the row consumer's;
+        // the token block has none); the same configuration without them is the other candidate.
+        const bool decode = m <= 64 && configs[k].consumer == ConsumerVariant::RowGather;
+        TunedConfig config = configs[k];
+        config.decode_max_tokens = decode ? 64 : 0;
+        evaluate(plan, config, m);
+        if (decode) {
+          if (!no_decode) no_decode.emplace(ctx.plan(spec_of(configs[k]), max_m, sparse_options(0)));
+          config.decode_max_tokens = 0;
+          evaluate(*no_decode, config, m);
+        }
+      }
+    } catch (const Error& e) {  // e.g. out of memory for this layout's workspace: the others go on
+      say(fmt::format("  {} skipped: {}", describe(configs[k]), std::string(e.what()).substr(0, 300)));
+      continue;
+    }
+    if (++timed % 8 == 0 || k + 1 == configs.size()) {
+      const double left = r.budget_s > 0 ? std::max(0.0, r.budget_s - seconds_since(start)) : 0;
+      say(fmt::format("  timed {} of {} candidates ({:.0f} s elapsed{})", timed, configs.size(), seconds_since(start),
+                      r.budget_s > 0 ? fmt::format(", {:.0f} s left", left) : std::string()));
+    }
+  }
+  for (int64_t m : buckets) {
+    TunedBucket& b = per_bucket[m];
+    auto& list = ranked[m];
+    // Ties go to the heuristic's plan (first in the list: stable sort), then to the dense path.
+    std::stable_sort(list.begin(), list.end(), [](const auto& x, const auto& y) { return x.ms < y.ms; });
+    b.winner = list[0];
+    if (list.size() > 1) b.runner_up = list[1];
     say(fmt::format("  M={:>6}: {:.4f} ms {} | runner-up {:.4f} ms | heuristic {:.4f} ms, dense {:.4f} ms ({} timed, {} "
-                    "rejected; {:.0f} s elapsed{})", m, b.winner.ms, describe(b.winner), b.runner_up ? b.runner_up->ms : 0.0,
-                    b.heuristic_ms, b.dense_ms, b.candidates, b.rejected, seconds_since(start),
-                    r.budget_s > 0 ? fmt::format(", {:.0f} s left", left) : std::string()));
+                    "rejected)", m, b.winner.ms, describe(b.winner), b.runner_up ? b.runner_up->ms : 0.0, b.heuristic_ms,
+                    b.dense_ms, b.candidates, b.rejected));
     result.buckets.push_back(b);
   }
   if (r.write) result.file = TuningDatabase(r.database).store(result.hardware, spec, result.workload, result.buckets);

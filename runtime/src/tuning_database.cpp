@@ -1,5 +1,6 @@
 // The tuning database (twell/tuning.h): JSON files per hardware x spec, merged under flock.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -40,10 +41,8 @@ json hardware_key_json(const TuningHardware& hw) {
   return {{"arch", hw.arch}, {"sm_count", hw.sm_count}, {"driver", hw.driver_version}, {"twell", hw.twell_version}};
 }
 
-const char* path_name(TunedConfig::Path p) { return p == TunedConfig::Path::TwELL ? "twell" : "dense"; }
-
 json config_json(const TunedConfig& c) {
-  return {{"path", path_name(c.path)}, {"tile_n", c.tile_n},     {"slots", c.slots},
+  return {{"path", to_string(c.path)}, {"tile_n", c.tile_n},     {"slots", c.slots},
           {"cluster_m", c.cluster_m},  {"consumer", to_string(c.consumer)}, {"decode_max_tokens", c.decode_max_tokens},
           {"ms", c.ms}};
 }
@@ -51,8 +50,9 @@ json config_json(const TunedConfig& c) {
 TunedConfig config_from(const json& j) {
   TunedConfig c;
   const std::string path = j.at("path").get<std::string>();
-  if (path != "twell" && path != "dense") throw std::invalid_argument("path: expected twell or dense, got " + path);
-  c.path = path == "twell" ? TunedConfig::Path::TwELL : TunedConfig::Path::Dense;
+  if (path != "twell" && path != "dense" && path != "heuristic")
+    throw std::invalid_argument("path: expected twell, dense or heuristic, got " + path.substr(0, 40));
+  c.path = path == "twell" ? TunedConfig::Path::TwELL : path == "dense" ? TunedConfig::Path::Dense : TunedConfig::Path::Heuristic;
   c.tile_n = j.at("tile_n").get<int>();
   c.slots = j.at("slots").get<int>();
   c.cluster_m = j.at("cluster_m").get<int>();
@@ -88,17 +88,40 @@ TunedBucket bucket_from(const json& j) {
 
 // The file's JSON, or null when absent, unreadable, damaged or of another schema (`why` says which).
 json read_file(const fs::path& file, std::string* why) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) {
-    *why = "absent";
+  // Never blocks (O_NONBLOCK: a FIFO at the path), never follows a link, reads regular files only and
+  // at most kMaxFileBytes (a database file is a few KB per workload).
+  constexpr off_t kMaxFileBytes = off_t{16} << 20;
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) {
+    *why = errno == ENOENT ? "absent" : fmt::format("cannot open: {}", std::strerror(errno));
     return nullptr;
   }
-  std::stringstream text;
-  text << in.rdbuf();
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_fd{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    *why = "not a regular file";
+    return nullptr;
+  }
+  if (st.st_size > kMaxFileBytes) {
+    *why = fmt::format("{} bytes, above the limit of {}", static_cast<int64_t>(st.st_size), static_cast<int64_t>(kMaxFileBytes));
+    return nullptr;
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
   // Nesting is bounded (a hostile file must not overflow the stack): the schema is 5 levels deep.
   json j;
   try {
-    j = json::parse(text.str(), [](int depth, json::parse_event_t, json&) {
+    j = json::parse(text, [](int depth, json::parse_event_t, json&) {
       if (depth > 16) throw std::invalid_argument("nested more than 16 levels");
       return true;
     });
@@ -136,7 +159,11 @@ std::string utc_now() {
 
 }  // namespace
 
-std::string density_workload(double density) { return fmt::format("density:{:.2f}%", 100 * density); }
+std::string density_workload(double density) { return fmt::format("density:{:.3g}%", 100 * density); }
+
+const char* to_string(TunedConfig::Path path) {
+  return path == TunedConfig::Path::TwELL ? "twell" : path == TunedConfig::Path::Dense ? "dense" : "heuristic";
+}
 
 TuningDatabase::TuningDatabase(fs::path dir) : dir_(dir.empty() ? default_dir() : std::move(dir)) {}
 
@@ -213,8 +240,14 @@ fs::path TuningDatabase::store(const TuningHardware& hw, const FfnSpec& spec, co
   }
   std::string why;
   json j = read_file(file, &why);
-  if (j.is_null()) {
-    if (why != "absent") warn_once(file, why + "; replaced");
+  // Keep the existing workloads only if the file is what its name says (a well-formed object of this
+  // schema for this hardware and spec); anything else is replaced.
+  const bool keep = j.is_object() && j.contains("workloads") && j["workloads"].is_object() && j.contains("hardware") &&
+                    j["hardware"].is_object() && j.contains("spec") && j["spec"] == spec_json(spec) &&
+                    j["hardware"].value("arch", "") == hw.arch && j["hardware"].value("sm_count", -1) == hw.sm_count &&
+                    j["hardware"].value("driver", -1) == hw.driver_version && j["hardware"].value("twell", "") == hw.twell_version;
+  if (!keep) {
+    if (why != "absent") warn_once(file, (why.empty() ? std::string("not this hardware's and spec's entry") : why) + "; replaced");
     j = json{{"schema", kSchema}, {"workloads", json::object()}};
   }
   j["hardware"] = hardware_key_json(hw);

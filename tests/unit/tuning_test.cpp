@@ -1,5 +1,6 @@
 // The tuning database (twell/tuning.h) without a GPU: round trip, merging workloads, concurrent writers
 // (processes), damaged / renamed / foreign-schema files read as absent, and the tuner's refusals.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,7 +46,7 @@ std::vector<TunedBucket> buckets(int tile_n) {
   TunedBucket big;
   big.tokens = 131072;
   big.winner = TunedConfig{TunedConfig::Path::TwELL, tile_n, 31, 2, ConsumerVariant::TokenBlock, 0, 7.8};
-  big.runner_up = TunedConfig{TunedConfig::Path::Dense, 0, 0, 1, ConsumerVariant::RowGather, 0, 11.5};
+  big.runner_up = TunedConfig{TunedConfig::Path::Heuristic, 0, 0, 1, ConsumerVariant::RowGather, 0, 8.0};
   big.heuristic_ms = 8.0;
   big.dense_ms = 11.5;
   big.candidates = 24;
@@ -59,8 +60,10 @@ TEST(TuningDatabase, StoresAndLooksUpByHardwareSpecAndWorkload) {
   const TuningDatabase db(fresh_dir("roundtrip"));
   const fs::path file = db.store(hardware(), paper(), density_workload(0.005), buckets(256));
   EXPECT_TRUE(fs::exists(file));
-  EXPECT_EQ(density_workload(0.005), "density:0.50%");
-  const auto e = db.lookup(hardware(), paper(), "density:0.50%");
+  EXPECT_EQ(density_workload(0.005), "density:0.5%");
+  EXPECT_EQ(density_workload(1e-5), "density:0.001%");
+  EXPECT_NE(density_workload(1e-5), density_workload(4e-5));
+  const auto e = db.lookup(hardware(), paper(), "density:0.5%");
   ASSERT_TRUE(e.has_value());
   ASSERT_EQ(e->buckets.size(), 2u);
   EXPECT_EQ(e->buckets[0].tokens, 1);
@@ -69,7 +72,7 @@ TEST(TuningDatabase, StoresAndLooksUpByHardwareSpecAndWorkload) {
   EXPECT_EQ(e->buckets[1].winner.cluster_m, 2);
   EXPECT_DOUBLE_EQ(e->buckets[1].winner.ms, 7.8);
   ASSERT_TRUE(e->buckets[1].runner_up.has_value());
-  EXPECT_EQ(e->buckets[1].runner_up->path, TunedConfig::Path::Dense);
+  EXPECT_EQ(e->buckets[1].runner_up->path, TunedConfig::Path::Heuristic);
   EXPECT_FALSE(e->buckets[0].runner_up.has_value());
   EXPECT_EQ(e->buckets[0].winner.decode_max_tokens, 64);
   // Another SM count, driver, twell version, shape, threshold or dtype: another key.
@@ -90,7 +93,7 @@ TEST(TuningDatabase, StoresAndLooksUpByHardwareSpecAndWorkload) {
   s.threshold = -0.0f;
   s.tile_n = 128;
   EXPECT_TRUE(db.lookup(hardware(), s).has_value());
-  EXPECT_FALSE(db.lookup(hardware(), paper(), "density:1.00%").has_value());
+  EXPECT_FALSE(db.lookup(hardware(), paper(), "density:1%").has_value());
 }
 
 TEST(TuningDatabase, MergesWorkloadsAndTheNewestIsTheDefault) {
@@ -168,6 +171,17 @@ TEST(TuningDatabase, DamagedRenamedAndForeignFilesReadAsAbsent) {
   j["workloads"]["density:0.50%"]["buckets"][0]["tokens"] = 3;  // not a power of two
   write(j.dump());
   EXPECT_FALSE(db.lookup(hardware(), paper()).has_value());
+  j = nlohmann::json::parse(good);
+  j["workloads"] = "not an object";  // well-formed JSON, wrong structure: store must not throw a json error
+  write(j.dump());
+  EXPECT_FALSE(db.lookup(hardware(), paper()).has_value());
+  db.store(hardware(), paper(), "density:0.50%", buckets(64));
+  EXPECT_EQ(db.lookup(hardware(), paper())->buckets[0].winner.tile_n, 64);
+  // A FIFO at the file's path reads as absent at once (no blocking open).
+  fs::remove(file);
+  ASSERT_EQ(::mkfifo(file.c_str(), 0644), 0);
+  EXPECT_FALSE(db.lookup(hardware(), paper()).has_value());
+  fs::remove(file);
   // store replaces a file it cannot read.
   write("garbage");
   db.store(hardware(), paper(), "density:0.50%", buckets(128));

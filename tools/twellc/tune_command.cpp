@@ -33,6 +33,8 @@ const char* kTuneHelp =
     "  --budget-s    stop timing new candidates after this many seconds (default 60; 0: no limit)\n";
 
 std::vector<int64_t> parse_tokens(const std::string& list) {
+  if (!list.empty() && list.back() == ',')
+    throw std::invalid_argument(fmt::format("--tokens: expected a comma-separated list of counts, got '{}' (a trailing comma)", list));
   std::vector<int64_t> out;
   std::stringstream in(list);
   std::string item;
@@ -74,6 +76,8 @@ int tune_command(const std::vector<std::string>& argv) {
       if (args.has(chosen)) throw std::invalid_argument(fmt::format("--{}: the tuner chooses it; expected it absent", chosen));
     request.spec = spec_from_args(args);
     if (args.has("tokens")) request.tokens = parse_tokens(args.get("tokens"));
+    if (args.has("weights") && args.has("patterns"))
+      throw std::invalid_argument("--patterns: the same option as --weights; expected one of them, got both");
     const bool weights = args.has("weights") || args.has("patterns");
     if (weights && args.has("density"))
       throw std::invalid_argument("--density: expected either it (random inputs) or --weights (a real layer), got both");
@@ -118,7 +122,7 @@ int tune_command(const std::vector<std::string>& argv) {
                           {"configurations", r.configurations}, {"pruned", r.pruned}, {"compiled", r.compiled},
                           {"outliers", r.outliers},  {"buckets", nlohmann::json::array()}};
       for (const auto& b : r.buckets)
-        j["buckets"].push_back({{"tokens", b.tokens}, {"winner_ms", b.winner.ms}, {"winner_path", b.winner.path == twell::TunedConfig::Path::TwELL ? "twell" : "dense"},
+        j["buckets"].push_back({{"tokens", b.tokens}, {"winner_ms", b.winner.ms}, {"winner_path", twell::to_string(b.winner.path)},
                                 {"tile_n", b.winner.tile_n}, {"slots", b.winner.slots}, {"cluster_m", b.winner.cluster_m},
                                 {"consumer", twell::to_string(b.winner.consumer)}, {"decode_max_tokens", b.winner.decode_max_tokens},
                                 {"runner_up_ms", b.runner_up ? b.runner_up->ms : 0.0}, {"heuristic_ms", b.heuristic_ms},

@@ -145,7 +145,9 @@ twell_status_t twell_context_load_bundle(twell_context_t context, const char* di
  * any of "tokens" (array of counts), "density" (fraction), "weights" (array of safetensors paths) with
  * "layer", "budget_s", "reps", "write" (bool), "database" (directory). *result_json receives the result
  * (workload, file, seconds, configurations, pruned, compiled, outliers, buckets with winner, runner_up,
- * heuristic_ms, dense_ms), owned by the context, valid until its next tune. */
+ * heuristic_ms, dense_ms), owned by the library, valid until the calling thread's next tune. Values must have
+ * the documented types (integers for tokens, reps and layer; no truncation): else TWELL_ERROR_INVALID_ARGUMENT
+ * naming the key. */
 twell_status_t twell_context_tune(twell_context_t context, const twell_ffn_spec* spec, const char* request_json,
                                   const char** result_json);
 

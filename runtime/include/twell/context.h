@@ -128,6 +128,8 @@ class Context {
 
  private:
   friend std::shared_ptr<Impl> context_impl(Context&);
+  // plan()'s work for a checked, canonical spec whose layout source is decided.
+  FfnPlan make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options, std::string config_source);
   std::shared_ptr<Impl> impl_;
 };
 

@@ -16,17 +16,21 @@
 //     "hardware": {"arch": "sm_90a", "sm_count": 132, "driver": 13000, "twell": "0.14.0", "device": "NVIDIA H200"},
 //     "spec": {"d_model": 2048, "d_ff": 5632, "gated": true, "activation": "relu", "threshold": 0,
 //              "dtype": "bf16", "down_layout": "out_in"},
-//     "workloads": {                        // "density:0.50%" (uniform random inputs) or "pattern:<16 hex>"
-//       "density:0.50%": {"tuned_at": "2026-12-01T18:00:00Z", "unix_time": 1796150400,
+//     "workloads": {                        // "density:0.5%" (uniform random inputs) or "pattern:<16 hex>"
+//       "density:0.5%": {"tuned_at": "2026-12-01T18:00:00Z", "unix_time": 1796150400,
 //         "buckets": [ {"tokens": 16384,    // the bucket: calls of tokens/2+1 .. tokens rows (powers of 2)
 //                       "winner":    {"path": "twell", "tile_n": 256, "slots": 31, "cluster_m": 2,
 //                                     "consumer": "row_gather", "decode_max_tokens": 64, "ms": 1.04},
 //                       "runner_up": {...},  // absent when one candidate survived
 //                       "heuristic_ms": 1.05, "dense_ms": 1.52, "candidates": 13, "rejected": 0} ] } } }
-// "path" is "twell" (the TwELL kernels with that configuration) or "dense" (DenseKernels::FusedGatedUp).
+// "path" is "twell" (the TwELL kernels with that configuration), "dense" (DenseKernels::FusedGatedUp) or
+// "heuristic" (the untuned plan was fastest, ties included: plans then keep their own layout).
 // Writers of one file are serialized by flock on <file>.lock and publish by rename, merging: a tune
-// replaces only its own workload, so concurrent tunes of different workloads both survive. Files of
-// another schema are left alone (read as absent). Plans read it (Context::plan, PlanOptions::tuning).
+// replaces only its own workload, so concurrent tunes of different workloads both survive. A file that
+// cannot be read as this schema for this key (damaged, another schema, renamed from another key, not a
+// regular file, above 16 MiB) reads as absent, and a store replaces it. Plans read it (Context::plan,
+// PlanOptions::tuning); an entry whose layout cannot be built there (a bundle-only deployment without
+// those kernels, memory) is ignored: the plan is made as without it.
 #pragma once
 #include <cstdint>
 #include <filesystem>
@@ -44,7 +48,9 @@ class Context;
 
 // One configuration of a plan for one spec.
 struct TunedConfig {
-  enum class Path { TwELL, Dense };
+  // TwELL: the TwELL kernels with the fields below; Dense: DenseKernels::FusedGatedUp; Heuristic: the
+  // untuned plan (no database entry applies: what Context::plan makes by itself) was fastest.
+  enum class Path { TwELL, Dense, Heuristic };
   Path path = Path::TwELL;
   int tile_n = 256;
   int slots = 31;
@@ -53,6 +59,9 @@ struct TunedConfig {
   int64_t decode_max_tokens = 0;  // the plan's decode cut-off (0: the decode kernels off)
   double ms = 0;                  // median GPU time of one call at the bucket's token count
 };
+
+// "twell", "dense", "heuristic".
+const char* to_string(TunedConfig::Path path);
 
 // One token-count bucket's result: calls of tokens/2 + 1 .. tokens rows (tokens a power of two).
 struct TunedBucket {
@@ -106,7 +115,8 @@ class TuningDatabase {
   std::filesystem::path dir_;
 };
 
-// The workload name of uniform random inputs at `density` (fraction of active neurons): "density:0.50%".
+// The workload name of uniform random inputs at `density` (fraction of active neurons), three
+// significant digits: "density:0.5%", "density:0.001%".
 std::string density_workload(double density);
 
 struct TuneRequest {
