@@ -286,8 +286,8 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
           s.slots = slots;
           s.gate_cluster_m = cluster;
           s.consumer = consumer;
-          ++result.configurations;
           if (!kernels::validate_spec(s, "").empty()) continue;  // not legal for these fields
+          ++result.configurations;
           const bool default_layout = tile_n == 256 && slots == 31;
           if (slots < mean / 2 && !default_layout) {
             ++result.pruned;
