@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -30,8 +31,9 @@ using File = KernelCache::File;
 const char* kCacheHelp =
     "usage: twellc cache list   [--dir D]          every entry: key, bytes, last use, contents, kernel name\n"
     "       twellc cache stats  [--dir D]          entries and their bytes against the cap, temporaries, lock files\n"
-    "       twellc cache clear  [--dir D]          removes entries, temporaries and lock files (keys another process\n"
-    "                                              holds are left in place)\n"
+    "       twellc cache clear  [--dir D] [--force] removes entries, temporaries and lock files (keys another process\n"
+    "                                              holds are left in place; refuses a directory that is no twell\n"
+    "                                              cache unless --force)\n"
     "       twellc cache verify [--dir D] [--fix]  validates every entry as the loader does and names each damaged one;\n"
     "                                              exit status 1 if any is left damaged (--fix removes them)\n"
     "  --dir D   the cache directory (default: $TWELL_CACHE_DIR, else $XDG_CACHE_HOME/twell, else ~/.cache/twell)\n"
@@ -127,7 +129,26 @@ int stats(const std::filesystem::path& dir, const std::vector<File>& files) {
   return 0;
 }
 
-int clear(const std::filesystem::path& dir) {
+// Whether `dir` holds a twell kernel cache: at least one entry that begins with the entry magic (or
+// nothing of a cache at all: then nothing is removed either way). `clear` refuses other directories (a
+// mistyped --dir must not delete another program's *.twk or *.lock files) unless --force.
+bool looks_like_a_cache(const std::vector<File>& files) {
+  for (const File& f : files) {
+    if (f.kind != File::Kind::Entry || !f.regular) continue;
+    char magic[8] = {};
+    std::ifstream in(f.path, std::ios::binary);
+    if (in.read(magic, sizeof magic) && std::string_view(magic, sizeof magic) == "TWELLK01") return true;
+  }
+  return files.empty();  // an empty directory: nothing to remove either way
+}
+
+int clear(const std::filesystem::path& dir, bool force) {
+  if (!force && !looks_like_a_cache(KernelCache::scan(dir))) {
+    std::fprintf(stderr, "twellc cache clear: %s does not look like a twell kernel cache (no entry begins with TWELLK01, or "
+                         "nothing of a cache is there): nothing removed; pass --force to clear its *.twk, *.lock and "
+                         "*.tmp files anyway\n", dir.c_str());
+    return 1;
+  }
   const KernelCache::Cleared c = KernelCache::clear(dir);
   std::printf("removed %llu entries (%s), %llu temporaries and %llu lock files from %s\n",
               static_cast<unsigned long long>(c.entries), human_bytes(c.entry_bytes).c_str(),
@@ -179,7 +200,7 @@ int verify(const std::filesystem::path& dir, const std::vector<File>& files, boo
 }
 
 int run(const std::string& sub, const std::vector<std::string>& args) {
-  const Args a = parse_args(args, {"fix", "help"}, {"dir"});
+  const Args a = parse_args(args, {"fix", "force", "help"}, {"dir"});
   if (a.has("help")) {
     std::fputs(kCacheHelp, stdout);
     return 0;
@@ -188,6 +209,7 @@ int run(const std::string& sub, const std::vector<std::string>& args) {
     throw std::invalid_argument(fmt::format("unexpected argument '{}' (options are --dir D{})", a.positional.front(),
                                             sub == "verify" ? " and --fix" : ""));
   if (a.has("fix") && sub != "verify") throw std::invalid_argument(fmt::format("--fix: only `cache verify` takes it"));
+  if (a.has("force") && sub != "clear") throw std::invalid_argument(fmt::format("--force: only `cache clear` takes it"));
   if (a.has("dir") && a.get("dir").empty())
     throw std::invalid_argument("--dir: expected a directory, got ''");
   const std::filesystem::path dir = a.has("dir") ? std::filesystem::path(a.get("dir")) : KernelCache::default_dir();
@@ -199,7 +221,7 @@ int run(const std::string& sub, const std::vector<std::string>& args) {
       std::printf("no kernel cache at %s yet (the directory does not exist): nothing to clear\n", dir.c_str());
       return 0;
     }
-    return clear(dir);
+    return clear(dir, a.has("force"));
   }
   std::vector<File> files;
   try {

@@ -74,6 +74,9 @@ int tune_command(const std::vector<std::string>& argv) {
       throw std::invalid_argument(fmt::format("expected options only, got '{}'", args.positional.front()));
     for (const char* chosen : {"tile-n", "slots", "consumer", "cluster-m"})
       if (args.has(chosen)) throw std::invalid_argument(fmt::format("--{}: the tuner chooses it; expected it absent", chosen));
+    if (!args.has("d-model") || !args.has("d-ff"))
+      throw std::invalid_argument("--d-model and --d-ff: expected both (the shape to tune), got " +
+                                  std::string(args.has("d-model") ? "only --d-model" : args.has("d-ff") ? "only --d-ff" : "neither"));
     request.spec = spec_from_args(args);
     if (args.has("tokens")) request.tokens = parse_tokens(args.get("tokens"));
     if (args.has("weights") && args.has("patterns"))
