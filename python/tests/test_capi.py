@@ -37,6 +37,13 @@ def test_compile_only_context_reports_no_gpu_and_plans_describe_kernels():
     kinds = [k["kind"] for k in d["kernels"]]
     assert "gate_twell" in kinds and "gated_down" in kinds
     assert d["config_source"] == "heuristic"  # no GPU: the tuning database is not consulted
+    # The tuning fields cross the C API (struct_size matches the library's) and are checked by type.
+    opts = twell.PlanOptions(use_tuning=False, tuning_workload="density:0.5%", tuning_dir="/nonexistent/tuning")
+    assert ctx.plan(twell.FfnSpec(512, 1408), 256, opts).describe()["config_source"] == "heuristic"
+    with pytest.raises(twell.InvalidArgumentError, match="use_tuning"):
+        twell.PlanOptions(use_tuning=1)
+    with pytest.raises(twell.InvalidArgumentError, match="tuning_dir"):
+        twell.PlanOptions(tuning_dir=5)
     with pytest.raises(twell.NoDeviceError, match="GPU"):
         plan.run(0, x=16, w_gate=16, w_up=16, w_down=16, y=32, tokens=1)
 

@@ -14,7 +14,7 @@ import threading
 
 from ._errors import InvalidArgumentError, error_for_status
 
-C_API_VERSION = 1  # TWELL_C_API_VERSION this module was written for
+C_API_VERSION = 2  # TWELL_C_API_VERSION this module was written for
 
 # Enum values of c_api.h.
 DTYPES = {"bf16": 0, "fp16": 1}
@@ -64,6 +64,9 @@ class PlanOptions(ctypes.Structure):
         ("dispatch", ctypes.c_int),
         ("dense_neurons", ctypes.c_int64),
         ("decode_max_tokens", ctypes.c_int64),
+        ("use_tuning", ctypes.c_int),
+        ("tuning_workload", ctypes.c_char_p),
+        ("tuning_dir", ctypes.c_char_p),
     ]
 
 

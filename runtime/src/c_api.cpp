@@ -214,6 +214,7 @@ void twell_plan_options_init(twell_plan_options* o) {
   o->dispatch = TWELL_DISPATCH_AUTO;
   o->dense_neurons = defaults.dense_neurons;
   o->decode_max_tokens = defaults.decode_max_tokens;
+  o->use_tuning = 1;
 }
 
 twell_status_t twell_context_create(const twell_context_options* options, twell_context_t* context) {
@@ -369,6 +370,9 @@ twell_status_t twell_plan_create(twell_context_t context, const twell_ffn_spec* 
     o.dispatch = enum_value<twell::Dispatch>(options->dispatch, 0, 2, fn, "options->dispatch");
     o.dense_neurons = options->dense_neurons;
     o.decode_max_tokens = options->decode_max_tokens;
+    o.tuning = options->use_tuning ? twell::PlanOptions::Tuning::Use : twell::PlanOptions::Tuning::Ignore;
+    if (options->tuning_workload != nullptr) o.tuning_workload = options->tuning_workload;
+    if (options->tuning_dir != nullptr) o.tuning_dir = options->tuning_dir;
     *plan = new twell_plan{c.context.plan(s, max_tokens, o), {}, {}};
   });
 }

@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-#define TWELL_C_API_VERSION 1
+#define TWELL_C_API_VERSION 2 /* 2: twell_plan_options gained the tuning fields, twell_context_tune */
 
 typedef enum twell_status {
   TWELL_SUCCESS = 0,
@@ -103,6 +103,10 @@ typedef struct twell_plan_options {
   twell_dispatch_t dispatch; /* Default TWELL_DISPATCH_AUTO. */
   int64_t dense_neurons;     /* the hot/cold split: the first dense_neurons neurons run dense. Default 0. */
   int64_t decode_max_tokens; /* calls of at most this many tokens take the decode kernels. Default 64. */
+  int use_tuning;              /* nonzero (default): layouts the spec leaves unset come from the tuning database
+                                  (twell/tuning.h) where it holds this GPU's and spec's entry; 0: ignore it */
+  const char* tuning_workload; /* NULL or "" (default): the most recently tuned workload; else e.g. "density:0.5%" */
+  const char* tuning_dir;      /* NULL or "" (default): $TWELL_TUNING_DIR, else <kernel cache>/tuning */
 } twell_plan_options;
 
 /* FfnTensors (twell/plan.h): device pointers of spec.dtype; row strides in elements (0: dense rows). */
