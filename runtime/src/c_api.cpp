@@ -328,23 +328,9 @@ twell_status_t twell_context_tune(twell_context_t context, const twell_ffn_spec*
       r.layer = twell::load_layer(files, layer, /*random_up_down_if_missing=*/true);
     }
     const twell::TuneResult t = c.context.tune(r);
-    auto config = [](const twell::TunedConfig& k) {
-      return nlohmann::json{{"path", twell::to_string(k.path)}, {"tile_n", k.tile_n},
-                            {"slots", k.slots}, {"cluster_m", k.cluster_m}, {"consumer", to_string(k.consumer)},
-                            {"decode_max_tokens", k.decode_max_tokens}, {"ms", k.ms}};
-    };
-    nlohmann::json j = {{"workload", t.workload}, {"file", t.file.string()}, {"seconds", t.seconds},
-                        {"configurations", t.configurations}, {"pruned", t.pruned}, {"compiled", t.compiled},
-                        {"outliers", t.outliers}, {"buckets", nlohmann::json::array()}};
-    for (const auto& b : t.buckets) {
-      nlohmann::json e = {{"tokens", b.tokens}, {"winner", config(b.winner)}, {"heuristic_ms", b.heuristic_ms},
-                          {"dense_ms", b.dense_ms}, {"candidates", b.candidates}, {"rejected", b.rejected}};
-      if (b.runner_up) e["runner_up"] = config(*b.runner_up);
-      j["buckets"].push_back(e);
-    }
     // Per thread: concurrent tunes on one context (contexts are shared by threads) each keep theirs.
     thread_local std::string tune_json;
-    tune_json = j.dump();
+    tune_json = twell::tune_result_json(t);
     *result_json = tune_json.c_str();
   });
 }

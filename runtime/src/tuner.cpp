@@ -234,7 +234,7 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
     return out;
   };
   // Times fn(window) for one bucket: GPU time (time_on_stream), median of reps; outliers counted.
-  auto time_bucket = [&](int64_t, const std::function<void(int64_t)>& fn) {
+  auto time_bucket = [&](const std::function<void(int64_t)>& fn) {
     int64_t window = 0;
     const auto ms = time_on_stream(stream.get(), [&] { fn(window++); }, 1, r.reps);
     const double median = ms[ms.size() / 2];
@@ -253,7 +253,7 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
       ref.run(stream.get(), tensors(0, m), m);
       stream.synchronize();
       reference[m] = download_y(m);
-      dense_ms[m] = time_bucket(m, [&](int64_t w) { fused.run(stream.get(), tensors(w, m), m); });
+      dense_ms[m] = time_bucket([&](int64_t w) { fused.run(stream.get(), tensors(w, m), m); });
     }
   }
   // Mean nnz per neuron-tile: measured where the inputs are real (one sparse run of the default
@@ -364,7 +364,7 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
       TunedBucket& b = per_bucket[m];
       b.tokens = m;
       b.dense_ms = dense_ms[m];
-      b.heuristic_ms = time_bucket(m, [&](int64_t w) { heuristic.run(stream.get(), tensors(w, m), m); });
+      b.heuristic_ms = time_bucket([&](int64_t w) { heuristic.run(stream.get(), tensors(w, m), m); });
       TunedConfig h;
       h.path = TunedConfig::Path::Heuristic;
       h.ms = b.heuristic_ms;
@@ -389,7 +389,7 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
       say(fmt::format("  M={}: {} rejected: relative error {:.3e} against the reference", m, describe(config), err));
       return;
     }
-    config.ms = time_bucket(m, [&](int64_t w) { plan.run(stream.get(), tensors(w, m), m); });
+    config.ms = time_bucket([&](int64_t w) { plan.run(stream.get(), tensors(w, m), m); });
     ranked[m].push_back(config);
   };
   // Candidate by candidate, one max_m plan alive at a time (its workspace, then the next one's).

@@ -161,6 +161,14 @@ std::string utc_now() {
 
 std::string density_workload(double density) { return fmt::format("density:{:.3g}%", 100 * density); }
 
+std::string tune_result_json(const TuneResult& t) {
+  json j = {{"workload", t.workload}, {"file", t.file.string()}, {"seconds", t.seconds},
+            {"configurations", t.configurations}, {"pruned", t.pruned}, {"compiled", t.compiled},
+            {"outliers", t.outliers}, {"buckets", json::array()}};
+  for (const TunedBucket& b : t.buckets) j["buckets"].push_back(bucket_json(b));
+  return j.dump();
+}
+
 const char* to_string(TunedConfig::Path path) {
   return path == TunedConfig::Path::TwELL ? "twell" : path == TunedConfig::Path::Dense ? "dense" : "heuristic";
 }

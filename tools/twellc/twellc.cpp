@@ -115,14 +115,14 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   std::vector<std::string> rest(argv + 2, argv + argc);
-  if (cmd == "cache") return twellc::cache_command(rest);  // reports its own errors and output failures
-  if (cmd == "run" || cmd == "emit" || cmd == "compile" || cmd == "tune") {
+  if (cmd == "run" || cmd == "emit" || cmd == "compile" || cmd == "tune" || cmd == "cache") {
     int rc = 1;
     try {
       rc = cmd == "run"       ? twellc::run_command(rest)
            : cmd == "emit"    ? twellc::emit_command(rest)
            : cmd == "compile" ? twellc::compile_command(rest)
-                              : twellc::tune_command(rest);
+           : cmd == "tune"    ? twellc::tune_command(rest)
+                              : twellc::cache_command(rest);
     } catch (const std::exception& e) {  // the commands report twell::Error themselves; anything else lands here
       std::fprintf(stderr, "twellc %s: error: %s\n", cmd.c_str(), e.what());
       return 1;

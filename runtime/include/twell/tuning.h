@@ -152,6 +152,11 @@ struct TuneResult {
 // written.
 TuneResult tune(Context& ctx, const TuneRequest& request);
 
+// The result as one JSON object: workload, file, seconds, configurations, pruned, compiled, outliers,
+// and buckets in the database's bucket form (tokens, winner, runner_up, heuristic_ms, dense_ms,
+// candidates, rejected). What twell_context_tune returns.
+std::string tune_result_json(const TuneResult& result);
+
 // The hardware key of ctx (arch, SM count, driver, twell version).
 TuningHardware tuning_hardware(Context& ctx);
 
