@@ -202,6 +202,22 @@ TEST(TuningDatabase, StoreIntoAnUnwritableDirectoryIsAnIoError) {
   }
 }
 
+// The names files were given since the first database (the H200 runs of bench/README.md v32): a
+// database on disk stays found whatever the code that writes its files.
+TEST(TuningDatabase, FileNamesStayWhatTheyWere) {
+  const TuningDatabase db("/d");
+  const TuningHardware hw{"sm_90a", 132, 13000, "0.1.0", "any device name"};
+  EXPECT_EQ(db.file_for(hw, paper()), fs::path("/d/sm_90a-132sm-3f413ab41404abe9.json"));
+  FfnSpec s = paper();
+  s.threshold = 0.25f;
+  s.activation = Activation::SiLU;
+  s.down_layout = WeightLayout::InOut;
+  s.gated = false;
+  s.dtype = DType::FP16;
+  s.tile_n = 64;  // layout fields are not part of the key
+  EXPECT_EQ(db.file_for(hw, s), fs::path("/d/sm_90a-132sm-d5924e319af4c4ae.json"));
+}
+
 TEST(TuningDatabase, DefaultDirFollowsTheEnvironment) {
   ::setenv("TWELL_TUNING_DIR", "/tmp/twell-tuning-env", 1);
   EXPECT_EQ(TuningDatabase::default_dir(), fs::path("/tmp/twell-tuning-env"));

@@ -41,50 +41,15 @@
 
 #include "twell/layer_data.h"
 #include "twell/spec.h"
+#include "twell/tuning_format.h"  // TunedConfig, TunedBucket, TuningHardware, the file format
 
 namespace twell {
 
 class Context;
 
-// One configuration of a plan for one spec.
-struct TunedConfig {
-  // TwELL: the TwELL kernels with the fields below; Dense: DenseKernels::FusedGatedUp; Heuristic: the
-  // untuned plan (no database entry applies: what Context::plan makes by itself) was fastest.
-  enum class Path { TwELL, Dense, Heuristic };
-  Path path = Path::TwELL;
-  int tile_n = 256;
-  int slots = 31;
-  int cluster_m = 1;  // the sm_90a wgmma gate's CTAs per cluster (1 elsewhere)
-  ConsumerVariant consumer = ConsumerVariant::RowGather;
-  int64_t decode_max_tokens = 0;  // the plan's decode cut-off (0: the decode kernels off)
-  double ms = 0;                  // median GPU time of one call at the bucket's token count
-};
-
-// "twell", "dense", "heuristic".
-const char* to_string(TunedConfig::Path path);
-
-// One token-count bucket's result: calls of tokens/2 + 1 .. tokens rows (tokens a power of two).
-struct TunedBucket {
-  int64_t tokens = 0;
-  TunedConfig winner;
-  std::optional<TunedConfig> runner_up;
-  double heuristic_ms = 0;  // the plan the heuristics give (no database): Dispatch::Auto, default layout
-  double dense_ms = 0;      // DenseKernels::FusedGatedUp (twell's dense path)
-  int candidates = 0, rejected = 0;
-};
-
-// What a database entry is keyed by besides the workload.
-struct TuningHardware {
-  std::string arch;  // "sm_90a"
-  int sm_count = 0;
-  int driver_version = 0;  // cuDriverGetVersion
-  std::string twell_version;
-  std::string device_name;  // informational, not part of the key
-};
-
 class TuningDatabase {
  public:
-  static constexpr int kSchema = 1;
+  static constexpr int kSchema = TuningFile::kSchema;
   // dir empty: default_dir().
   explicit TuningDatabase(std::filesystem::path dir = {});
   // $TWELL_TUNING_DIR if set and non-empty, else <the kernel cache's default directory>/tuning; empty
