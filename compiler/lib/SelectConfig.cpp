@@ -1,8 +1,12 @@
-// twell-select-config: attaches #twell.target and #twell.config to each kernel op that lacks them.
-// A heuristic for now; the tuning database (runtime/) will supply measured configurations.
+// twell-select-config: attaches #twell.target and #twell.config to each kernel op that lacks them:
+// a heuristic, or the measured choice of a tuning database file (`tuning-file`: TunedChoice.h).
+#include <optional>
 #include <type_traits>
 
+#include "TunedChoice.h"
+#include "llvm/ADT/DenseMap.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
+#include "mlir/IR/BuiltinAttributes.h"
 #include "mlir/IR/Diagnostics.h"
 #include "twell/kernels/constraints.h"
 #include "twell/Dialect/TwellOps.h"
@@ -105,6 +109,31 @@ ConfigAttr consumerConfig(MLIRContext* context, Mainloop gateMainloop, ConsumerO
                          warpRows ? kThreads / 32 : Down::kCtaM, kThreads, gateMainloop, /*stages=*/0);
 }
 
+// The FFN a consumer op computes, as a tuning entry is keyed. The user's w_down layout is the `decode`
+// option's where it names one (a plan's consumer reads a transposed copy of an out_in w_down and its
+// decode kernels the user's: Generate.cpp), else the consumer's own.
+template <class ConsumerOp>
+::twell::compiler::TunedFfn tunedFfn(ConsumerOp down, TargetAttr target, DecodeChoice decode) {
+  const LayoutAttr layout = down.getLayout();
+  ::twell::compiler::TunedFfn ffn;
+  ffn.arch = target.getArch().str();
+  ffn.spec.d_model = dModelOf(down);
+  ffn.spec.d_ff = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
+  ffn.spec.gated = std::is_same_v<ConsumerOp, GatedDownOp>;
+  ffn.spec.activation = layout.getActivation() == Activation::ReLU ? ::twell::Activation::ReLU : ::twell::Activation::SiLU;
+  ffn.spec.threshold = layout.getThresholdValue();
+  ffn.spec.dtype = layout.getValue().isBF16() ? ::twell::DType::BF16 : ::twell::DType::FP16;
+  const DownLayout user = decode == DecodeChoice::OutIn  ? DownLayout::OutIn
+                          : decode == DecodeChoice::InOut ? DownLayout::InOut
+                                                          : down.getDownLayout();
+  ffn.spec.down_layout = user == DownLayout::OutIn ? ::twell::WeightLayout::OutIn : ::twell::WeightLayout::InOut;
+  ffn.tileN = layout.getTileN();
+  ffn.slots = layout.getSlots();
+  return ffn;
+}
+
+// Where an op's configuration came from, when a tuning file was given.
+constexpr llvm::StringLiteral kConfigSourceAttr = "twell.config_source";
 
 struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
   using Base::Base;
@@ -122,6 +151,43 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
         llvm::function_ref<InFlightDiagnostic()>(emitError), context, llvm::StringRef(arch),
         llvm::ArrayRef<Feature>(TargetAttr::defaultFeatures(arch)));
     if (!defaultTarget) return signalPassFailure();
+    if (tokens < 0) {
+      getOperation().emitError() << "twell-select-config: tokens: expected 0 (the largest tuned bucket) or a token count, got "
+                                 << static_cast<int64_t>(tokens);
+      return signalPassFailure();
+    }
+
+    // The tuning file, read once per function; per FFN, TunedChoice.h decides whether its entry applies.
+    const std::string tuningPath = tuningFile;
+    std::optional<::twell::TuningFile> tuning;
+    std::string whyUnread;
+    if (!tuningPath.empty()) {
+      tuning = ::twell::read_tuning_file(tuningPath, &whyUnread);
+      if (!tuning)
+        getOperation().emitWarning() << "twell-select-config: tuning-file " << tuningPath << " ignored (" << whyUnread
+                                     << "): the heuristic configures its kernels";
+    }
+    llvm::DenseMap<Operation*, ::twell::compiler::TunedChoice> choices;
+    // The choice for the FFN of a consumer op; nullptr without a tuning file.
+    auto choiceFor = [&](Operation* down) -> const ::twell::compiler::TunedChoice* {
+      if (tuningPath.empty()) return nullptr;
+      auto [it, inserted] = choices.try_emplace(down);
+      if (inserted) {
+        auto targetOf = [&](auto op) { return op.getTargetAttr() ? op.getTargetAttr() : defaultTarget; };
+        const ::twell::compiler::TunedFfn ffn = llvm::isa<GatedDownOp>(down)
+                                                    ? tunedFfn(llvm::cast<GatedDownOp>(down), targetOf(llvm::cast<GatedDownOp>(down)), decode)
+                                                    : tunedFfn(llvm::cast<DownOp>(down), targetOf(llvm::cast<DownOp>(down)), decode);
+        it->second = ::twell::compiler::tunedChoice(tuning, tuningPath, whyUnread, ffn, tokens, tuningWorkload);
+      }
+      return &it->second;
+    };
+    auto markSource = [&](Operation* op, const ::twell::compiler::TunedChoice* choice) {
+      if (tuningPath.empty()) return;
+      op->setAttr(kConfigSourceAttr,
+                  StringAttr::get(context, choice ? choice->source
+                                                  : "heuristic (tuning-file " + tuningPath +
+                                                        ": h has no twell.gated_down or twell.down here, so the FFN's key is unknown)"));
+    };
 
     // Gate kernels first: a consumer takes the main loop of the gate kernel feeding it. A gate kernel
     // whose consumer already has a config (kept) follows that config's main loop where it can.
@@ -130,11 +196,18 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
       if (!gate.getTargetAttr()) gate.setTargetAttr(defaultTarget);
       if (gate.getConfigAttr()) return;
       Mainloop preferred = bestMainloop(dModelOf(gate), gate.getLayout(), gate.getTargetAttr());
+      const ::twell::compiler::TunedChoice* choice = nullptr;
       for (Operation* user : gate.getH().getUsers())
-        if (llvm::isa<GatedDownOp, DownOp>(user))
+        if (llvm::isa<GatedDownOp, DownOp>(user)) {
           if (auto config = user->getAttrOfType<ConfigAttr>("config")) preferred = config.getMainloop();
-      ConfigAttr config = gateConfig(context, dModelOf(gate), gate.getLayout(), gate.getTargetAttr(), preferred,
-                                     static_cast<int64_t>(clusterM));
+          choice = choiceFor(user);
+        }
+      // cluster-m given (1 or 2) wins; else the tuned cluster where the target can multicast; else the heuristic's.
+      int64_t cluster = clusterM;
+      if (cluster == 0 && choice && choice->config &&
+          (choice->config->cluster_m == 1 || gate.getTargetAttr().hasFeature(Feature::Multicast)))
+        cluster = choice->config->cluster_m;
+      ConfigAttr config = gateConfig(context, dModelOf(gate), gate.getLayout(), gate.getTargetAttr(), preferred, cluster);
       // An explicit cluster-m = 2 only the sm_90a wgmma gate on a multicast target can honour.
       if (clusterM == 2 && (config.getMainloop() != Mainloop::Wgmma ||
                             !gate.getTargetAttr().hasFeature(Feature::Multicast))) {
@@ -145,19 +218,29 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
         return;
       }
       gate.setConfigAttr(config);
+      markSource(gate, choice);
     });
     if (failed) return signalPassFailure();
     auto configure = [&](auto down) {
       if (!down.getTargetAttr()) down.setTargetAttr(defaultTarget);
+      const ::twell::compiler::TunedChoice* choice = choiceFor(down);
       if (!down.getConfigAttr()) {
         // Without a visible gate kernel (h is an argument), the main loop one would get here.
         Mainloop gateMainloop = bestMainloop(dModelOf(down), down.getLayout(), down.getTargetAttr());
         if (auto gate = down.getH().template getDefiningOp<GateMatmulOp>())
           if (ConfigAttr config = gate.getConfigAttr()) gateMainloop = config.getMainloop();
-        down.setConfigAttr(consumerConfig(context, gateMainloop, down, consumer));
+        // consumer=block wins; else the tuned variant; else rows.
+        ConsumerChoice variant = consumer;
+        if (variant == ConsumerChoice::Rows && choice && choice->config &&
+            choice->config->consumer == ::twell::ConsumerVariant::TokenBlock)
+          variant = ConsumerChoice::Block;
+        down.setConfigAttr(consumerConfig(context, gateMainloop, down, variant));
+        markSource(down, choice);
       }
-      // The decode kernels beside it, where their constraints allow them.
+      // The decode kernels beside it, where their constraints allow them and unless the tuned entry
+      // found that they did not pay off.
       if (down.getDecodeAttr() || decode == DecodeChoice::None) return;
+      if (choice && choice->decode.has_value() && !*choice->decode) return;
       const int64_t dFF = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
       const ConfigAttr config = down.getConfigAttr();
       const bool tokenBlock = config.getConsumer() == ConsumerVariant::TokenBlock;

@@ -46,6 +46,23 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
     multicast). Each consumer of a tensor-core gate without a `decode` attribute gets one where
     DecodeKernelConstraints allow the decode kernels (not beside the token block, not on targets with
     99 KiB of shared memory per CTA): the consumer's own down layout, or the `decode` option's.
+
+    With `tuning-file=<path>` (a file of the tuning database, twell/tuning_format.h: `twellc tune`'s
+    output, one hardware and FFN spec), each FFN whose kernels lack a config takes the measured choice
+    of the file's entry where it applies: the file's arch is the kernels' target, its spec is the
+    FFN's (d_model, d_ff, gated, activation, threshold, dtype, and the user's w_down layout: the
+    `decode` option's out_in / in_out where given, else the consumer's), and the TwELL configuration
+    of the bucket holding `tokens` (0: the largest bucket; where the dense path won, its TwELL
+    runner-up) has the tile_n and slots of the FFN's tensor type. It then gives the gate's `cluster_m`
+    (where the target multicasts), the consumer variant (`token_block` where the shape allows it) and
+    whether the decode kernels are emitted (not when every tuned bucket of at most 64 tokens chose
+    them off). The layout itself is part of the tensor type and is not changed: a tuned tile_n or
+    slots that differs leaves the heuristic in place (write the tuned layout in the IR, or let a plan
+    choose it: PlanOptions::tuning). A non-default option (`consumer=block`, `cluster-m=1|2`,
+    `decode=none`) wins over the file. An absent, unreadable or damaged file is a
+    warning and reads as no entry. Each op the pass configures then carries
+    `twell.config_source = "tuning-file <path> workload <w> bucket <tokens>: ..."` or
+    `"heuristic (tuning-file <path>: <why not>)"`.
   }];
   let options = [
     Option<"target", "target", "std::string", /*default=*/"\"sm_90a\"",
@@ -65,6 +82,13 @@ def TwellSelectConfig : Pass<"twell-select-config", "::mlir::func::FuncOp"> {
              clEnumValN(::mlir::twell::DecodeChoice::InOut, "in_out", "[d_ff, d_model]"),
              clEnumValN(::mlir::twell::DecodeChoice::None, "none",
                         "no decode attribute (one already present is kept)"))}]>,
+    Option<"tuningFile", "tuning-file", "std::string", /*default=*/"\"\"",
+           "a tuning database file whose entry gives cluster_m, the consumer variant and the decode choice "
+           "where it matches the FFN (see the description)">,
+    Option<"tokens", "tokens", "int64_t", /*default=*/"0",
+           "with tuning-file: the calls' token count whose bucket is taken (0: the largest bucket)">,
+    Option<"tuningWorkload", "tuning-workload", "std::string", /*default=*/"\"\"",
+           "with tuning-file: the workload (e.g. density:0.5%); empty: the most recently tuned">,
   ];
   let dependentDialects = ["::mlir::twell::TwellDialect"];
 }
