@@ -492,11 +492,31 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
     if (!bundle->sets_.emplace(set.request, std::move(set)).second)
       parse_error(dir, fmt::format("{}: expected each request once, found it twice", where));
   }
+  if (m.contains("tuning")) {
+    if (!m.at("tuning").is_array()) parse_error(dir, fmt::format("manifest: tuning: expected an array, found {}", shown(m.at("tuning"))));
+    for (size_t i = 0; i < m.at("tuning").size(); ++i) {
+      TuningFile file;
+      try {
+        file = parse_tuning_file(m.at("tuning")[i].dump());
+      } catch (const std::invalid_argument& e) {
+        parse_error(dir, fmt::format("manifest: tuning[{}]: {}", i, e.what()));
+      }
+      if (file.hardware.arch != arch)
+        parse_error(dir, fmt::format("manifest: tuning[{}]: hardware.arch: expected the bundle's target {}, found {}", i, arch,
+                                     file.hardware.arch));
+      bundle->tuning_.push_back(std::move(file));
+    }
+  }
   return bundle;
 }
 
 void write_bundle(const fs::path& dir, const Target& target, const std::map<std::string, BundleSet>& sets,
-                  const std::map<std::string, std::shared_ptr<const BundleKernel>>& kernels) {
+                  const std::map<std::string, std::shared_ptr<const BundleKernel>>& kernels, const std::vector<TuningFile>& tuning) {
+  for (const TuningFile& file : tuning)
+    if (file.hardware.arch != target.arch())
+      throw Error(ErrorCode::InvalidArgument, fmt::format("write_bundle: the tuning entry of {}: hardware.arch: expected the "
+                                                          "bundle's target {}, got {}", tuning_key_text(file.spec), target.arch(),
+                                                          file.hardware.arch));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::Io, fmt::format("writing the bundle {}: cannot create the directory: {}", dir.string(), ec.message()));
@@ -550,6 +570,7 @@ void write_bundle(const fs::path& dir, const Target& target, const std::map<std:
                                                               request, name));
     m["sets"].push_back(j);
   }
+  for (const TuningFile& file : tuning) m["tuning"].push_back(json::parse(tuning_file_json(file, -1)));
   m["checksum"] = manifest_checksum(m);
   write_file(dir / "manifest.json", m.dump(2) + "\n");
   // A bundle written over another keeps none of the old one's kernel files (only files its manifest

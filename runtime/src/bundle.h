@@ -18,6 +18,7 @@
 #include "cache.h"
 #include "twell/kernels/kernel.h"
 #include "twell/spec.h"
+#include "twell/tuning_format.h"
 
 namespace twell::detail {
 
@@ -54,6 +55,9 @@ class Bundle {
   const std::string& twell_version() const { return twell_version_; }
   const std::map<std::string, BundleSet>& sets() const { return sets_; }
   const BundleSet* find(const std::string& request) const;
+  // The tuned choices `twellc compile --tuning-dir` embedded (the manifest's "tuning": database files,
+  // each for the bundle's arch and one spec); plans take them where the machine's database has no entry.
+  const std::vector<TuningFile>& tuning() const { return tuning_; }
   std::shared_ptr<const BundleKernel> kernel(const std::string& name) const;
   size_t kernel_count() const { return kernels_.size(); }
 
@@ -64,14 +68,17 @@ class Bundle {
   std::string twell_version_;
   std::map<std::string, BundleSet> sets_;
   std::map<std::string, std::shared_ptr<const BundleKernel>> kernels_;
+  std::vector<TuningFile> tuning_;
 };
 
 // Writes a bundle for `target` into `dir` (created if needed): every kernel's files, then
-// manifest.json, each through a temporary file that is flushed, synced and renamed. Throws Error(Io)
-// naming the file and the system's reason when any write fails (read-only directory, full disk);
-// nothing is reported written that is not. Error(InvalidArgument) when a set names a kernel not given.
+// manifest.json, each through a temporary file that is flushed, synced and renamed; `tuning` becomes the
+// manifest's "tuning" (none when empty). Throws Error(Io) naming the file and the system's reason when
+// any write fails (read-only directory, full disk); nothing is reported written that is not.
+// Error(InvalidArgument) when a set names a kernel not given, or a tuning entry is for another arch.
 void write_bundle(const std::filesystem::path& dir, const Target& target, const std::map<std::string, BundleSet>& sets,
-                  const std::map<std::string, std::shared_ptr<const BundleKernel>>& kernels);
+                  const std::map<std::string, std::shared_ptr<const BundleKernel>>& kernels,
+                  const std::vector<TuningFile>& tuning = {});
 
 // "sm_90a" -> Target{90, true}; nullopt for anything else.
 std::optional<Target> parse_target(const std::string& arch);

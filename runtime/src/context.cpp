@@ -93,7 +93,8 @@ BundleInfo Context::load_bundle(const std::filesystem::path& dir) {
                             impl->gpu ? fmt::format("; to run it here make the Context with ContextOptions::target = {}",
                                                     bundle->target().arch())
                                       : std::string()));
-  BundleInfo info{dir, bundle->target(), bundle->twell_version(), bundle->sets().size(), bundle->kernel_count(), 0};
+  BundleInfo info{dir, bundle->target(), bundle->twell_version(), bundle->sets().size(), bundle->kernel_count(), 0,
+                  bundle->tuning().size()};
   {
     std::lock_guard lock(impl->bundles_mutex);
     // One holder per kernel set: a second bundle holding a different one would be shadowed silently.
@@ -119,12 +120,12 @@ BundleInfo Context::load_bundle(const std::filesystem::path& dir) {
   return info;
 }
 
-void Context::save_bundle(const std::filesystem::path& dir) {
+void Context::save_bundle(const std::filesystem::path& dir, const std::vector<TuningFile>& tuning) {
   auto impl = context_impl(*this);
   // permute_neurons' kernel goes with every bundle: a deployment may reorder its weights hot-first.
   impl->auxiliary(kernels::KernelKind::NeuronPermute, FfnSpec{}, "Context::save_bundle");
   std::lock_guard lock(impl->bundles_mutex);
-  detail::write_bundle(dir, impl->target, impl->obtained, impl->obtained_kernels);
+  detail::write_bundle(dir, impl->target, impl->obtained, impl->obtained_kernels, tuning);
 }
 
 Context::Context(ContextOptions options) : impl_(std::make_shared<Impl>(std::move(options))) {

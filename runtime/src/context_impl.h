@@ -79,6 +79,8 @@ struct Context::Impl {
 
   // Remembers a kernel set this context obtained (save_bundle writes it; later requests reuse it).
   void record(const std::string& request, detail::BundleSet set, const std::vector<const LoadedKernel*>& kernels);
+  // The bundles loaded so far, in load order. Thread-safe.
+  std::vector<std::shared_ptr<const detail::Bundle>> loaded_bundles() const;
 
  private:
   std::shared_ptr<LoadedKernel> load(std::shared_ptr<LoadedKernel> k);
@@ -87,7 +89,6 @@ struct Context::Impl {
   using KernelLookup = std::function<std::shared_ptr<const detail::BundleKernel>(const std::string&)>;
   // The kernels of `set`, each found by `kernel`, loaded.
   FfnKernels ffn_from_set(const detail::BundleSet& set, const KernelLookup& kernel, const char* cache);
-  std::vector<std::shared_ptr<const detail::Bundle>> loaded_bundles() const;
   // Which bundles were searched for `request`, and the sets of its shape they hold (for NotFound).
   std::string bundle_list(const std::string& request) const;
 };

@@ -6,6 +6,7 @@
 
 #include "driver.h"
 #include "plan_impl.h"
+#include "tuned_layout.h"
 #include "twell/error.h"
 #include "twell/kernels/constraints.h"
 #include "twell/kernels/validate.h"
@@ -48,44 +49,20 @@ void check_tiles(const TwellLayout& layout, int64_t d_ff, int64_t max_tokens) {
 }  // namespace
 
 namespace {
-// PlanOptions::tuning: the tuned layout for the fields `spec` leaves unset, and where it came from.
-FfnSpec tuned_spec(Context& context, const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options, std::string* source) {
-  if (spec.tile_n || spec.slots || spec.gate_cluster_m) {
-    *source = "option";
-    return spec;
-  }
-  *source = "heuristic";
-  if (options.tuning == PlanOptions::Tuning::Ignore || !context.has_gpu()) return spec;
-  const TuningDatabase db{std::filesystem::path(options.tuning_dir)};
-  const auto entry = db.lookup(tuning_hardware(context), spec, options.tuning_workload);
-  if (!entry || entry->buckets.empty()) return spec;
-  const TunedBucket* bucket = &entry->buckets.back();
-  for (const TunedBucket& b : entry->buckets)
-    if (b.tokens >= max_tokens) {
-      bucket = &b;
-      break;
+// PlanOptions::tuning's candidates: this GPU's database entry (without a GPU there is no hardware key),
+// and the entries the loaded bundles embed.
+detail::TunedLayout plan_tuning(Context& context, const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options) {
+  std::optional<detail::TuningCandidate> database, embedded;
+  if (options.tuning == PlanOptions::Tuning::Use && !detail::sets_tuned_fields(spec)) {
+    if (context.has_gpu()) {
+      const TuningDatabase db{std::filesystem::path(options.tuning_dir)};
+      if (auto entry = db.lookup(tuning_hardware(context), spec, options.tuning_workload))
+        database = detail::TuningCandidate{"database " + entry->file.string(), entry->workload, std::move(entry->buckets)};
     }
-  // The winner's layout; where the dense path won, the runner-up's if it is a TwELL layout (Auto takes
-  // the dense path by itself); where the untuned plan won, nothing changes.
-  const TunedConfig* best = nullptr;
-  if (bucket->winner.path == TunedConfig::Path::TwELL) best = &bucket->winner;
-  else if (bucket->winner.path == TunedConfig::Path::Dense && bucket->runner_up && bucket->runner_up->path == TunedConfig::Path::TwELL)
-    best = &*bucket->runner_up;
-  if (!best) {
-    *source = fmt::format("heuristic (database {} workload {} bucket {}: the untuned plan was fastest)", entry->file.string(),
-                          entry->workload, bucket->tokens);
-    return spec;
+    embedded = detail::embedded_tuning(context_impl(context)->loaded_bundles(), spec, context.target().arch(),
+                                       options.tuning_workload);
   }
-  FfnSpec s = spec;
-  s.tile_n = best->tile_n;
-  s.slots = best->slots;
-  s.gate_cluster_m = best->cluster_m;
-  if (options.dispatch != Dispatch::Auto && !s.consumer) s.consumer = best->consumer;
-  if (!kernels::validate_spec(s, "").empty()) return spec;  // an entry this version cannot build
-  *source = fmt::format("database {} workload {} bucket {}: tile_n {} slots {} cluster_m {}{}", entry->file.string(),
-                        entry->workload, bucket->tokens, best->tile_n, best->slots, best->cluster_m,
-                        s.consumer && !spec.consumer ? fmt::format(" consumer {}", to_string(*s.consumer)) : std::string());
-  return s;
+  return detail::tuned_layout(spec, max_tokens, options.dispatch, database, embedded);
 }
 }  // namespace
 
@@ -93,19 +70,17 @@ FfnPlan Context::plan(const FfnSpec& user_spec, int64_t max_tokens, const PlanOp
   check_spec(user_spec, max_tokens, options);
   // Canonical (threshold -0.0 as +0.0) before any key is made from it: one layer, one kernel set.
   const FfnSpec canonical = kernels::canonical_spec(user_spec);
-  std::string config_source;
-  const FfnSpec tuned = tuned_spec(*this, canonical, max_tokens, options, &config_source);
-  if (config_source.rfind("database", 0) == 0) {
-    // A tuned layout this context cannot build (a bundle-only deployment without those kernels, a
-    // workspace that does not fit, a layout the generator refuses here) is ignored, not an error.
-    try {
-      return make_plan(tuned, max_tokens, options, config_source);
-    } catch (const Error& e) {
-      config_source = fmt::format("heuristic (the tuned layout of {} could not be used: {})", config_source.substr(9),
-                                  std::string(e.what()).substr(0, 300));
-    }
+  const detail::TunedLayout tuned = plan_tuning(*this, canonical, max_tokens, options);
+  if (!tuned.tuned) return make_plan(canonical, max_tokens, options, tuned.source);
+  // A tuned layout this context cannot build (a bundle-only deployment without those kernels, a
+  // workspace that does not fit, a layout the generator refuses here) is ignored, not an error.
+  try {
+    return make_plan(tuned.spec, max_tokens, options, tuned.source);
+  } catch (const Error& e) {
+    return make_plan(canonical, max_tokens, options,
+                     fmt::format("heuristic (the tuned layout of {} could not be used: {})", tuned.source,
+                                 std::string(e.what()).substr(0, 300)));
   }
-  return make_plan(canonical, max_tokens, options, std::move(config_source));
 }
 
 FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options, std::string config_source) {

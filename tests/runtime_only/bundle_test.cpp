@@ -154,6 +154,41 @@ TEST(RuntimeOnly, BundleFromMlir) {
   EXPECT_EQ(error_of([&] { ctx.plan(spec_of(512, 1408), 64); }).first, ErrorCode::NotFound);
 }
 
+// `twellc compile --tuning-dir` (tests/data/tuning_512x1408.json.in beside a damaged file): the bundle
+// embeds the entry and the tuned layouts' kernels; plans take them (no database is consulted without a
+// GPU: the embedded entry applies to any device of the bundle's arch).
+TEST(RuntimeOnly, TunedBundle) {
+  Context ctx(options_for(Target{90, true}));
+  EXPECT_EQ(ctx.load_bundle(kBundles / "tuned/sm_90a").tuning_entries, 1u);
+  const std::string from = "bundle " + (kBundles / "tuned/sm_90a").string() + " workload ";
+  PlanOptions o;
+  const FfnPlan big = ctx.plan(spec_of(512, 1408), 131072, o);  // the dense path won: its TwELL runner-up
+  EXPECT_EQ(big.config_source(), from + "density:0.5% bucket 131072: tile_n 128 slots 15 cluster_m 1");
+  EXPECT_EQ(big.layout().tile_n, 128);
+  EXPECT_EQ(big.layout().slots, 15);
+  for (const KernelReport& k : big.kernels()) EXPECT_EQ(k.cache, "bundle") << k.name;
+  EXPECT_EQ(ctx.plan(spec_of(512, 1408), 16, o).config_source(), from + "density:0.5% bucket 16: tile_n 256 slots 31 cluster_m 1");
+  // Another dispatch fixes the tuned consumer: twellc compile put those kernel sets in the bundle too.
+  o.dispatch = Dispatch::Sparse;
+  const FfnPlan fixed = ctx.plan(spec_of(512, 1408), 131072, o);
+  EXPECT_EQ(fixed.config_source(), from + "density:0.5% bucket 131072: tile_n 128 slots 15 cluster_m 1 consumer token_block");
+  bool block = false;
+  for (const KernelReport& k : fixed.kernels()) block |= k.consumer == "token_block";
+  EXPECT_TRUE(block);
+  o.dispatch = Dispatch::Auto;
+  o.tuning_workload = "pattern:00000000000000aa";
+  EXPECT_EQ(ctx.plan(spec_of(512, 1408), 131072, o).config_source(),
+            "heuristic (" + from + "pattern:00000000000000aa bucket 131072: the untuned plan was fastest)");
+  o.tuning_workload = "density:9%";  // not tuned
+  EXPECT_EQ(ctx.plan(spec_of(512, 1408), 131072, o).config_source(), "heuristic");
+  o.tuning_workload = "";
+  o.tuning = PlanOptions::Tuning::Ignore;
+  EXPECT_EQ(ctx.plan(spec_of(512, 1408), 131072, o).config_source(), "heuristic");
+  // Without --tuning-dir a bundle embeds none.
+  Context plain(options_for(Target{90, true}));
+  EXPECT_EQ(plain.load_bundle(kBundles / "sample/sm_90a").tuning_entries, 0u);
+}
+
 TEST(RuntimeOnly, MissingKernelSetNamesTheRequest) {
   Context ctx(options_for(Target{90, true}));
   ctx.load_bundle(kBundles / "sample/sm_90a");
@@ -430,6 +465,47 @@ TEST(RuntimeOnlyForged, NestingFifosAndOverlaps) {
   EXPECT_NE(what.find("holds with other kernels"), std::string::npos) << what;
   EXPECT_NO_THROW(ctx.plan(sample_spec(), 64));
   fs::remove_all(other);
+}
+
+// A tuning database entry for the sample's spec whose one bucket chose tile_n 64, slots 7.
+json sample_tuning_entry() {
+  const FfnSpec s = sample_spec();
+  const json config = {{"path", "twell"}, {"tile_n", 64}, {"slots", 7}, {"cluster_m", 1}, {"consumer", "row_gather"},
+                       {"decode_max_tokens", 0}, {"ms", 1.0}};
+  return {{"schema", 1},
+          {"hardware", {{"arch", "sm_90a"}, {"sm_count", 132}, {"driver", 13000}, {"twell", "0.1.0"}, {"device", "NVIDIA H200"}}},
+          {"spec", {{"d_model", s.d_model}, {"d_ff", s.d_ff}, {"gated", true}, {"activation", "relu"}, {"threshold", 0.0},
+                    {"dtype", "bf16"}, {"down_layout", "out_in"}}},
+          {"workloads", {{"density:1%", {{"tuned_at", "2026-12-01T18:00:00Z"}, {"unix_time", 1}, {"buckets", {{
+              {"tokens", 131072}, {"winner", config}, {"heuristic_ms", 2.0}, {"dense_ms", 3.0}, {"candidates", 9}, {"rejected", 0}}}}}}}}};
+}
+
+// Embedded tuned choices are checked like the rest of the manifest; an entry whose layout the bundle
+// does not hold leaves the plan untuned, and says so.
+TEST(RuntimeOnlyForged, EmbeddedTuning) {
+  const fs::path lacking = forged("tuning-layout", [](json& m, const fs::path&) { m["tuning"] = json::array({sample_tuning_entry()}); });
+  Context ctx(options_for(Target{90, true}));
+  EXPECT_EQ(ctx.load_bundle(lacking).tuning_entries, 1u);
+  const FfnPlan plan = ctx.plan(sample_spec(), 131072);
+  EXPECT_EQ(plan.layout().tile_n, 256);
+  EXPECT_EQ(plan.config_source().rfind("heuristic (the tuned layout of bundle " + lacking.string() +
+                                           " workload density:1% bucket 131072: tile_n 64 slots 7 cluster_m 1 could not be used: ", 0),
+            0u) << plan.config_source();
+  fs::remove_all(lacking);
+  expect_refused(forged("tuning-arch", [](json& m, const fs::path&) {
+                   json e = sample_tuning_entry();
+                   e["hardware"]["arch"] = "sm_80";
+                   m["tuning"] = json::array({e});
+                 }),
+                 {"manifest: tuning[0]: hardware.arch: expected the bundle's target sm_90a, found sm_80"});
+  expect_refused(forged("tuning-field", [](json& m, const fs::path&) {
+                   json e = sample_tuning_entry();
+                   e["workloads"]["density:1%"]["buckets"][0]["tokens"] = 3;
+                   m["tuning"] = json::array({e});
+                 }),
+                 {"manifest: tuning[0]: workloads.density:1%.buckets[0].tokens: expected a power of two, found 3"});
+  expect_refused(forged("tuning-type", [](json& m, const fs::path&) { m["tuning"] = json::object(); }),
+                 {"manifest: tuning: expected an array, found {}"});
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bundle_tuning.h"
 #include "commands.h"
 #include "mlir_input.h"
 #include "twell/compiler/Generate.h"
@@ -20,6 +21,7 @@
 #include "twell/kernels/constraints.h"
 #include "twell/layer_data.h"
 #include "twell/safetensors.h"
+#include "twell/tuning.h"
 
 // The embedded sample (sample.S): what `twellc run` runs without files.
 extern "C" const unsigned char twell_sample_begin[];
@@ -38,6 +40,11 @@ const char* kCompileHelp =
     "  --target LIST           comma-separated targets (default sm_90a), e.g. sm_90a,sm_80\n"
     "  --max-tokens M          the plans' max_tokens (default 131072; only sizes workspaces, not kernels)\n"
     "  --dense-neurons K       also the kernels of plans with PlanOptions::dense_neurons = K (the hot/cold split)\n"
+    "  --tuning-dir DIR        embed the tuned choices of the tuning database DIR (twellc tune's) for this spec and\n"
+    "                          each target, and compile their layouts' kernels too: the file of the target's arch,\n"
+    "                          this twell version and spec (any SM count and driver; the most recent of several).\n"
+    "                          Plans made from the bundle take them where the machine's own database has no entry\n"
+    "  --tuning-workload W     embed only workload W of that file (default: all of its workloads)\n"
     "  shape options: --tile-n T --slots S --threshold t --activation relu|silu --dtype bf16|f16\n"
     "                 --down-layout out_in|in_out --non-gated --consumer rows|block --cluster-m 1|2\n"
     "  The runtime finds a bundle's kernels for exactly this spec (shape and options as given here).\n";
@@ -102,7 +109,7 @@ twell::FfnSpec add_mlir_kernels(twell::Context& ctx, const std::string& text, co
 
 int compile_command(const std::vector<std::string>& argv) {
   try {
-    std::vector<std::string> valued{"target", "out", "o", "max-tokens", "dense-neurons"};
+    std::vector<std::string> valued{"target", "out", "o", "max-tokens", "dense-neurons", "tuning-dir", "tuning-workload"};
     valued.insert(valued.end(), kShapeValueOptions.begin(), kShapeValueOptions.end());
     // -o is spelled like the other options' short form would be; parse_args takes --name only.
     std::vector<std::string> args_in = argv;
@@ -143,29 +150,77 @@ int compile_command(const std::vector<std::string>& argv) {
     } else if (mlir_file.empty()) {
       spec = spec_from_args(args);
     }
+    const std::string tuning_dir = args.get("tuning-dir", "");
+    if (args.has("tuning-workload") && tuning_dir.empty())
+      throw std::invalid_argument("--tuning-workload: expected with --tuning-dir, got it alone");
+    if (!tuning_dir.empty()) {
+      if (!mlir_file.empty())
+        throw std::invalid_argument(fmt::format("--tuning-dir: expected a shape (--d-model/--d-ff or --sample), got '{}', whose "
+                                                "kernels carry their own configuration (twell-opt's twell-select-config takes "
+                                                "tuning-file=FILE for a .mlir)", mlir_file));
+      for (const char* o : {"tile-n", "slots", "cluster-m"})
+        if (args.has(o))
+          throw std::invalid_argument(fmt::format("--tuning-dir: expected a spec that leaves tile_n, slots and the cluster to the "
+                                                  "tuned entry, got --{} (plans of it take no tuned layout: config_source "
+                                                  "\"option\")", o));
+    }
     twell::PlanOptions options;  // Dispatch::Auto: the dense path's kernels too; the decode kernels are part of the FFN's set
     const int64_t dense_neurons = args.get_int("dense-neurons", 0, 0, int64_t{1} << 24);
     const int64_t max_tokens = args.get_int("max-tokens", 131072, 1, (int64_t{1} << 31) - 1);
-    // Every target's plan first, then the writes: a spec one target rejects writes no bundle at all.
-    std::vector<std::pair<twell::Context, twell::FfnPlan>> plans;
+    // The plans of one spec: the whole layer, and with --dense-neurons the split's TwELL part (d_ff - K
+    // neurons) and its dense part.
+    auto make_plans = [&](twell::Context& ctx, const twell::FfnSpec& s, const twell::PlanOptions& o) {
+      twell::FfnPlan plan = ctx.plan(s, max_tokens, o);
+      if (dense_neurons > 0) {
+        twell::PlanOptions split = o;
+        split.dense_neurons = dense_neurons;
+        ctx.plan(s, max_tokens, split);
+      }
+      return plan;
+    };
+    struct TargetBundle {
+      twell::Context ctx;
+      twell::FfnPlan plan;
+      std::vector<twell::TuningFile> tuning;
+      std::string tuning_note;
+    };
+    // Every target's plans first, then the writes: a spec one target rejects writes no bundle at all.
+    std::vector<TargetBundle> bundles;
     for (const twell::Target& target : targets) {
       twell::ContextOptions context_options;
       context_options.target = target;
       context_options.device = twell::ContextOptions::kNoDevice;  // compile only: any target, no workspace
       twell::Context ctx(context_options);
       if (!mlir_file.empty()) spec = add_mlir_kernels(ctx, mlir_text, mlir_file, target);
-      twell::FfnPlan plan = ctx.plan(spec, max_tokens, options);
-      if (dense_neurons > 0) {  // the split's TwELL part (d_ff - K neurons) and its dense part, besides the whole
-        twell::PlanOptions split = options;
-        split.dense_neurons = dense_neurons;
-        ctx.plan(spec, max_tokens, split);
+      // The tuned entry first: a bad --tuning-workload costs no compilation.
+      const std::string version = twell::tuning_hardware(ctx).twell_version;
+      std::filesystem::path file;
+      std::optional<twell::TuningFile> entry;
+      if (!tuning_dir.empty())
+        entry = bundle_tuning(tuning_dir, spec, target.arch(), version, args.get("tuning-workload", ""), &file);
+      twell::FfnPlan plan = make_plans(ctx, spec, options);
+      TargetBundle b{std::move(ctx), std::move(plan), {}, {}};
+      if (!tuning_dir.empty()) {
+        if (!entry) {
+          b.tuning_note = fmt::format("no entry of {} for this spec on {} (twell {}): no tuned choices embedded", tuning_dir,
+                                      target.arch(), version);
+        } else {
+          const std::string layouts = compile_tuned_layouts(
+              spec, *entry, file, [&](const twell::FfnSpec& s, const twell::PlanOptions& o) { make_plans(b.ctx, s, o); });
+          std::string workloads;
+          for (const auto& w : entry->workloads) workloads += (workloads.empty() ? "" : ", ") + w.name;
+          b.tuning_note = fmt::format("tuned choices of {} ({}, {} SMs, driver {}; workloads {}) embedded; their layouts: {}",
+                                      file.string(), entry->hardware.device_name, entry->hardware.sm_count,
+                                      entry->hardware.driver_version, workloads, layouts.empty() ? "none (no bucket chose a TwELL layout)" : layouts);
+          b.tuning.push_back(std::move(*entry));
+        }
       }
-      plans.emplace_back(std::move(ctx), std::move(plan));
+      bundles.push_back(std::move(b));
     }
-    for (auto& [ctx, plan] : plans) {
+    for (auto& [ctx, plan, tuning, tuning_note] : bundles) {
       const twell::Target& target = ctx.target();
       const std::filesystem::path dir = std::filesystem::path(out) / target.arch();
-      ctx.save_bundle(dir);
+      ctx.save_bundle(dir, tuning);
       std::printf("%s: %zu kernels of the plan (layout tile_n %d, slots %d) and the dense path's -> %s\n", target.arch().c_str(),
                   plan.kernels().size(), plan.layout().tile_n, plan.layout().slots, dir.c_str());
       for (const auto& k : plan.kernels())
@@ -173,6 +228,7 @@ int compile_command(const std::vector<std::string>& argv) {
                     k.cache.c_str(), k.cubin_bytes, k.threads, k.cta_m,
                     k.persistent ? (k.tiles > 0 ? fmt::format("persistent over {} tiles", k.tiles) : std::string("persistent")).c_str()
                                  : fmt::format("grid.y {}", k.grid_y).c_str());
+      if (!tuning_note.empty()) std::printf("  tuning: %s\n", tuning_note.c_str());
     }
     return 0;
   } catch (const twell::Error& e) {

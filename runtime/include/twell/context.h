@@ -51,6 +51,7 @@ struct BundleInfo {
   size_t kernel_sets = 0;     // FFN kernel sets and auxiliary kernels
   size_t kernels = 0;
   double load_ms = 0;         // reading and verifying every file
+  size_t tuning_entries = 0;  // tuned choices it embeds (twellc compile --tuning-dir; PlanOptions::tuning)
 };
 
 // A generated kernel compiled by NVRTC (ahead of time or just in time), with its report.
@@ -120,9 +121,13 @@ class Context {
 
   // Writes every kernel set this context has obtained so far (its plans', their dense paths', from the
   // JIT or from bundles), and the neuron reordering kernel, as a bundle for this context's target into
-  // `dir`: what `twellc compile` does after making plans. Throws Error(Io) naming the file when a write
-  // fails (read-only directory, full disk).
-  void save_bundle(const std::filesystem::path& dir);
+  // `dir`: what `twellc compile` does after making plans. `tuning`: tuning database entries to embed
+  // (the manifest's "tuning"; twellc compile --tuning-dir's), each for this context's target arch and
+  // one spec; plans made from the bundle take them where the deployment machine's database has no entry
+  // (PlanOptions::tuning; the plans of their layouts must be made before, so that their kernels are in
+  // the bundle). Throws Error(Io) naming the file when a write fails (read-only directory, full disk),
+  // Error(InvalidArgument) for a tuning entry of another arch.
+  void save_bundle(const std::filesystem::path& dir, const std::vector<TuningFile>& tuning = {});
 
   struct Impl;
 

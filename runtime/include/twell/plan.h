@@ -63,8 +63,10 @@ struct PlanOptions {
   int64_t decode_max_tokens = 64;
   // The tuning database (twell/tuning.h): with Use, the layout fields the FfnSpec leaves unset (tile_n,
   // slots, gate_cluster_m; the consumer too unless Dispatch::Auto, which times both) come from the
-  // tuned entry of this GPU and spec, if there is one: the best TwELL configuration of the bucket
-  // holding max_tokens (else the largest bucket). FfnPlan::config_source() says where they came from.
+  // tuned entry of this GPU and spec, if there is one, else from the entry a loaded bundle embeds for
+  // this spec (twellc compile --tuning-dir: any GPU of the bundle's arch; also without a GPU): the best
+  // TwELL configuration of the bucket holding max_tokens (else the largest bucket).
+  // FfnPlan::config_source() says where they came from.
   enum class Tuning { Use, Ignore };
   Tuning tuning = Tuning::Use;
   // Which tuned workload ("density:0.50%", "pattern:<hex>"); empty: the most recently tuned one.
@@ -142,8 +144,9 @@ class FfnPlan {
   std::string last_path() const;
 
   // Where the layout came from: "option" (the FfnSpec set tile_n / slots / cluster), "heuristic"
-  // (twell-select-config's defaults: no tuned entry, or PlanOptions::Tuning::Ignore), or
-  // "database <file> workload <w> bucket <tokens>: tile_n T slots S cluster_m C[ consumer V]".
+  // (twell-select-config's defaults: no tuned entry, or PlanOptions::Tuning::Ignore; "heuristic (...)"
+  // says why a tuned entry was not taken), or "database <file> workload <w> bucket <tokens>: tile_n T
+  // slots S cluster_m C[ consumer V]" ("bundle <dir> workload ..." for an entry a bundle embeds).
   std::string config_source() const;
 
   // Dispatch::Auto decides once per (decision key, token bucket), on the inputs of its first run(). This

@@ -21,6 +21,11 @@
 // RUN: not twellc compile --d-model 64 --d-ff 64 --non-gated --consumer block -o %t.bundle 2>&1 | FileCheck %s --check-prefix=NGBLOCK
 // RUN: not twellc compile --d-model 64 --d-ff 64 --threshold -0.5 -o %t.bundle 2>&1 | FileCheck %s --check-prefix=NEGRELU
 // RUN: rm -rf %t.file && touch %t.file && not twellc compile --d-model 64 --d-ff 64 -o %t.file 2>&1 | FileCheck %s --check-prefix=BLOCKED
+// twellc compile --tuning-dir: a database directory, a shape that leaves the layout to it.
+// RUN: not twellc compile --d-model 64 --d-ff 64 --tuning-workload density:1% -o %t.bundle 2>&1 | FileCheck %s --check-prefix=TWALONE
+// RUN: not twellc compile --d-model 64 --d-ff 64 --tuning-dir %t.no-such-dir -o %t.bundle 2>&1 | FileCheck %s --check-prefix=TWDIR
+// RUN: not twellc compile --d-model 64 --d-ff 64 --tile-n 64 --tuning-dir %S -o %t.bundle 2>&1 | FileCheck %s --check-prefix=TWTILE
+// RUN: not twellc compile %s --tuning-dir %S -o %t.bundle 2>&1 | FileCheck %s --check-prefix=TWMLIR
 
 // MISSING: --d-ff: expected it beside --d-model (a shape needs both d_model and d_ff), got only --d-model
 // NOVALUE: --d-ff: expected a value after it, got the end of the command line
@@ -41,6 +46,10 @@
 // NGBLOCK: --consumer: the token block is a gated kernel; with --non-gated expected rows, got 'block'
 // NEGRELU: --threshold: expected a value >= 0 with --activation relu, got -0.5
 // BLOCKED: twellc compile: error: writing the bundle {{.*}}.file/sm_90a: cannot create the directory
+// TWALONE: --tuning-workload: expected with --tuning-dir, got it alone
+// TWDIR: --tuning-dir: expected a tuning database directory (twellc tune's), got '{{.*}}no-such-dir' (nothing there)
+// TWTILE: --tuning-dir: expected a spec that leaves tile_n, slots and the cluster to the tuned entry, got --tile-n (plans of it take no tuned layout: config_source "option")
+// TWMLIR: --tuning-dir: expected a shape (--d-model/--d-ff or --sample), got '{{.*}}twellc-errors.mlir', whose kernels carry their own configuration
 // BLOCK: note: --consumer block needs --down-layout in_out, {{.*}} emitted the row consumer twell_gated_down_{{.*}}_out_in_{{[0-9a-f]+}} instead
 
 func.func @unused() {
