@@ -98,7 +98,7 @@ class Attention(nn.Module):
         values also written to cache[:, :, :T] when a layer cache (keys, values) is given). With `pos` (a
         0-dim int64 tensor, T = 1): the new key and value go to the cache at pos, and the query attends
         over the whole cache under `mask` [1, 1, 1, max_len] (True = attend)."""
-        batch, seq, d_model = x.shape
+        batch, seq, _ = x.shape
         q, k, v = self.qkv_proj(x).view(batch, seq, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if pos is None:
@@ -112,7 +112,8 @@ class Attention(nn.Module):
             cache[0].index_copy_(2, pos.view(1), k)
             cache[1].index_copy_(2, pos.view(1), v)
             out = F.scaled_dot_product_attention(q, cache[0], cache[1], attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, d_model))
+        # n_heads * head_dim rather than d_model: a head-sharded copy (tp_model.py) holds fewer heads.
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim))
 
 
 class DecoderLayer(nn.Module):
@@ -201,7 +202,8 @@ class SparseLM(nn.Module):
         weight = self.embed_tokens.weight
         dtype = dtype or weight.dtype
         device = device or weight.device
-        shape = (self.config.n_layers, batch, self.config.n_heads, max_len, self.config.d_model // self.config.n_heads)
+        attention = self.layers[0].self_attn  # its heads: all of them, or this rank's in a head-sharded copy
+        shape = (self.config.n_layers, batch, attention.n_heads, max_len, attention.head_dim)
         self.kv_cache = KVCache(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
         self.kv_positions = torch.arange(max_len, device=device)
         return self.kv_cache
