@@ -5,6 +5,8 @@
 #   tests   pytest python/tests (GPU and CPU)           bench  bench/torch_ffn_bench.py
 #   train_mild / train_strong   bench/sparse_lm/train.py at $TWELL_L1_MILD / $TWELL_L1_STRONG
 #   model   bench/sparse_lm/bench_model.py on the strong checkpoint
+#   tp      bench/sparse_lm/bench_tp.py on the strong checkpoint through scripts/tp_launch.sh, tensor-parallel
+#           degree $TWELL_TP_DEGREE (default 1), extra arguments $TWELL_TP_ARGS (not in the default steps)
 # Logs and JSON go to $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,9 @@ for step in $steps; do
         --l1 ${TWELL_L1_STRONG:-3e-5} --l1-warmup-frac 0.1 --seconds $secs --out build/lm/strong.pt > "$OUT/train_strong.jsonl" 2>&1; tail -4 "$OUT/train_strong.jsonl" ;;
     model) timeout 400 python3 bench/sparse_lm/bench_model.py --ckpt build/lm/strong.pt --corpus .carry/data/gcide.dict.dz \
         --json "$OUT/bench_model.json" ${TWELL_MODEL_ARGS:-} > "$OUT/bench_model.txt" 2>&1; tail -n 30 "$OUT/bench_model.txt" ;;
+    tp) deg=${TWELL_TP_DEGREE:-1}; timeout 580 scripts/tp_launch.sh $deg bench/sparse_lm/bench_tp.py --ckpt build/lm/strong.pt \
+        --corpus .carry/data/gcide.dict.dz --json "$OUT/bench_tp$deg.json" ${TWELL_TP_ARGS:-} > "$OUT/bench_tp$deg.txt" 2>&1
+        status=$((status | $?)); tail -n 30 "$OUT/bench_tp$deg.txt" ;;
   esac
   echo "== step $step: $(( $(date +%s) - t0 )) s"
 done
