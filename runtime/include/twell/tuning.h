@@ -28,9 +28,24 @@
 // Writers of one file are serialized by flock on <file>.lock and publish by rename, merging: a tune
 // replaces only its own workload, so concurrent tunes of different workloads both survive. A file that
 // cannot be read as this schema for this key (damaged, another schema, renamed from another key, not a
-// regular file, above 16 MiB) reads as absent, and a store replaces it. Plans read it (Context::plan,
-// PlanOptions::tuning); an entry whose layout cannot be built there (a bundle-only deployment without
-// those kernels, memory) is ignored: the plan is made as without it.
+// regular file, above 16 MiB) reads as absent, and a store replaces it. The records and the reading and
+// writing of one file are twell/tuning_format.h's (a library below the compiler and the runtime).
+//
+// Who reads it:
+//   - Plans (Context::plan, PlanOptions::tuning). The entry taken, in this order: this GPU's file (its
+//     hardware key: arch, SM count, driver, twell version; only with a GPU), else the entry a loaded
+//     bundle embeds for this spec (below), else none (the heuristic). An entry whose layout cannot be
+//     built there (a bundle without those kernels, memory) is ignored: the plan is made as without it.
+//   - Bundles. `twellc compile --tuning-dir DIR [--tuning-workload W]` embeds, per target, the file of
+//     DIR whose arch, twell version and spec match (the SM count and driver are the tuning machine's,
+//     which a bundle cannot know of the machine it runs on: any of them matches; the most recently tuned
+//     of several) as the manifest's "tuning", and compiles the kernels of its tuned layouts into the
+//     bundle. The embedded entry applies to any GPU of the bundle's arch; a file for the GPU itself in
+//     the deployment's database takes precedence.
+//   - The compiler. twell-select-config's `tuning-file=<path>` (with `tokens=`, `tuning-workload=`)
+//     takes the gate's cluster_m, the consumer variant and the decode choice from the bucket holding
+//     `tokens` where the file is for the kernels' arch and the FFN's spec, and the tuned tile_n and slots
+//     are those of the FFN's tensor type (the layout is part of the type: the pass does not change it).
 #pragma once
 #include <cstdint>
 #include <filesystem>
