@@ -120,10 +120,11 @@ template <class ConsumerOp>
   ffn.spec.d_model = dModelOf(down);
   ffn.spec.d_ff = llvm::cast<RankedTensorType>(down.getH().getType()).getDimSize(1);
   ffn.spec.gated = std::is_same_v<ConsumerOp, GatedDownOp>;
-  ffn.spec.activation = layout.getActivation() == Activation::ReLU ? ::twell::Activation::ReLU : ::twell::Activation::SiLU;
+  ffn.spec.activation =
+      layout.getActivation() == Activation::ReLU ? ::twell::Activation::ReLU : ::twell::Activation::SiLU;
   ffn.spec.threshold = layout.getThresholdValue();
   ffn.spec.dtype = layout.getValue().isBF16() ? ::twell::DType::BF16 : ::twell::DType::FP16;
-  const DownLayout user = decode == DecodeChoice::OutIn  ? DownLayout::OutIn
+  const DownLayout user = decode == DecodeChoice::OutIn   ? DownLayout::OutIn
                           : decode == DecodeChoice::InOut ? DownLayout::InOut
                                                           : down.getDownLayout();
   ffn.spec.down_layout = user == DownLayout::OutIn ? ::twell::WeightLayout::OutIn : ::twell::WeightLayout::InOut;
@@ -152,8 +153,9 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
         llvm::ArrayRef<Feature>(TargetAttr::defaultFeatures(arch)));
     if (!defaultTarget) return signalPassFailure();
     if (tokens < 0) {
-      getOperation().emitError() << "twell-select-config: tokens: expected 0 (the largest tuned bucket) or a token count, got "
-                                 << static_cast<int64_t>(tokens);
+      getOperation().emitError()
+          << "twell-select-config: tokens: expected 0 (the largest tuned bucket) or a token count, got "
+          << static_cast<int64_t>(tokens);
       return signalPassFailure();
     }
 
@@ -174,19 +176,22 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
       auto [it, inserted] = choices.try_emplace(down);
       if (inserted) {
         auto targetOf = [&](auto op) { return op.getTargetAttr() ? op.getTargetAttr() : defaultTarget; };
-        const ::twell::compiler::TunedFfn ffn = llvm::isa<GatedDownOp>(down)
-                                                    ? tunedFfn(llvm::cast<GatedDownOp>(down), targetOf(llvm::cast<GatedDownOp>(down)), decode)
-                                                    : tunedFfn(llvm::cast<DownOp>(down), targetOf(llvm::cast<DownOp>(down)), decode);
+        const ::twell::compiler::TunedFfn ffn =
+            llvm::isa<GatedDownOp>(down)
+                ? tunedFfn(llvm::cast<GatedDownOp>(down), targetOf(llvm::cast<GatedDownOp>(down)), decode)
+                : tunedFfn(llvm::cast<DownOp>(down), targetOf(llvm::cast<DownOp>(down)), decode);
         it->second = ::twell::compiler::tunedChoice(tuning, tuningPath, whyUnread, ffn, tokens, tuningWorkload);
       }
       return &it->second;
     };
     auto markSource = [&](Operation* op, const ::twell::compiler::TunedChoice* choice) {
       if (tuningPath.empty()) return;
-      op->setAttr(kConfigSourceAttr,
-                  StringAttr::get(context, choice ? choice->source
-                                                  : "heuristic (tuning-file " + tuningPath +
-                                                        ": h has no twell.gated_down or twell.down here, so the FFN's key is unknown)"));
+      op->setAttr(
+          kConfigSourceAttr,
+          StringAttr::get(context,
+                          choice ? choice->source
+                                 : "heuristic (tuning-file " + tuningPath +
+                                       ": h has no twell.gated_down or twell.down here, so the FFN's key is unknown)"));
     };
 
     // Gate kernels first: a consumer takes the main loop of the gate kernel feeding it. A gate kernel
@@ -207,7 +212,8 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
       if (cluster == 0 && choice && choice->config &&
           (choice->config->cluster_m == 1 || gate.getTargetAttr().hasFeature(Feature::Multicast)))
         cluster = choice->config->cluster_m;
-      ConfigAttr config = gateConfig(context, dModelOf(gate), gate.getLayout(), gate.getTargetAttr(), preferred, cluster);
+      ConfigAttr config =
+          gateConfig(context, dModelOf(gate), gate.getLayout(), gate.getTargetAttr(), preferred, cluster);
       // An explicit cluster-m = 2 only the sm_90a wgmma gate on a multicast target can honour.
       if (clusterM == 2 && (config.getMainloop() != Mainloop::Wgmma ||
                             !gate.getTargetAttr().hasFeature(Feature::Multicast))) {

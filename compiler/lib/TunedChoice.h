@@ -13,8 +13,8 @@ namespace twell::compiler {
 
 // An FFN as a tuning entry is keyed, read from its consumer op.
 struct TunedFfn {
-  std::string arch;  // the kernels' target, "sm_90a"
-  FfnSpec spec;      // d_model, d_ff, gated, activation, threshold, dtype, and the user's w_down layout
+  std::string arch;              // the kernels' target, "sm_90a"
+  FfnSpec spec;                  // d_model, d_ff, gated, activation, threshold, dtype, and the user's w_down layout
   int64_t tileN = 0, slots = 0;  // the layout of its tensor type
 };
 

@@ -23,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr int kMaxDepth = 16;  // the schema nests 6 levels deep
+constexpr int kMaxDepth = 16;                     // the schema nests 6 levels deep
 constexpr off_t kMaxFileBytes = off_t{16} << 20;  // a file is a few KB per workload
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) {
@@ -46,11 +46,13 @@ const json& member(const json& j, const char* key, const std::string& where) {
 template <typename T>
 T integer(const json& j, const char* key, const std::string& where) {
   const json& v = member(j, key, where);
-  const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
-                                           : v.is_number_integer() && v.get<int64_t>() >= std::numeric_limits<T>::min() &&
-                                                 v.get<int64_t>() <= std::numeric_limits<T>::max();
-  if (!fits) bad(where + "." + key, fmt::format("expected an integer in {}..{}, found {}", std::numeric_limits<T>::min(),
-                                                std::numeric_limits<T>::max(), shown(v)));
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+                        : v.is_number_integer() && v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+                              v.get<int64_t>() <= std::numeric_limits<T>::max();
+  if (!fits)
+    bad(where + "." + key, fmt::format("expected an integer in {}..{}, found {}", std::numeric_limits<T>::min(),
+                                       std::numeric_limits<T>::max(), shown(v)));
   return static_cast<T>(v.get<int64_t>());
 }
 
@@ -73,7 +75,8 @@ std::string string_field(const json& j, const char* key, const std::string& wher
 }
 
 template <typename Enum>
-Enum one_of(const json& j, const char* key, const std::string& where, std::initializer_list<std::pair<const char*, Enum>> names) {
+Enum one_of(const json& j, const char* key, const std::string& where,
+            std::initializer_list<std::pair<const char*, Enum>> names) {
   const std::string given = string_field(j, key, where);
   std::string expected;
   for (const auto& [name, value] : names) {
@@ -85,9 +88,13 @@ Enum one_of(const json& j, const char* key, const std::string& where, std::initi
 
 json spec_json(const FfnSpec& s) {
   const FfnSpec k = tuning_key(s);
-  return {{"d_model", k.d_model},       {"d_ff", k.d_ff},          {"gated", k.gated},
-          {"activation", to_string(k.activation)}, {"threshold", static_cast<double>(k.threshold)},
-          {"dtype", to_string(k.dtype)}, {"down_layout", to_string(k.down_layout)}};
+  return {{"d_model", k.d_model},
+          {"d_ff", k.d_ff},
+          {"gated", k.gated},
+          {"activation", to_string(k.activation)},
+          {"threshold", static_cast<double>(k.threshold)},
+          {"dtype", to_string(k.dtype)},
+          {"down_layout", to_string(k.down_layout)}};
 }
 
 FfnSpec spec_from(const json& j, const std::string& where) {
@@ -98,33 +105,40 @@ FfnSpec spec_from(const json& j, const std::string& where) {
   s.activation = one_of<Activation>(j, "activation", where, {{"relu", Activation::ReLU}, {"silu", Activation::SiLU}});
   s.threshold = static_cast<float>(number(j, "threshold", where));
   s.dtype = one_of<DType>(j, "dtype", where, {{"bf16", DType::BF16}, {"f16", DType::FP16}});
-  s.down_layout = one_of<WeightLayout>(j, "down_layout", where, {{"out_in", WeightLayout::OutIn}, {"in_out", WeightLayout::InOut}});
+  s.down_layout =
+      one_of<WeightLayout>(j, "down_layout", where, {{"out_in", WeightLayout::OutIn}, {"in_out", WeightLayout::InOut}});
   return tuning_key(s);
 }
 
 json config_json(const TunedConfig& c) {
-  return {{"path", to_string(c.path)}, {"tile_n", c.tile_n},     {"slots", c.slots},
-          {"cluster_m", c.cluster_m},  {"consumer", to_string(c.consumer)}, {"decode_max_tokens", c.decode_max_tokens},
+  return {{"path", to_string(c.path)},
+          {"tile_n", c.tile_n},
+          {"slots", c.slots},
+          {"cluster_m", c.cluster_m},
+          {"consumer", to_string(c.consumer)},
+          {"decode_max_tokens", c.decode_max_tokens},
           {"ms", c.ms}};
 }
 
 TunedConfig config_from(const json& j, const std::string& where) {
   TunedConfig c;
   c.path = one_of<TunedConfig::Path>(j, "path", where,
-                  {{"twell", TunedConfig::Path::TwELL}, {"dense", TunedConfig::Path::Dense}, {"heuristic", TunedConfig::Path::Heuristic}});
+                                     {{"twell", TunedConfig::Path::TwELL},
+                                      {"dense", TunedConfig::Path::Dense},
+                                      {"heuristic", TunedConfig::Path::Heuristic}});
   c.tile_n = integer<int>(j, "tile_n", where);
   c.slots = integer<int>(j, "slots", where);
   c.cluster_m = integer<int>(j, "cluster_m", where);
-  c.consumer = one_of<ConsumerVariant>(j, "consumer", where,
-                      {{"row_gather", ConsumerVariant::RowGather}, {"token_block", ConsumerVariant::TokenBlock}});
+  c.consumer = one_of<ConsumerVariant>(
+      j, "consumer", where, {{"row_gather", ConsumerVariant::RowGather}, {"token_block", ConsumerVariant::TokenBlock}});
   c.decode_max_tokens = integer<int64_t>(j, "decode_max_tokens", where);
   c.ms = number(j, "ms", where);
   return c;
 }
 
 json bucket_json(const TunedBucket& b) {
-  json j = {{"tokens", b.tokens},         {"winner", config_json(b.winner)}, {"heuristic_ms", b.heuristic_ms},
-            {"dense_ms", b.dense_ms},     {"candidates", b.candidates},      {"rejected", b.rejected}};
+  json j = {{"tokens", b.tokens},     {"winner", config_json(b.winner)}, {"heuristic_ms", b.heuristic_ms},
+            {"dense_ms", b.dense_ms}, {"candidates", b.candidates},      {"rejected", b.rejected}};
   if (b.runner_up) j["runner_up"] = config_json(*b.runner_up);
   return j;
 }
@@ -203,15 +217,18 @@ TuningFile parse_tuning_file(std::string_view text) {
     if (!buckets.is_array()) bad(where + ".buckets", fmt::format("expected an array, found {}", shown(buckets)));
     for (size_t i = 0; i < buckets.size(); ++i)
       workload.buckets.push_back(bucket_from(buckets[i], fmt::format("{}.buckets[{}]", where, i)));
-    std::sort(workload.buckets.begin(), workload.buckets.end(), [](const auto& a, const auto& b) { return a.tokens < b.tokens; });
+    std::sort(workload.buckets.begin(), workload.buckets.end(),
+              [](const auto& a, const auto& b) { return a.tokens < b.tokens; });
     file.workloads.push_back(std::move(workload));
   }
   return file;
 }
 
 std::string tuning_file_json(const TuningFile& file, int indent) {
-  json hardware = {{"arch", file.hardware.arch}, {"sm_count", file.hardware.sm_count},
-                   {"driver", file.hardware.driver_version}, {"twell", file.hardware.twell_version},
+  json hardware = {{"arch", file.hardware.arch},
+                   {"sm_count", file.hardware.sm_count},
+                   {"driver", file.hardware.driver_version},
+                   {"twell", file.hardware.twell_version},
                    {"device", file.hardware.device_name}};
   json workloads = json::object();
   for (const TuningWorkload& w : file.workloads) {
@@ -219,7 +236,10 @@ std::string tuning_file_json(const TuningFile& file, int indent) {
     for (const TunedBucket& b : w.buckets) buckets.push_back(bucket_json(b));
     workloads[w.name] = {{"tuned_at", w.tuned_at}, {"unix_time", w.unix_time}, {"buckets", buckets}};
   }
-  const json j = {{"schema", TuningFile::kSchema}, {"hardware", hardware}, {"spec", spec_json(file.spec)}, {"workloads", workloads}};
+  const json j = {{"schema", TuningFile::kSchema},
+                  {"hardware", hardware},
+                  {"spec", spec_json(file.spec)},
+                  {"workloads", workloads}};
   return j.dump(indent);
 }
 
@@ -239,7 +259,8 @@ std::optional<TuningFile> read_tuning_file(const fs::path& path, std::string* wh
     return std::nullopt;
   }
   if (st.st_size > kMaxFileBytes) {
-    *why = fmt::format("{} bytes, above the limit of {}", static_cast<int64_t>(st.st_size), static_cast<int64_t>(kMaxFileBytes));
+    *why = fmt::format("{} bytes, above the limit of {}", static_cast<int64_t>(st.st_size),
+                       static_cast<int64_t>(kMaxFileBytes));
     return std::nullopt;
   }
   std::string content(static_cast<size_t>(st.st_size), '\0');
@@ -275,7 +296,8 @@ const TunedBucket* bucket_for(const std::vector<TunedBucket>& buckets, int64_t t
 const TunedConfig* twell_choice(const TunedBucket& bucket) {
   using Path = TunedConfig::Path;
   if (bucket.winner.path == Path::TwELL) return &bucket.winner;
-  if (bucket.winner.path == Path::Dense && bucket.runner_up && bucket.runner_up->path == Path::TwELL) return &*bucket.runner_up;
+  if (bucket.winner.path == Path::Dense && bucket.runner_up && bucket.runner_up->path == Path::TwELL)
+    return &*bucket.runner_up;
   return nullptr;
 }
 

@@ -343,6 +343,10 @@ void Bundle::check_set(const Bundle& b, const BundleSet& set) {
                              field_of("dtype"));
     if (*parsed == KernelKind::WeightTranspose) expected = "twell_transpose16";
     if (*parsed == KernelKind::NeuronPermute) expected = "twell_permute16";
+    if (*parsed == KernelKind::TrainRowBackward)
+      expected = fmt::format("twell_train_row_backward_k{}_n{}_t{}_s{}_{}_{}_gated{}_th{}", field_of("d_model"), field_of("d_ff"),
+                             field_of("tile_n"), field_of("slots"), field_of("activation"), field_of("dtype"), field_of("gated"),
+                             field_of("threshold").substr(std::min<size_t>(2, field_of("threshold").size())));
     if (name != expected)
       parse_error(b.dir_, fmt::format("{}: expected the kernel {}, found {}", where, expected, name));
     if (*parsed == KernelKind::DenseGatedUp) {
@@ -493,7 +497,8 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
       parse_error(dir, fmt::format("{}: expected each request once, found it twice", where));
   }
   if (m.contains("tuning")) {
-    if (!m.at("tuning").is_array()) parse_error(dir, fmt::format("manifest: tuning: expected an array, found {}", shown(m.at("tuning"))));
+    if (!m.at("tuning").is_array())
+      parse_error(dir, fmt::format("manifest: tuning: expected an array, found {}", shown(m.at("tuning"))));
     for (size_t i = 0; i < m.at("tuning").size(); ++i) {
       TuningFile file;
       try {
@@ -502,8 +507,8 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
         parse_error(dir, fmt::format("manifest: tuning[{}]: {}", i, e.what()));
       }
       if (file.hardware.arch != arch)
-        parse_error(dir, fmt::format("manifest: tuning[{}]: hardware.arch: expected the bundle's target {}, found {}", i, arch,
-                                     file.hardware.arch));
+        parse_error(dir, fmt::format("manifest: tuning[{}]: hardware.arch: expected the bundle's target {}, found {}",
+                                     i, arch, file.hardware.arch));
       bundle->tuning_.push_back(std::move(file));
     }
   }
@@ -511,12 +516,14 @@ std::shared_ptr<const Bundle> Bundle::load(const fs::path& dir) {
 }
 
 void write_bundle(const fs::path& dir, const Target& target, const std::map<std::string, BundleSet>& sets,
-                  const std::map<std::string, std::shared_ptr<const BundleKernel>>& kernels, const std::vector<TuningFile>& tuning) {
+                  const std::map<std::string, std::shared_ptr<const BundleKernel>>& kernels,
+                  const std::vector<TuningFile>& tuning) {
   for (const TuningFile& file : tuning)
     if (file.hardware.arch != target.arch())
-      throw Error(ErrorCode::InvalidArgument, fmt::format("write_bundle: the tuning entry of {}: hardware.arch: expected the "
-                                                          "bundle's target {}, got {}", tuning_key_text(file.spec), target.arch(),
-                                                          file.hardware.arch));
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("write_bundle: the tuning entry of {}: hardware.arch: expected the "
+                              "bundle's target {}, got {}",
+                              tuning_key_text(file.spec), target.arch(), file.hardware.arch));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::Io, fmt::format("writing the bundle {}: cannot create the directory: {}", dir.string(), ec.message()));

@@ -57,7 +57,8 @@ detail::TunedLayout plan_tuning(Context& context, const FfnSpec& spec, int64_t m
     if (context.has_gpu()) {
       const TuningDatabase db{std::filesystem::path(options.tuning_dir)};
       if (auto entry = db.lookup(tuning_hardware(context), spec, options.tuning_workload))
-        database = detail::TuningCandidate{"database " + entry->file.string(), entry->workload, std::move(entry->buckets)};
+        database =
+            detail::TuningCandidate{"database " + entry->file.string(), entry->workload, std::move(entry->buckets)};
     }
     embedded = detail::embedded_tuning(context_impl(context)->loaded_bundles(), spec, context.target().arch(),
                                        options.tuning_workload);

@@ -26,8 +26,9 @@ bool sets_tuned_fields(const FfnSpec& spec);
 
 // The entry embedded in `bundles` (the first, in load order) for the key fields of `spec` on `arch` that
 // holds `workload` ("" = that entry's most recent one) with at least one bucket; nullopt when none does.
-std::optional<TuningCandidate> embedded_tuning(const std::vector<std::shared_ptr<const Bundle>>& bundles, const FfnSpec& spec,
-                                               const std::string& arch, const std::string& workload);
+std::optional<TuningCandidate> embedded_tuning(const std::vector<std::shared_ptr<const Bundle>>& bundles,
+                                               const FfnSpec& spec, const std::string& arch,
+                                               const std::string& workload);
 
 // What PlanOptions::tuning gives a plan.
 struct TunedLayout {
@@ -41,7 +42,8 @@ struct TunedLayout {
 // heuristic. Of the entry: the bucket holding max_tokens (else the largest), its TwELL configuration
 // (twell_choice: where the untuned plan won, the heuristic) with, for a Dispatch other than Auto (which
 // times both consumers itself), its consumer where `spec` leaves it unset.
-TunedLayout tuned_layout(const FfnSpec& spec, int64_t max_tokens, Dispatch dispatch, const std::optional<TuningCandidate>& database,
+TunedLayout tuned_layout(const FfnSpec& spec, int64_t max_tokens, Dispatch dispatch,
+                         const std::optional<TuningCandidate>& database,
                          const std::optional<TuningCandidate>& embedded);
 
 }  // namespace twell::detail

@@ -34,7 +34,8 @@ std::string file_key(const TuningHardware& hw, const FfnSpec& spec) {
   TuningFile key;
   key.spec = spec;
   const json spec_json = json::parse(tuning_file_json(key, -1)).at("spec");
-  const json hardware = {{"arch", hw.arch}, {"sm_count", hw.sm_count}, {"driver", hw.driver_version}, {"twell", hw.twell_version}};
+  const json hardware = {
+      {"arch", hw.arch}, {"sm_count", hw.sm_count}, {"driver", hw.driver_version}, {"twell", hw.twell_version}};
   return json{{"hardware", hardware}, {"spec", spec_json}}.dump();
 }
 
@@ -71,8 +72,9 @@ std::string utc_now() {
 std::string density_workload(double density) { return fmt::format("density:{:.3g}%", 100 * density); }
 
 std::string tune_result_json(const TuneResult& t) {
-  json j = {{"workload", t.workload}, {"file", t.file.string()}, {"seconds", t.seconds},
-            {"configurations", t.configurations}, {"pruned", t.pruned}, {"compiled", t.compiled},
+  json j = {{"workload", t.workload}, {"file", t.file.string()},
+            {"seconds", t.seconds},   {"configurations", t.configurations},
+            {"pruned", t.pruned},     {"compiled", t.compiled},
             {"outliers", t.outliers}};
   j["buckets"] = json::parse(tuned_buckets_json(t.buckets));
   return j.dump();
@@ -149,7 +151,8 @@ fs::path TuningDatabase::store(const TuningHardware& hw, const FfnSpec& spec, co
   std::erase_if(f.workloads, [&](const TuningWorkload& w) { return w.name == workload; });
   std::vector<TunedBucket> sorted = buckets;
   std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.tokens < b.tokens; });
-  f.workloads.push_back(TuningWorkload{workload, utc_now(), static_cast<int64_t>(std::time(nullptr)), std::move(sorted)});
+  f.workloads.push_back(
+      TuningWorkload{workload, utc_now(), static_cast<int64_t>(std::time(nullptr)), std::move(sorted)});
   std::sort(f.workloads.begin(), f.workloads.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   const fs::path tmp = fs::path(fmt::format("{}.{}.tmp", file.string(), ::getpid()));
   {

@@ -167,11 +167,13 @@ TEST(RuntimeOnly, TunedBundle) {
   EXPECT_EQ(big.layout().tile_n, 128);
   EXPECT_EQ(big.layout().slots, 15);
   for (const KernelReport& k : big.kernels()) EXPECT_EQ(k.cache, "bundle") << k.name;
-  EXPECT_EQ(ctx.plan(spec_of(512, 1408), 16, o).config_source(), from + "density:0.5% bucket 16: tile_n 256 slots 31 cluster_m 1");
+  EXPECT_EQ(ctx.plan(spec_of(512, 1408), 16, o).config_source(),
+            from + "density:0.5% bucket 16: tile_n 256 slots 31 cluster_m 1");
   // Another dispatch fixes the tuned consumer: twellc compile put those kernel sets in the bundle too.
   o.dispatch = Dispatch::Sparse;
   const FfnPlan fixed = ctx.plan(spec_of(512, 1408), 131072, o);
-  EXPECT_EQ(fixed.config_source(), from + "density:0.5% bucket 131072: tile_n 128 slots 15 cluster_m 1 consumer token_block");
+  EXPECT_EQ(fixed.config_source(),
+            from + "density:0.5% bucket 131072: tile_n 128 slots 15 cluster_m 1 consumer token_block");
   bool block = false;
   for (const KernelReport& k : fixed.kernels()) block |= k.consumer == "token_block";
   EXPECT_TRUE(block);
@@ -470,39 +472,61 @@ TEST(RuntimeOnlyForged, NestingFifosAndOverlaps) {
 // A tuning database entry for the sample's spec whose one bucket chose tile_n 64, slots 7.
 json sample_tuning_entry() {
   const FfnSpec s = sample_spec();
-  const json config = {{"path", "twell"}, {"tile_n", 64}, {"slots", 7}, {"cluster_m", 1}, {"consumer", "row_gather"},
-                       {"decode_max_tokens", 0}, {"ms", 1.0}};
+  const json config = {{"path", "twell"},          {"tile_n", 64},           {"slots", 7}, {"cluster_m", 1},
+                       {"consumer", "row_gather"}, {"decode_max_tokens", 0}, {"ms", 1.0}};
   return {{"schema", 1},
-          {"hardware", {{"arch", "sm_90a"}, {"sm_count", 132}, {"driver", 13000}, {"twell", "0.1.0"}, {"device", "NVIDIA H200"}}},
-          {"spec", {{"d_model", s.d_model}, {"d_ff", s.d_ff}, {"gated", true}, {"activation", "relu"}, {"threshold", 0.0},
-                    {"dtype", "bf16"}, {"down_layout", "out_in"}}},
-          {"workloads", {{"density:1%", {{"tuned_at", "2026-12-01T18:00:00Z"}, {"unix_time", 1}, {"buckets", {{
-              {"tokens", 131072}, {"winner", config}, {"heuristic_ms", 2.0}, {"dense_ms", 3.0}, {"candidates", 9}, {"rejected", 0}}}}}}}}};
+          {"hardware",
+           {{"arch", "sm_90a"}, {"sm_count", 132}, {"driver", 13000}, {"twell", "0.1.0"}, {"device", "NVIDIA H200"}}},
+          {"spec",
+           {{"d_model", s.d_model},
+            {"d_ff", s.d_ff},
+            {"gated", true},
+            {"activation", "relu"},
+            {"threshold", 0.0},
+            {"dtype", "bf16"},
+            {"down_layout", "out_in"}}},
+          {"workloads",
+           {{"density:1%",
+             {{"tuned_at", "2026-12-01T18:00:00Z"},
+              {"unix_time", 1},
+              {"buckets",
+               {{{"tokens", 131072},
+                 {"winner", config},
+                 {"heuristic_ms", 2.0},
+                 {"dense_ms", 3.0},
+                 {"candidates", 9},
+                 {"rejected", 0}}}}}}}}};
 }
 
 // Embedded tuned choices are checked like the rest of the manifest; an entry whose layout the bundle
 // does not hold leaves the plan untuned, and says so.
 TEST(RuntimeOnlyForged, EmbeddedTuning) {
-  const fs::path lacking = forged("tuning-layout", [](json& m, const fs::path&) { m["tuning"] = json::array({sample_tuning_entry()}); });
+  const fs::path lacking =
+      forged("tuning-layout", [](json& m, const fs::path&) { m["tuning"] = json::array({sample_tuning_entry()}); });
   Context ctx(options_for(Target{90, true}));
   EXPECT_EQ(ctx.load_bundle(lacking).tuning_entries, 1u);
   const FfnPlan plan = ctx.plan(sample_spec(), 131072);
   EXPECT_EQ(plan.layout().tile_n, 256);
-  EXPECT_EQ(plan.config_source().rfind("heuristic (the tuned layout of bundle " + lacking.string() +
-                                           " workload density:1% bucket 131072: tile_n 64 slots 7 cluster_m 1 could not be used: ", 0),
-            0u) << plan.config_source();
+  EXPECT_EQ(plan.config_source().rfind(
+                "heuristic (the tuned layout of bundle " + lacking.string() +
+                    " workload density:1% bucket 131072: tile_n 64 slots 7 cluster_m 1 could not be used: ",
+                0),
+            0u)
+      << plan.config_source();
   fs::remove_all(lacking);
-  expect_refused(forged("tuning-arch", [](json& m, const fs::path&) {
-                   json e = sample_tuning_entry();
-                   e["hardware"]["arch"] = "sm_80";
-                   m["tuning"] = json::array({e});
-                 }),
+  expect_refused(forged("tuning-arch",
+                        [](json& m, const fs::path&) {
+                          json e = sample_tuning_entry();
+                          e["hardware"]["arch"] = "sm_80";
+                          m["tuning"] = json::array({e});
+                        }),
                  {"manifest: tuning[0]: hardware.arch: expected the bundle's target sm_90a, found sm_80"});
-  expect_refused(forged("tuning-field", [](json& m, const fs::path&) {
-                   json e = sample_tuning_entry();
-                   e["workloads"]["density:1%"]["buckets"][0]["tokens"] = 3;
-                   m["tuning"] = json::array({e});
-                 }),
+  expect_refused(forged("tuning-field",
+                        [](json& m, const fs::path&) {
+                          json e = sample_tuning_entry();
+                          e["workloads"]["density:1%"]["buckets"][0]["tokens"] = 3;
+                          m["tuning"] = json::array({e});
+                        }),
                  {"manifest: tuning[0]: workloads.density:1%.buckets[0].tokens: expected a power of two, found 3"});
   expect_refused(forged("tuning-type", [](json& m, const fs::path&) { m["tuning"] = json::object(); }),
                  {"manifest: tuning: expected an array, found {}"});

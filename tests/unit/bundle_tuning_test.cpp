@@ -41,9 +41,13 @@ TuningFile entry(const std::string& arch, const FfnSpec& spec) {
   TuningFile f;
   f.hardware = TuningHardware{arch, 132, 13000, "0.1.0", "NVIDIA H200"};
   f.spec = spec;
-  f.workloads.push_back(TuningWorkload{"density:0.5%", "2026-12-01T18:00:00Z", 200,
-                                       {bucket(16, 256, 31, ConsumerVariant::RowGather), bucket(131072, 128, 15, ConsumerVariant::TokenBlock)}});
-  f.workloads.push_back(TuningWorkload{"density:5%", "2026-11-01T18:00:00Z", 100, {bucket(131072, 64, 7, ConsumerVariant::RowGather)}});
+  f.workloads.push_back(TuningWorkload{
+      "density:0.5%",
+      "2026-12-01T18:00:00Z",
+      200,
+      {bucket(16, 256, 31, ConsumerVariant::RowGather), bucket(131072, 128, 15, ConsumerVariant::TokenBlock)}});
+  f.workloads.push_back(
+      TuningWorkload{"density:5%", "2026-11-01T18:00:00Z", 100, {bucket(131072, 64, 7, ConsumerVariant::RowGather)}});
   return f;
 }
 
@@ -74,7 +78,9 @@ TEST(BundleTuning, AnEntryOfAnotherArchIsRefusedBeforeAnythingIsWritten) {
     FAIL() << "expected Error(InvalidArgument)";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("hardware.arch: expected the bundle's target sm_90a, got sm_80"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("hardware.arch: expected the bundle's target sm_90a, got sm_80"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_FALSE(fs::exists(dir));
 }
@@ -97,15 +103,19 @@ TEST(BundleTuning, EmbeddedEntryForTheSpecArchAndWorkload) {
 }
 
 TEST(BundleTuning, TheMachinesDatabaseBeforeTheBundle) {
-  const TuningCandidate database{"database /db/file.json", "density:1%", {bucket(131072, 512, 63, ConsumerVariant::RowGather)}};
-  const TuningCandidate embedded{"bundle /b", "density:0.5%",
-                                 {bucket(16, 256, 31, ConsumerVariant::RowGather), bucket(131072, 128, 15, ConsumerVariant::TokenBlock)}};
+  const TuningCandidate database{
+      "database /db/file.json", "density:1%", {bucket(131072, 512, 63, ConsumerVariant::RowGather)}};
+  const TuningCandidate embedded{
+      "bundle /b",
+      "density:0.5%",
+      {bucket(16, 256, 31, ConsumerVariant::RowGather), bucket(131072, 128, 15, ConsumerVariant::TokenBlock)}};
   detail::TunedLayout t = detail::tuned_layout(paper(), 131072, Dispatch::Auto, database, embedded);
   EXPECT_TRUE(t.tuned);
   EXPECT_EQ(t.spec.tile_n, 512);
   EXPECT_EQ(t.source, "database /db/file.json workload density:1% bucket 131072: tile_n 512 slots 63 cluster_m 1");
   // No database entry (or one without buckets): the bundle's; the bucket holding max_tokens.
-  for (const std::optional<TuningCandidate>& none : {std::optional<TuningCandidate>(), std::optional<TuningCandidate>(TuningCandidate{"database x", "w", {}})}) {
+  for (const std::optional<TuningCandidate>& none :
+       {std::optional<TuningCandidate>(), std::optional<TuningCandidate>(TuningCandidate{"database x", "w", {}})}) {
     t = detail::tuned_layout(paper(), 131072, Dispatch::Auto, none, embedded);
     EXPECT_EQ(t.source, "bundle /b workload density:0.5% bucket 131072: tile_n 128 slots 15 cluster_m 1");
     EXPECT_EQ(t.spec.slots, 15);
@@ -130,12 +140,14 @@ TEST(BundleTuning, TheMachinesDatabaseBeforeTheBundle) {
   EXPECT_FALSE(t.tuned);
   EXPECT_EQ(t.source, "heuristic (bundle /b workload density:0.5% bucket 131072: the untuned plan was fastest)");
   untuned.buckets[1].winner.path = TunedConfig::Path::Dense;  // and no runner-up
-  EXPECT_EQ(detail::tuned_layout(paper(), 131072, Dispatch::Auto, std::nullopt, untuned).source,
-            "heuristic (bundle /b workload density:0.5% bucket 131072: the dense path was fastest, with no TwELL runner-up)");
+  EXPECT_EQ(
+      detail::tuned_layout(paper(), 131072, Dispatch::Auto, std::nullopt, untuned).source,
+      "heuristic (bundle /b workload density:0.5% bucket 131072: the dense path was fastest, with no TwELL runner-up)");
   TuningCandidate illegal = embedded;
   illegal.buckets[1].winner.tile_n = 48;
   t = detail::tuned_layout(paper(), 131072, Dispatch::Auto, std::nullopt, illegal);
   EXPECT_FALSE(t.tuned);
-  EXPECT_NE(t.source.find("heuristic (bundle /b workload density:0.5% bucket 131072: not a legal layout here: "), std::string::npos)
+  EXPECT_NE(t.source.find("heuristic (bundle /b workload density:0.5% bucket 131072: not a legal layout here: "),
+            std::string::npos)
       << t.source;
 }

@@ -27,13 +27,22 @@ TuningFile sample_file() {
   f.spec.d_ff = 5632;
   f.spec.threshold = 0.25f;
   f.spec.activation = Activation::SiLU;
-  TunedBucket small{16, twell_config(256, 31, 1, ConsumerVariant::RowGather, 64, 0.04), std::nullopt, 0.05, 0.06, 20, 0};
-  TunedBucket big{131072, TunedConfig{TunedConfig::Path::Dense, 0, 0, 1, ConsumerVariant::RowGather, 0, 7.5},
-                  twell_config(128, 15, 2, ConsumerVariant::TokenBlock, 0, 7.8), 8.0, 7.5, 24, 1};
+  TunedBucket small{16, twell_config(256, 31, 1, ConsumerVariant::RowGather, 64, 0.04), std::nullopt, 0.05, 0.06, 20,
+                    0};
+  TunedBucket big{131072,
+                  TunedConfig{TunedConfig::Path::Dense, 0, 0, 1, ConsumerVariant::RowGather, 0, 7.5},
+                  twell_config(128, 15, 2, ConsumerVariant::TokenBlock, 0, 7.8),
+                  8.0,
+                  7.5,
+                  24,
+                  1};
   f.workloads.push_back(TuningWorkload{"density:0.5%", "2026-12-01T18:00:00Z", 1796150400, {small, big}});
-  f.workloads.push_back(TuningWorkload{"pattern:00000000000000aa", "2026-11-01T18:00:00Z", 1793558400,
-                                       {TunedBucket{256, TunedConfig{TunedConfig::Path::Heuristic, 0, 0, 1, ConsumerVariant::RowGather, 0, 1.0},
-                                                    std::nullopt, 1.0, 1.5, 9, 0}}});
+  f.workloads.push_back(TuningWorkload{
+      "pattern:00000000000000aa",
+      "2026-11-01T18:00:00Z",
+      1793558400,
+      {TunedBucket{256, TunedConfig{TunedConfig::Path::Heuristic, 0, 0, 1, ConsumerVariant::RowGather, 0, 1.0},
+                   std::nullopt, 1.0, 1.5, 9, 0}}});
   return f;
 }
 
@@ -118,15 +127,19 @@ TEST(TuningFormat, RefusalsNameTheFieldTheExpectedAndTheFound) {
   EXPECT_NE(refusal(good.substr(0, good.size() / 2)).find("not valid JSON"), std::string::npos);
   EXPECT_NE(refusal(std::string(100000, '[')).find("nested deeper than 16 levels"), std::string::npos);
   EXPECT_EQ(refusal(edited("\"schema\": 1", "\"schema\": 2")), "schema: expected 1, found 2");
-  EXPECT_EQ(refusal(edited("\"consumer\": \"token_block\"", "\"consumer\": \"tiles\"")),
-            "workloads.density:0.5%.buckets[1].runner_up.consumer: expected row_gather or token_block, found \"tiles\"");
-  EXPECT_EQ(refusal(edited("\"tokens\": 16,", "\"tokens\": 3,")), "workloads.density:0.5%.buckets[0].tokens: expected a power of two, found 3");
+  EXPECT_EQ(
+      refusal(edited("\"consumer\": \"token_block\"", "\"consumer\": \"tiles\"")),
+      "workloads.density:0.5%.buckets[1].runner_up.consumer: expected row_gather or token_block, found \"tiles\"");
+  EXPECT_EQ(refusal(edited("\"tokens\": 16,", "\"tokens\": 3,")),
+            "workloads.density:0.5%.buckets[0].tokens: expected a power of two, found 3");
   EXPECT_EQ(refusal(edited("\"sm_count\": 132", "\"sm_count\": \"132\"")),
             "hardware.sm_count: expected an integer in -2147483648..2147483647, found \"132\"");
   EXPECT_EQ(refusal(edited("\"path\": \"dense\"", "\"path\": \"cublas\"")),
             "workloads.density:0.5%.buckets[1].winner.path: expected twell or dense or heuristic, found \"cublas\"");
-  EXPECT_EQ(refusal(edited("\"activation\": \"silu\"", "\"activation\": 1")), "spec.activation: expected a string, found 1");
-  EXPECT_EQ(refusal(edited("\"workloads\": {", "\"workloads\": [], \"x\": {")), "workloads: expected an object, found []");
+  EXPECT_EQ(refusal(edited("\"activation\": \"silu\"", "\"activation\": 1")),
+            "spec.activation: expected a string, found 1");
+  EXPECT_EQ(refusal(edited("\"workloads\": {", "\"workloads\": [], \"x\": {")),
+            "workloads: expected an object, found []");
 }
 
 TEST(TuningFormat, ReadsRegularFilesOnlyAndSaysWhy) {

@@ -20,16 +20,17 @@ namespace twellc {
 // that does not read as the schema is reported on stderr and skipped. Throws std::invalid_argument
 // naming --tuning-dir when `dir` is not a directory, --tuning-workload when the file lacks `workload`
 // (naming the ones it holds).
-std::optional<twell::TuningFile> bundle_tuning(const std::filesystem::path& dir, const twell::FfnSpec& spec, const std::string& arch,
-                                               const std::string& twell_version, const std::string& workload,
-                                               std::filesystem::path* file);
+std::optional<twell::TuningFile> bundle_tuning(const std::filesystem::path& dir, const twell::FfnSpec& spec,
+                                               const std::string& arch, const std::string& twell_version,
+                                               const std::string& workload, std::filesystem::path* file);
 
 // Makes, through `make_plans(spec, options)`, the plans of every TwELL configuration plans take from
 // `entry` (twell_choice of each bucket of each workload) the way Context::plan asks for their kernels
 // (PlanOptions::tuning): with Dispatch::Auto, and with Dispatch::Sparse, which also fixes the tuned
 // consumer where `spec` leaves it unset. Returns them as text ("tile_n 128 slots 15 cluster_m 1
 // token_block, ..."; "" for none). Rethrows a plan's twell::Error naming `file` and the layout.
-std::string compile_tuned_layouts(const twell::FfnSpec& spec, const twell::TuningFile& entry, const std::filesystem::path& file,
-                                  const std::function<void(const twell::FfnSpec&, const twell::PlanOptions&)>& make_plans);
+std::string compile_tuned_layouts(
+    const twell::FfnSpec& spec, const twell::TuningFile& entry, const std::filesystem::path& file,
+    const std::function<void(const twell::FfnSpec&, const twell::PlanOptions&)>& make_plans);
 
 }  // namespace twellc

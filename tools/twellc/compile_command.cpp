@@ -35,7 +35,8 @@ const char* kCompileHelp =
     "usage: twellc compile --d-model D --d-ff F [options] -o DIR    from a shape\n"
     "       twellc compile --sample [options] -o DIR                the embedded sample's shape (twellc run)\n"
     "       twellc compile FILE.mlir [options] -o DIR               the kernels of a twell dialect file (its consumer\n"
-    "                                                               must read an in_out Wd); prints the FfnSpec plans use\n"
+    "                                                               must read an in_out Wd); prints the FfnSpec plans "
+    "use\n"
     "  -o DIR, --out DIR       write one bundle per target into DIR/<target>/ (manifest.json, .cubin, .ptx, .cu)\n"
     "  --target LIST           comma-separated targets (default sm_90a), e.g. sm_90a,sm_80\n"
     "  --max-tokens M          the plans' max_tokens (default 131072; only sizes workspaces, not kernels)\n"
@@ -109,7 +110,8 @@ twell::FfnSpec add_mlir_kernels(twell::Context& ctx, const std::string& text, co
 
 int compile_command(const std::vector<std::string>& argv) {
   try {
-    std::vector<std::string> valued{"target", "out", "o", "max-tokens", "dense-neurons", "tuning-dir", "tuning-workload"};
+    std::vector<std::string> valued{"target",         "out", "o", "max-tokens", "dense-neurons", "tuning-dir",
+                                    "tuning-workload"};
     valued.insert(valued.end(), kShapeValueOptions.begin(), kShapeValueOptions.end());
     // -o is spelled like the other options' short form would be; parse_args takes --name only.
     std::vector<std::string> args_in = argv;
@@ -155,14 +157,18 @@ int compile_command(const std::vector<std::string>& argv) {
       throw std::invalid_argument("--tuning-workload: expected with --tuning-dir, got it alone");
     if (!tuning_dir.empty()) {
       if (!mlir_file.empty())
-        throw std::invalid_argument(fmt::format("--tuning-dir: expected a shape (--d-model/--d-ff or --sample), got '{}', whose "
-                                                "kernels carry their own configuration (twell-opt's twell-select-config takes "
-                                                "tuning-file=FILE for a .mlir)", mlir_file));
+        throw std::invalid_argument(
+            fmt::format("--tuning-dir: expected a shape (--d-model/--d-ff or --sample), got '{}', whose "
+                        "kernels carry their own configuration (twell-opt's twell-select-config takes "
+                        "tuning-file=FILE for a .mlir)",
+                        mlir_file));
       for (const char* o : {"tile-n", "slots", "cluster-m"})
         if (args.has(o))
-          throw std::invalid_argument(fmt::format("--tuning-dir: expected a spec that leaves tile_n, slots and the cluster to the "
-                                                  "tuned entry, got --{} (plans of it take no tuned layout: config_source "
-                                                  "\"option\")", o));
+          throw std::invalid_argument(
+              fmt::format("--tuning-dir: expected a spec that leaves tile_n, slots and the cluster to the "
+                          "tuned entry, got --{} (plans of it take no tuned layout: config_source "
+                          "\"option\")",
+                          o));
     }
     twell::PlanOptions options;  // Dispatch::Auto: the dense path's kernels too; the decode kernels are part of the FFN's set
     const int64_t dense_neurons = args.get_int("dense-neurons", 0, 0, int64_t{1} << 24);
@@ -202,16 +208,18 @@ int compile_command(const std::vector<std::string>& argv) {
       TargetBundle b{std::move(ctx), std::move(plan), {}, {}};
       if (!tuning_dir.empty()) {
         if (!entry) {
-          b.tuning_note = fmt::format("no entry of {} for this spec on {} (twell {}): no tuned choices embedded", tuning_dir,
-                                      target.arch(), version);
+          b.tuning_note = fmt::format("no entry of {} for this spec on {} (twell {}): no tuned choices embedded",
+                                      tuning_dir, target.arch(), version);
         } else {
           const std::string layouts = compile_tuned_layouts(
-              spec, *entry, file, [&](const twell::FfnSpec& s, const twell::PlanOptions& o) { make_plans(b.ctx, s, o); });
+              spec, *entry, file,
+              [&](const twell::FfnSpec& s, const twell::PlanOptions& o) { make_plans(b.ctx, s, o); });
           std::string workloads;
           for (const auto& w : entry->workloads) workloads += (workloads.empty() ? "" : ", ") + w.name;
-          b.tuning_note = fmt::format("tuned choices of {} ({}, {} SMs, driver {}; workloads {}) embedded; their layouts: {}",
-                                      file.string(), entry->hardware.device_name, entry->hardware.sm_count,
-                                      entry->hardware.driver_version, workloads, layouts.empty() ? "none (no bucket chose a TwELL layout)" : layouts);
+          b.tuning_note = fmt::format(
+              "tuned choices of {} ({}, {} SMs, driver {}; workloads {}) embedded; their layouts: {}", file.string(),
+              entry->hardware.device_name, entry->hardware.sm_count, entry->hardware.driver_version, workloads,
+              layouts.empty() ? "none (no bucket chose a TwELL layout)" : layouts);
           b.tuning.push_back(std::move(*entry));
         }
       }

@@ -53,8 +53,8 @@ struct TuningHardware {
 // One tune's result: the buckets of one workload ("density:0.5%" or "pattern:<16 hex>").
 struct TuningWorkload {
   std::string name;
-  std::string tuned_at;   // UTC, "2026-12-01T18:00:00Z"
-  int64_t unix_time = 0;  // the same instant: which workload is the most recent
+  std::string tuned_at;              // UTC, "2026-12-01T18:00:00Z"
+  int64_t unix_time = 0;             // the same instant: which workload is the most recent
   std::vector<TunedBucket> buckets;  // ascending by tokens
 };
 
