@@ -117,6 +117,7 @@ json config_json(const TunedConfig& c) {
           {"cluster_m", c.cluster_m},
           {"consumer", to_string(c.consumer)},
           {"decode_max_tokens", c.decode_max_tokens},
+          {"dense_neurons", c.dense_neurons},
           {"ms", c.ms}};
 }
 
@@ -132,6 +133,11 @@ TunedConfig config_from(const json& j, const std::string& where) {
   c.consumer = one_of<ConsumerVariant>(
       j, "consumer", where, {{"row_gather", ConsumerVariant::RowGather}, {"token_block", ConsumerVariant::TokenBlock}});
   c.decode_max_tokens = integer<int64_t>(j, "decode_max_tokens", where);
+  if (j.is_object() && j.contains("dense_neurons")) {
+    c.dense_neurons = integer<int64_t>(j, "dense_neurons", where);
+    if (c.dense_neurons < 0 || c.dense_neurons % 64 != 0)
+      bad(where + ".dense_neurons", fmt::format("expected a multiple of 64, at least 0, found {}", c.dense_neurons));
+  }
   c.ms = number(j, "ms", where);
   return c;
 }
@@ -295,9 +301,9 @@ const TunedBucket* bucket_for(const std::vector<TunedBucket>& buckets, int64_t t
 
 const TunedConfig* twell_choice(const TunedBucket& bucket) {
   using Path = TunedConfig::Path;
-  if (bucket.winner.path == Path::TwELL) return &bucket.winner;
-  if (bucket.winner.path == Path::Dense && bucket.runner_up && bucket.runner_up->path == Path::TwELL)
-    return &*bucket.runner_up;
+  auto applicable = [](const TunedConfig& c) { return c.path == Path::TwELL && c.dense_neurons == 0; };
+  if (applicable(bucket.winner)) return &bucket.winner;
+  if (bucket.winner.path != Path::Heuristic && bucket.runner_up && applicable(*bucket.runner_up)) return &*bucket.runner_up;
   return nullptr;
 }
 

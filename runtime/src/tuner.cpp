@@ -21,6 +21,7 @@
 #include "twell/error.h"
 #include "twell/half.h"
 #include "twell/kernels/validate.h"
+#include "twell/neuron_order.h"
 #include "twell/reference.h"
 #include "twell/tuning.h"
 
@@ -119,10 +120,11 @@ HostInputs layer_inputs(const FfnSpec& s, const LayerData& d, int64_t rows) {
 }
 
 // A candidate's plan: its configuration exactly (Dispatch::Sparse, no database), decode kernels or not.
-PlanOptions sparse_options(int64_t decode_max_tokens) {
+PlanOptions sparse_options(int64_t decode_max_tokens, int64_t dense_neurons = 0) {
   PlanOptions o;
   o.dispatch = Dispatch::Sparse;
   o.decode_max_tokens = decode_max_tokens;
+  o.dense_neurons = dense_neurons;
   o.tuning = PlanOptions::Tuning::Ignore;
   return o;
 }
@@ -130,8 +132,9 @@ PlanOptions sparse_options(int64_t decode_max_tokens) {
 std::string describe(const TunedConfig& c) {
   if (c.path == TunedConfig::Path::Dense) return "dense (fused gate+up, cuBLASLt down)";
   if (c.path == TunedConfig::Path::Heuristic) return "the heuristic's plan (untuned)";
-  return fmt::format("tile_n {} slots {} cluster {} {}{}", c.tile_n, c.slots, c.cluster_m, to_string(c.consumer),
-                     c.decode_max_tokens > 0 ? fmt::format(" decode<= {}", c.decode_max_tokens) : std::string());
+  return fmt::format("tile_n {} slots {} cluster {} {}{}{}", c.tile_n, c.slots, c.cluster_m, to_string(c.consumer),
+                     c.decode_max_tokens > 0 ? fmt::format(" decode<= {}", c.decode_max_tokens) : std::string(),
+                     c.dense_neurons > 0 ? fmt::format(" split: {} hot neurons dense", c.dense_neurons) : std::string());
 }
 
 // Slot counts worth trying for a tile width, from the mean nnz per tile-row at that width: the
@@ -209,14 +212,16 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
     wu.emplace(ctx, in.w_up.size() * 2);
     wu->upload(in.w_up);
   }
-  auto tensors = [&](int64_t window, int64_t m) {
+  // The weights ordered hot-first (the hot/cold split's candidates), once the layer's activity is known.
+  std::optional<DeviceMemory> wg_hot, wu_hot, wd_hot;
+  auto tensors = [&](int64_t window, int64_t m, bool hot_first = false) {
     const int64_t windows = std::max<int64_t>(1, max_m / m);
     const size_t offset = size_t(window % windows) * m * spec.d_model;
     FfnTensors t;
     t.x = static_cast<const uint16_t*>(x.data()) + offset;
-    t.w_gate = wg.data();
-    t.w_up = spec.gated ? wu->data() : nullptr;
-    t.w_down = wd.data();
+    t.w_gate = hot_first ? wg_hot->data() : wg.data();
+    t.w_up = spec.gated ? (hot_first ? wu_hot->data() : wu->data()) : nullptr;
+    t.w_down = hot_first ? wd_hot->data() : wd.data();
     t.y = static_cast<uint16_t*>(y.data()) + offset;
     return t;
   };
@@ -259,6 +264,10 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
   // Mean nnz per neuron-tile: measured where the inputs are real (one sparse run of the default
   // layout), else the requested density.
   double density = r.density;
+  // A real layer's hot/cold split points worth timing (PlanOptions::dense_neurons; none for uniform
+  // inputs, which have no hot neurons): the cost model's choice (choose_dense_neurons) and half and
+  // one and a half times it, with the weights ordered hot-first by the activity of the probe's rows.
+  std::vector<int64_t> split_points;
   if (r.layer) {
     FfnPlan probe = ctx.plan(spec, std::min<int64_t>(max_m, 16384), sparse_options(0));
     const int64_t m = std::min<int64_t>(max_m, 16384);
@@ -270,6 +279,32 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
       for (int64_t t = 0; t < h.layout.tiles(h.d_ff); ++t) nnz += h.words[row * wpr + t * (h.layout.slots + 1)];
     density = double(nnz) / (double(h.rows) * h.d_ff);
     say(fmt::format("  measured density {:.3f}% over {} rows", 100 * density, h.rows));
+    try {
+      const std::vector<uint64_t> activity = neuron_activity(h);
+      const std::vector<int64_t> order = hot_first_order(activity);
+      const int64_t chosen = choose_dense_neurons(spec, m, in_order(activity, order), h.rows);
+      for (int64_t n : {chosen / 2, chosen, chosen * 3 / 2}) {
+        n = std::min(n / 64 * 64, (spec.d_ff - 1) / 64 * 64);
+        if (n > 0 && std::find(split_points.begin(), split_points.end(), n) == split_points.end()) split_points.push_back(n);
+      }
+      if (!split_points.empty()) {
+        std::vector<uint16_t> g = in.w_gate, u = in.w_up, d = in.w_down;
+        permute_neurons(spec, order, g, u, d);
+        wg_hot.emplace(ctx, g.size() * 2);
+        wg_hot->upload(g);
+        wd_hot.emplace(ctx, d.size() * 2);
+        wd_hot->upload(d);
+        if (spec.gated) {
+          wu_hot.emplace(ctx, u.size() * 2);
+          wu_hot->upload(u);
+        }
+      }
+      say(fmt::format("  hot/cold split: the cost model chooses {} dense neurons; timing {}", chosen,
+                      split_points.empty() ? std::string("no split") : fmt::format("{}", fmt::join(split_points, ", "))));
+    } catch (const Error& e) {  // e.g. a tile-row that overflowed a full backup: its nonzeros are unknown
+      split_points.clear();
+      say(fmt::format("  hot/cold split not tuned: {}", std::string(e.what()).substr(0, 200)));
+    }
   }
 
   // The configuration space the contracts allow on this target, pruned by the cost model: slots far
@@ -305,6 +340,26 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
     };
     return rank(x) < rank(y);
   });
+  // The split candidates right after the default layout (timed before the budget can run out): the
+  // cold part's layout is the default tile width with the default and a halved slot count (the cold
+  // neurons are sparser), the row consumer (the token block is not timed with a split by Dispatch::Sparse).
+  {
+    std::vector<TunedConfig> split;
+    for (int64_t n : split_points)
+      for (int slots : {15, 31}) {
+        FfnSpec s = spec;
+        s.d_ff = spec.d_ff - n;
+        s.tile_n = 256;
+        s.slots = slots;
+        s.gate_cluster_m = hopper ? 2 : 1;
+        s.consumer = ConsumerVariant::RowGather;
+        if (!kernels::validate_spec(s, "").empty()) continue;
+        ++result.configurations;
+        TunedConfig c{TunedConfig::Path::TwELL, 256, slots, hopper ? 2 : 1, ConsumerVariant::RowGather, 0, 0.0, n};
+        split.push_back(c);
+      }
+    configs.insert(configs.begin() + std::min<size_t>(1, configs.size()), split.begin(), split.end());
+  }
   say(fmt::format("  {} configurations legal here, {} pruned by the cost model, {} to compile", result.configurations,
                   result.pruned, configs.size()));
 
@@ -331,7 +386,7 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
           continue;
         }
         try {
-          ctx.plan(spec_of(configs[k]), 1, sparse_options(64));
+          ctx.plan(spec_of(configs[k]), 1, sparse_options(64, configs[k].dense_neurons));
         } catch (const std::exception& e) {  // not only twell::Error: nothing may escape a thread
           compile_error[k] = e.what();
         }
@@ -381,7 +436,8 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
     TunedBucket& b = per_bucket[m];
     ++b.candidates;
     y.fill(0xFF);
-    plan.run(stream.get(), tensors(0, m), m);
+    const bool hot_first = config.dense_neurons > 0;
+    plan.run(stream.get(), tensors(0, m, hot_first), m);
     stream.synchronize();
     const double err = relative_error(download_y(m), reference[m]);
     if (!(err <= 1e-2)) {  // NaN rejects too
@@ -389,7 +445,7 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
       say(fmt::format("  M={}: {} rejected: relative error {:.3e} against the reference", m, describe(config), err));
       return;
     }
-    config.ms = time_bucket([&](int64_t w) { plan.run(stream.get(), tensors(w, m), m); });
+    config.ms = time_bucket([&](int64_t w) { plan.run(stream.get(), tensors(w, m, hot_first), m); });
     ranked[m].push_back(config);
   };
   // Candidate by candidate, one max_m plan alive at a time (its workspace, then the next one's).
@@ -400,7 +456,8 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
       continue;
     }
     try {
-      FfnPlan plan = ctx.plan(spec_of(configs[k]), max_m, sparse_options(64));
+      const int64_t split = configs[k].dense_neurons;
+      FfnPlan plan = ctx.plan(spec_of(configs[k]), max_m, sparse_options(64, split));
       std::optional<FfnPlan> no_decode;
       for (int64_t m : buckets) {
         // Calls of at most 64 rows take the decode kernels of a plan that has them (the row consumer's;
@@ -410,7 +467,7 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
         config.decode_max_tokens = decode ? 64 : 0;
         evaluate(plan, config, m);
         if (decode) {
-          if (!no_decode) no_decode.emplace(ctx.plan(spec_of(configs[k]), max_m, sparse_options(0)));
+          if (!no_decode) no_decode.emplace(ctx.plan(spec_of(configs[k]), max_m, sparse_options(0, split)));
           config.decode_max_tokens = 0;
           evaluate(*no_decode, config, m);
         }

@@ -54,6 +54,7 @@ void expect_same(const TunedConfig& a, const TunedConfig& b) {
   EXPECT_EQ(a.consumer, b.consumer);
   EXPECT_EQ(a.decode_max_tokens, b.decode_max_tokens);
   EXPECT_EQ(a.ms, b.ms);
+  EXPECT_EQ(a.dense_neurons, b.dense_neurons);
 }
 
 // parse_tuning_file's message for `text`, "" when it parses.
@@ -181,4 +182,34 @@ TEST(TuningFormat, WorkloadBucketAndChoice) {
   EXPECT_EQ(s.slots, 15);
   EXPECT_EQ(s.gate_cluster_m, 2);
   EXPECT_FALSE(s.consumer.has_value());
+}
+
+// A tuned hot/cold split (a real layer's, with its weights ordered hot-first) round-trips, files
+// without the field read as no split, and plans never take a split configuration: the runner-up
+// without one where it ranks above the untuned plan, else none.
+TEST(TuningFormat, SplitPointIsStoredButNeverApplied) {
+  TuningFile f = sample_file();
+  TunedBucket& b = f.workloads[0].buckets[0];
+  b.winner.dense_neurons = 4864;
+  b.runner_up = twell_config(128, 7, 1, ConsumerVariant::RowGather, 0, 0.045);
+  const TuningFile back = parse_tuning_file(tuning_file_json(f));
+  EXPECT_EQ(back.workloads[0].buckets[0].winner.dense_neurons, 4864);
+  EXPECT_EQ(back.workloads[0].buckets[0].runner_up->dense_neurons, 0);
+  EXPECT_EQ(twell_choice(b)->tile_n, 128);  // the runner-up, no split
+  b.runner_up = TunedConfig{TunedConfig::Path::Heuristic, 0, 0, 1, ConsumerVariant::RowGather, 0, 0.05};
+  EXPECT_EQ(twell_choice(b), nullptr);  // the untuned plan ranks next: it keeps its layout
+  b.runner_up.reset();
+  EXPECT_EQ(twell_choice(b), nullptr);
+  // Older files (no field) read as 0; a negative or unaligned split is refused, naming the field.
+  std::string text = tuning_file_json(sample_file(), -1);  // compact: keys sorted, no spaces
+  const std::string field = "\"dense_neurons\":0,";
+  ASSERT_NE(text.find(field), std::string::npos) << text;
+  for (size_t at; (at = text.find(field)) != std::string::npos;) text.erase(at, field.size());
+  EXPECT_EQ(text.find("dense_neurons"), std::string::npos) << text;
+  EXPECT_EQ(parse_tuning_file(text).workloads[0].buckets[0].winner.dense_neurons, 0);
+  TuningFile bad = sample_file();
+  bad.workloads[0].buckets[0].winner.dense_neurons = 100;
+  EXPECT_NE(refusal(tuning_file_json(bad)).find("dense_neurons: expected a multiple of 64, at least 0, found 100"),
+            std::string::npos)
+      << refusal(tuning_file_json(bad));
 }

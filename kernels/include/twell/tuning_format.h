@@ -26,6 +26,13 @@ struct TunedConfig {
   ConsumerVariant consumer = ConsumerVariant::RowGather;
   int64_t decode_max_tokens = 0;  // the plan's decode cut-off (0: the decode kernels off)
   double ms = 0;                  // median GPU time of one call at the bucket's token count
+  // The hot/cold split (PlanOptions::dense_neurons), tuned on a real layer only: measured with the
+  // weights ordered hot_first_order(neuron_activity) of that layer's own rows (twell/neuron_order.h),
+  // tile_n and slots then being the cold part's layout. Plans never apply it from the database (the
+  // order of a caller's weights is the caller's): twell_choice skips such a configuration, and a caller
+  // who orders the weights that way passes it as PlanOptions::dense_neurons. 0: no split. Files
+  // without the field read as 0.
+  int64_t dense_neurons = 0;
 };
 
 // "twell", "dense", "heuristic".
@@ -99,9 +106,10 @@ const TuningWorkload* find_workload(const TuningFile& file, const std::string& n
 // nullptr when `buckets` (ascending) is empty.
 const TunedBucket* bucket_for(const std::vector<TunedBucket>& buckets, int64_t tokens);
 
-// The TwELL configuration a plan takes from `bucket`: the winner when it is a TwELL one; where the dense
-// path won, the runner-up when it is a TwELL one (a plan with Dispatch::Auto takes the dense path by
-// itself); else nullptr (the untuned plan was fastest: it keeps its own layout).
+// The TwELL configuration a plan takes from `bucket`: the winner when it is a TwELL one without a
+// hot/cold split; where the dense path or a split configuration won, the runner-up when it is such a
+// TwELL one (a plan with Dispatch::Auto takes the dense path by itself); else nullptr (the untuned plan
+// was fastest, or ranked above every applicable configuration: it keeps its own layout).
 const TunedConfig* twell_choice(const TunedBucket& bucket);
 
 // `spec` with the layout fields a tuned configuration sets: tile_n, slots and gate_cluster_m (the

@@ -2,7 +2,8 @@
 //
 // The tuner (tune(), Context::tune, `twellc tune`, Python twell.tune) enumerates the configurations a
 // plan can take for one FFN spec (TwELL tile width and slots, the sm_90a gate's cluster, the gated
-// consumer variant, the decode kernels' cut-off, and the dense path), checks each against the dense
+// consumer variant, the decode kernels' cut-off, the dense path, and on a real layer the hot/cold split
+// point, TunedConfig::dense_neurons), checks each against the dense
 // reference on the same inputs (a configuration whose y differs by more than 1e-2 relative error is
 // rejected, not ranked), times the survivors per token-count bucket with CUDA events (GPU time, one
 // warm-up, median of `reps`, inputs rotated through buffers larger than L2), and writes the winner and
@@ -20,7 +21,7 @@
 //       "density:0.5%": {"tuned_at": "2026-12-01T18:00:00Z", "unix_time": 1796150400,
 //         "buckets": [ {"tokens": 16384,    // the bucket: calls of tokens/2+1 .. tokens rows (powers of 2)
 //                       "winner":    {"path": "twell", "tile_n": 256, "slots": 31, "cluster_m": 2,
-//                                     "consumer": "row_gather", "decode_max_tokens": 64, "ms": 1.04},
+//                                     "consumer": "row_gather", "decode_max_tokens": 64, "dense_neurons": 0, "ms": 1.04},
 //                       "runner_up": {...},  // absent when one candidate survived
 //                       "heuristic_ms": 1.05, "dense_ms": 1.52, "candidates": 13, "rejected": 0} ] } } }
 // "path" is "twell" (the TwELL kernels with that configuration), "dense" (DenseKernels::FusedGatedUp) or
