@@ -20,6 +20,7 @@
 #include "twell/device_memory.h"
 #include "twell/error.h"
 #include "twell/half.h"
+#include "twell/kernels/constraints.h"
 #include "twell/kernels/validate.h"
 #include "twell/neuron_order.h"
 #include "twell/reference.h"
@@ -322,6 +323,8 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
           s.gate_cluster_m = cluster;
           s.consumer = consumer;
           if (!kernels::validate_spec(s, "").empty()) continue;  // not legal for these fields
+          // Clusters are the wgmma gate's (the generator refuses cluster 2 where the gate is another).
+          if (cluster == 2 && !kernels::WgmmaGateConstraints::allowed(spec.d_model, tile_n)) continue;
           ++result.configurations;
           const bool default_layout = tile_n == 256 && slots == 31;
           if (slots < mean / 2 && !default_layout) {
@@ -345,17 +348,18 @@ TuneResult tune(Context& ctx, const TuneRequest& r) {
   // neurons are sparser), the row consumer (the token block is not timed with a split by Dispatch::Sparse).
   {
     std::vector<TunedConfig> split;
+    const int cluster = hopper && kernels::WgmmaGateConstraints::allowed(spec.d_model, 256) ? 2 : 1;
     for (int64_t n : split_points)
       for (int slots : {15, 31}) {
         FfnSpec s = spec;
         s.d_ff = spec.d_ff - n;
         s.tile_n = 256;
         s.slots = slots;
-        s.gate_cluster_m = hopper ? 2 : 1;
+        s.gate_cluster_m = cluster;
         s.consumer = ConsumerVariant::RowGather;
         if (!kernels::validate_spec(s, "").empty()) continue;
         ++result.configurations;
-        TunedConfig c{TunedConfig::Path::TwELL, 256, slots, hopper ? 2 : 1, ConsumerVariant::RowGather, 0, 0.0, n};
+        TunedConfig c{TunedConfig::Path::TwELL, 256, slots, cluster, ConsumerVariant::RowGather, 0, 0.0, n};
         split.push_back(c);
       }
     configs.insert(configs.begin() + std::min<size_t>(1, configs.size()), split.begin(), split.end());
