@@ -7,6 +7,7 @@
 #include <string>
 
 #include "CudaLiterals.h"
+#include "EmitTraining.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "twell/compiler/Generate.h"
 #include "twell/error.h"
@@ -121,9 +122,11 @@ KernelSource generateAuxiliary(KernelKind kind, const FfnSpec& spec, const Targe
              std::string(spec.gated ? "gated" : "non-gated") + ", " + target.arch() + ", d_model " +
              std::to_string(spec.d_model) + ", d_ff " + std::to_string(spec.d_ff));
       return denseGatedUp(spec);
+    case KernelKind::TrainRowBackward:
+      return emitTrainRowBackward(spec, target);
     default:
-      fail("not an auxiliary kernel (WeightTranspose, NeuronPermute, DenseGatedMul or DenseGatedUp); the FFN's "
-           "kernels come from generateFfn");
+      fail("not an auxiliary kernel (WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp or TrainRowBackward); "
+           "the FFN's kernels come from generateFfn");
   }
   return {};
 }

@@ -71,8 +71,8 @@ struct Context::Impl {
   // JIT (through the cache), else Error(NotFound) naming the request and the bundles. `who` prefixes
   // errors. Thread-safe.
   FfnKernels ffn_kernels(const FfnSpec& spec, std::optional<WeightLayout> decode_down_layout, const char* who);
-  // An auxiliary kernel (kernel.h: WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp), the
-  // same way. Thread-safe.
+  // An auxiliary kernel (kernel.h: WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp,
+  // TrainRowBackward), the same way. Thread-safe.
   std::shared_ptr<LoadedKernel> auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who);
   // JIT-compiles `source` through the cache (no module). Throws Error(Unsupported) without a JIT.
   std::shared_ptr<LoadedKernel> compile(const kernels::KernelSource& source);

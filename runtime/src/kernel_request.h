@@ -17,7 +17,7 @@ std::string ffn_request(const FfnSpec& spec, const Target& target, std::optional
 
 // An auxiliary kernel of generateAuxiliary(kind, spec, target): only the fields it depends on
 // (transpose and permute: none; the gated multiply: dtype and activation; the fused gated-up kernel:
-// the shape and numerics).
+// the shape and numerics; the training backward: the shape, numerics and layout).
 std::string auxiliary_request(kernels::KernelKind kind, const FfnSpec& spec, const Target& target);
 
 }  // namespace twell::detail

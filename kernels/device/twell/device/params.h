@@ -104,6 +104,45 @@ struct GatedMulParams {
   int64_t ld;
 };
 
+// The training backward by token row (train/row_backward.cuh; twell/training.h): for the forward's
+// TwELL matrix of a = act(g) (GateParams' twell and backup, as the gate kernel wrote them) and the
+// upstream gradient dy, per active entry (t, j) dh = dy_t . Wd(:, j) + l1_scale sign(h), u = x_t . Wu_j,
+// h = a u, du = dh a, dg = dh u act'(g) (non-gated: h = a, dg = dh act'(g)); and
+// dx_t = sum_j du Wu_j + dg Wg_j. The per-entry gradients are addressed like the TwELL matrix:
+//   entry_grad [M, tiles * (slots + 1)] pairs of fp32 {dg, du} (du = 0 non-gated), one per word:
+//     a tile-row within its slots: the pair of word 1 + e is entry e's; word 0's pair is not written;
+//     an overflowing tile-row: word 1's pair is {grad row b as uint32 bits, 0}, its entries being row b
+//     of backup_grad (kBackupMissing: backup_grad was full, see grad_overflow_count);
+//   backup_grad [grad_capacity, tile_n] pairs {dg, du}: column c of row b is column n0 + c of the
+//     tile-row ({+0, +0} where inactive). A tile-row the gate stored in backup row b < backup_capacity
+//     takes grad row b; one the gate could not store (kBackupMissing) claims row backup_capacity + i,
+//     i from the atomic grad_overflow_count (zeroed before the launch; it counts every claim, also past
+//     grad_capacity, so the host can grow backup_grad and run again).
+struct TrainRowBackwardParams {
+  const uint16_t* x;          // [M, K] row stride ldx (K = d_model)
+  const uint16_t* w_gate;     // [N, K] row stride ldwg
+  const uint16_t* w_up;       // [N, K] row stride ldwu; null for a non-gated kernel
+  const uint16_t* w_down;     // in_out: [N, K] (rows of Wd^T), row stride ldwd
+  const uint32_t* twell;      // [M, tiles * (slots + 1)] words, dense rows, as the gate kernel wrote them
+  const uint16_t* backup;     // [backup_capacity, tile_n]
+  const uint16_t* dy;         // [M, K] row stride lddy
+  uint16_t* dx;               // [M, K] row stride lddx
+  float* entry_grad;          // [M, tiles * (slots + 1), 2], 8-byte aligned
+  float* backup_grad;         // [grad_capacity, tile_n, 2], 8-byte aligned
+  uint32_t* grad_overflow_count;
+  int64_t m;
+  int64_t ldx;
+  int64_t ldwg;
+  int64_t ldwu;
+  int64_t ldwd;
+  int64_t lddy;
+  int64_t lddx;
+  uint32_t backup_capacity;   // the forward's: tile-rows of `backup`
+  uint32_t grad_capacity;     // rows of backup_grad (>= backup_capacity)
+  float l1_scale;             // fp32(lambda / M), the L1 term's coefficient (TRAINING.md)
+  uint32_t apply_l1;          // 1 where lambda != 0: dh += l1_scale * sign(h)
+};
+
 // out [cols, rows] = in [rows, cols]^T (row-major, strides in elements): the runtime's layout
 // normalization of nn.Linear down weights.
 // Neuron reordering on the device (permute_neurons in twell/neuron_order.h), a 16-bit [rows, cols]

@@ -203,6 +203,32 @@ struct AuxiliaryKernelConstraints {
   static constexpr int64_t kTransposeTile = 32;
 };
 
+// The training backward by token row (KernelKind::TrainRowBackward; train/row_backward.cuh): one CTA of
+// 256 threads per token row, like the CTA-per-row consumer (gated_down_cta). Its entries are gathered in
+// chunks of max(tile_n, kMinChunk) in shared memory (static, about 20 KiB); per chunk, one warp per entry
+// reduces dy . Wd^T_j and x . Wu_j, then every thread adds the chunk's du Wu_j + dg Wg_j to the fp32 dx
+// columns it owns, in entry order. With d_model % 8 == 0 rows move 16 bytes at a time (operand alignment
+// 8: x, dy, dx and the weights' rows and pointers), else 2 bytes; after a tensor-core gate the overflow
+// recompute (and SiLU's g) reads x and Wg in 4-byte pairs, which d_model % 8 == 0 gives. dx lives in
+// registers: ceil(d_model / 256) values per thread, so d_model is at most kMaxDModel (64 per thread).
+// Wd is read as rows of Wd^T ([d_ff, d_model], in_out: contiguous per neuron; the runtime's
+// WeightTranspose makes it from an nn.Linear Wd).
+struct TrainRowBackwardConstraints {
+  static constexpr int64_t kThreads = 256;
+  static constexpr int64_t kCtaM = 1;
+  static constexpr int64_t kMinChunk = 512;
+  static constexpr int64_t kMaxDModel = 16384;
+  static constexpr int64_t kVectorMultiple = 8;
+  static constexpr bool vector(int64_t dModel) { return dModel % kVectorMultiple == 0; }
+  // The element alignment of every 16-bit operand's pointer and row stride.
+  static constexpr int64_t operandAlignment(int64_t dModel, bool tensorCoreGate) {
+    return vector(dModel) ? 8 : tensorCoreGate ? 2 : 1;
+  }
+  static constexpr bool allowed(int64_t dModel, int64_t dFF) {
+    return dModel >= 1 && dModel <= kMaxDModel && dFF >= 1 && dFF <= (int64_t{1} << 24);
+  }
+};
+
 // The ranges #twell.config accepts (ConfigAttr::verify), checked before any arithmetic on the fields.
 // They are wide enough for any kernel configuration (a CTA has at most 1024 threads) and small enough
 // that products of a few of them cannot overflow int64.

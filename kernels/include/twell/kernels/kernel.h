@@ -30,12 +30,14 @@ enum class KernelKind : uint8_t {
   NeuronPermute,    // aux/permute.cuh: reordering of weights by neuron (PermuteParams)
   DenseGatedMul,    // aux/dense_ops.cuh: the dense path's h = act(g) * u (GatedMulParams, threshold)
   DenseGatedUp,     // gate/gate_twell_wgmma.cuh (GatedUp): the dense path's fused h = act(x Wg^T) * (x Wu^T)
+  TrainRowBackward, // train/row_backward.cuh: the training backward by token row: dx and each entry's dg, du
+                    // (TrainRowBackwardParams; TrainRowBackwardConstraints)
 };
 
 inline constexpr KernelKind kKernelKinds[] = {
     KernelKind::GateTwell,       KernelKind::GatedDown,     KernelKind::DecodeGate,    KernelKind::DecodeGateSmall,
     KernelKind::DecodeUp,        KernelKind::DecodeDown,    KernelKind::WeightTranspose, KernelKind::NeuronPermute,
-    KernelKind::DenseGatedMul,   KernelKind::DenseGatedUp};
+    KernelKind::DenseGatedMul,   KernelKind::DenseGatedUp,  KernelKind::TrainRowBackward};
 
 // The name of a kind in reports and manifests ("gate_twell", "gated_down", ...).
 constexpr const char* to_string(KernelKind kind) {
@@ -50,6 +52,7 @@ constexpr const char* to_string(KernelKind kind) {
     case KernelKind::NeuronPermute: return "permute";
     case KernelKind::DenseGatedMul: return "dense_gated_mul";
     case KernelKind::DenseGatedUp: return "dense_gated_up";
+    case KernelKind::TrainRowBackward: return "train_row_backward";
   }
   return "unknown";
 }
@@ -85,8 +88,8 @@ struct KernelSource {
   int64_t d_model = 0;
   int64_t d_ff = 0;
   int tile_n = 0;
-  bool down_in_out = false;  // GatedDown and decode kernels: the w_down layout they read
-  GateMainloop mainloop = GateMainloop::None;  // GateTwell, DenseGatedUp: its own; GatedDown: the gate's
+  bool down_in_out = false;  // GatedDown, decode kernels and TrainRowBackward (always in_out): the w_down layout they read
+  GateMainloop mainloop = GateMainloop::None;  // GateTwell, DenseGatedUp: its own; GatedDown, TrainRowBackward: the gate's
   ConsumerKind consumer = ConsumerKind::None;  // GatedDown only
   int threads = 0;     // threads per CTA
   int cta_m = 0;       // token rows per CTA: grid.x = ceil(tokens / cta_m) (persistent: at most that)
@@ -114,7 +117,8 @@ struct KernelSource {
   // persistent GatedDown kernel claims rows from GatedDownParams::row_counter, a device uint32 the
   // launcher zeroes before every launch.
   bool persistent = false;
-  // GatedDown: twell.gated_down (true) or the non-gated twell.down (false, reads no w_up).
+  // GatedDown: twell.gated_down (true) or the non-gated twell.down (false, reads no w_up); likewise
+  // TrainRowBackward.
   bool gated = true;
   // Programmatic dependent launch (sm_90+): the kernel waits for the one before it with
   // griddepcontrol.wait, so the launcher lets it start while that one runs (decode_up, decode_down).

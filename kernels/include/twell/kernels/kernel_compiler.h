@@ -28,8 +28,8 @@ class KernelCompiler {
   virtual GeneratedFfn generate_ffn(const FfnSpec& spec, const Target& target,
                                     std::optional<WeightLayout> decode_down_layout) const = 0;
 
-  // An auxiliary kernel (WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp), as
-  // compiler::generateAuxiliary.
+  // An auxiliary kernel (WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp) or a training
+  // kernel (TrainRowBackward), as compiler::generateAuxiliary.
   virtual KernelSource generate_auxiliary(KernelKind kind, const FfnSpec& spec, const Target& target) const = 0;
 
   // Compiles one kernel for `target` (PTX and cubin). Thread-safe. Throws Error(Compile) with the log.

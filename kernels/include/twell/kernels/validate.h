@@ -142,6 +142,20 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
                     expect("smem_bytes", C::kSharedBytes, k.smem_bytes, "the fused kernel's layout"),
                     k.persistent && k.tma_persistent ? std::string() : "persistent: expected the TMA-fed persistent kernel"});
     }
+    case KernelKind::TrainRowBackward: {
+      using T = TrainRowBackwardConstraints;
+      if (!shape.empty()) return shape;
+      return first({T::allowed(k.d_model, k.d_ff) ? std::string() : "d_model: expected 1.." + std::to_string(T::kMaxDModel) + ", found " + std::to_string(k.d_model),
+                    k.mainloop == GateMainloop::None ? "mainloop: expected the gate's (fma, mma_sync or wgmma), found none" : "",
+                    k.mainloop != GateMainloop::Fma && k.d_model % 8 != 0 ? "d_model: a tensor-core gate's recompute needs a multiple of 8" : "",
+                    expect("threads", T::kThreads, k.threads, "the row backward"), expect("cta_m", T::kCtaM, k.cta_m, "one row per CTA"),
+                    expect("grid_y", 1, k.grid_y, "one row per CTA"), expect("cluster_m", 1, k.cluster_m, "no clusters"),
+                    expect("smem_bytes", 0, k.smem_bytes, "static shared memory only"),
+                    expect("operand_alignment", T::operandAlignment(k.d_model, k.mainloop != GateMainloop::Fma), k.operand_alignment,
+                           "its row loads"),
+                    k.down_in_out ? std::string() : "down_in_out: expected the in_out Wd (rows of Wd^T)",
+                    k.persistent || k.tma_persistent ? "persistent: expected one CTA per row" : ""});
+    }
   }
   return "kind: not a twell kernel kind";
 }

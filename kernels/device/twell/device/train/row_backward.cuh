@@ -1,0 +1,285 @@
+// The training backward of the sparse gated FFN by token row (design/TRAINING.md, "The gradients"; the
+// CPU oracle is twell/training_reference.h). For one token row t and the forward's TwELL matrix of
+// a = act(g), per active entry j (in the row consumer's order: tiles ascending, columns ascending):
+//   dh = dy_t . Wd^T_j  (+ l1_scale * sign(h) where the L1 term is on),  u = x_t . Wu_j,  h = a u,
+//   du = dh a,  dg = (dh u) act'(g)       (non-gated: h = a, dg = dh act'(g), no du)
+//   dx_t = sum_j du Wu_j + dg Wg_j        (one fp32 accumulator per column, du's term before dg's)
+// act'(g) is 1 for ReLU on its active set; for SiLU, g is recomputed from x and Wg with the gate
+// kernel's arithmetic (recompute_gate_tile's chain, eight entries per mma), so it is the gate's g bit
+// for bit. Overflowing tile-rows are read from the backup or recomputed exactly as the row consumer
+// does (load_overflow_tile): the support is the forward's whatever the backup capacity was.
+//
+// One CTA per token row (gated_down_cta's structure): the row's entries are gathered into shared memory
+// in chunks; per chunk one warp per entry computes the two dot products (butterfly reduction: every
+// lane gets the same bits), writes the entry's {dg, du} where TrainRowBackwardParams says, and then
+// every thread adds the chunk's terms to its dx columns in entry order. Bitwise deterministic: no
+// atomics touch a value (the only atomic claims grad rows for tile-rows the forward could not back up,
+// and which row a tile-row gets does not change any value).
+#pragma once
+#include "twell/device/consumer/consumer_common.cuh"
+
+namespace twell::device {
+
+// SiLU's derivative at g (training_reference.h, activation_derivative): s (1 + g (1 - s)), s = 1 / (1 + e^-g).
+__device__ __forceinline__ float silu_derivative(float g) {
+  const float s = 1.0f / (1.0f + expf(-g));
+  return s * (1.0f + g * (1.0f - s));
+}
+
+// sign(h) in {-1, 0, +1}, NaN for NaN (torch.sign; the reference's sign_of).
+__device__ __forceinline__ float sign_of(float h) { return h > 0.0f ? 1.0f : h < 0.0f ? -1.0f : h == 0.0f ? 0.0f : h; }
+
+template <class Config>
+__device__ __forceinline__ void train_row_backward(const TrainRowBackwardParams& p) {
+  using Value = typename Config::Value;
+  constexpr int K = Config::d_model;
+  constexpr int N = Config::d_ff;
+  constexpr int TILE_N = Config::tile_n;
+  constexpr int SLOTS = Config::slots;
+  constexpr int THREADS = Config::threads;
+  constexpr int WARPS = THREADS / 32;
+  constexpr int TILES = (N + TILE_N - 1) / TILE_N;
+  constexpr int WORDS_PER_ROW = TILES * (SLOTS + 1);
+  constexpr bool kVector = Config::vector;  // d_model % 8 == 0 and 16-byte aligned rows (the host checks)
+  constexpr int X_WIDTH = kVector ? 8 : 1;
+  constexpr int X_STEPS = (K + THREADS * X_WIDTH - 1) / (THREADS * X_WIDTH);
+  constexpr int X_PER_THREAD = X_STEPS * X_WIDTH;
+  constexpr int kChunk = TILE_N > 512 ? TILE_N : 512;
+  // Entries whose weight rows are loaded before their FMAs in the dx pass (the loads bound it), as many
+  // as keep the registers in bounds at this d_model.
+  constexpr int kBatch = X_STEPS == 1 ? 4 : X_STEPS == 2 ? 2 : 1;
+  static_assert(THREADS == 256 && Config::cta_m == 1, "the row backward: 256 threads, one row per CTA");
+  static_assert(!kVector || K % 8 == 0, "16-byte rows need d_model % 8 == 0");
+  static_assert(Config::gate_mainloop == 0 || K % 8 == 0, "a tensor-core gate's recompute needs d_model % 8 == 0");
+  // Where an entry's {dg, du} goes: >= 0 a pair of entry_grad, < 0 the pair -1 - out of backup_grad,
+  // kNowhere when backup_grad had no room (the host sees it from grad_overflow_count).
+  constexpr long long kNowhere = -(1ll << 62);
+
+  __shared__ int active_col[kChunk];        // column j in d_ff
+  __shared__ float active_a[kChunk];        // a_j
+  __shared__ long long active_out[kChunk];  // where its gradients go
+  __shared__ float active_slope[kChunk];    // act'(g_j) (SiLU)
+  __shared__ float active_du[kChunk];
+  __shared__ float active_dg[kChunk];
+  __shared__ uint16_t dense_tile[TILE_N];  // an overflowing tile-row, activated
+  __shared__ int overflow_added;
+  __shared__ uint32_t grad_row;  // the backup_grad row of the current overflowing tile-row
+  constexpr int kHeaderWindow = TILES < 1024 ? TILES : 1024;
+  __shared__ uint32_t tile_nnz[kHeaderWindow];
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int64_t row = blockIdx.x;
+  if (row >= p.m) return;
+  const uint16_t* x = p.x + row * p.ldx;
+  const uint16_t* dy = p.dy + row * p.lddy;
+  const uint32_t* twell_row = p.twell + row * WORDS_PER_ROW;
+  // The recompute's view of the forward (load_overflow_tile reads these fields only).
+  GatedDownParams gate{};
+  gate.x = p.x;
+  gate.w_gate = p.w_gate;
+  gate.backup = p.backup;
+  gate.ldx = p.ldx;
+  gate.ldwg = p.ldwg;
+  gate.backup_capacity = p.backup_capacity;
+
+  float dx[X_PER_THREAD];
+#pragma unroll
+  for (int q = 0; q < X_PER_THREAD; ++q) dx[q] = 0.0f;
+
+  // The gradients of the gathered entries [0, count), then their terms of dx; leaves the list free.
+  auto backward = [&](int count) {
+    __syncthreads();  // the gathered list is complete
+    if constexpr (Config::activation == kSiLU) {
+      if constexpr (Config::gate_mainloop >= 1) {
+        // The gate's k16 mma chain (recompute_gate_tile) with eight entries as the n8 tile's columns:
+        // each column's sums depend on its own B column only, so g is the gate's bits.
+        constexpr int K_CHUNKS = (K + Config::gate_cta_k - 1) / Config::gate_cta_k * (Config::gate_cta_k / 16);
+        auto pair = [](const uint16_t* r, int k) { return k < K ? *reinterpret_cast<const uint32_t*>(r + k) : 0u; };
+        for (int e0 = warp * 8; e0 < count; e0 += WARPS * 8) {
+          const int c = e0 + lane / 4;
+          const bool valid = c < count;
+          const uint16_t* w = p.w_gate + static_cast<int64_t>(valid ? active_col[c] : 0) * p.ldwg;
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          for (int kc = 0; kc < K_CHUNKS; ++kc) {
+            const int k = kc * 16 + (lane % 4) * 2;
+            const uint32_t a[4] = {lane < 4 ? pair(x, k) : 0u, 0u, lane < 4 ? pair(x, k + 8) : 0u, 0u};
+            mma_16816<Value>(d, a, valid ? pair(w, k) : 0u, valid ? pair(w, k + 8) : 0u);
+          }
+          if (lane < 4) {
+            const int e = e0 + lane * 2;
+            if (e < count) active_slope[e] = silu_derivative(Value::to_float(Value::from_float(d[0])));
+            if (e + 1 < count) active_slope[e + 1] = silu_derivative(Value::to_float(Value::from_float(d[1])));
+          }
+        }
+      } else {
+        // The gate's fma chain: ascending k, one thread per entry.
+        for (int e = tid; e < count; e += THREADS) {
+          const uint16_t* w = p.w_gate + static_cast<int64_t>(active_col[e]) * p.ldwg;
+          float g = 0.0f;
+          for (int k = 0; k < K; ++k) g = fmaf(Value::to_float(x[k]), Value::to_float(w[k]), g);
+          active_slope[e] = silu_derivative(Value::to_float(Value::from_float(g)));
+        }
+      }
+      __syncthreads();
+    }
+    for (int e = warp; e < count; e += WARPS) {
+      const int64_t j = active_col[e];
+      const uint16_t* wd = p.w_down + j * p.ldwd;
+      float dh = kVector ? warp_dot_16B<Value, K>(dy, wd, lane) : warp_dot<Value, K>(dy, wd, lane);
+      const float a = active_a[e];
+      float u = 0.0f, h = a;
+      if constexpr (Config::gated) {
+        const uint16_t* wu = p.w_up + j * p.ldwu;
+        u = kVector ? warp_dot_16B<Value, K>(x, wu, lane) : warp_dot<Value, K>(x, wu, lane);
+        h = a * u;
+      }
+      if (p.apply_l1) dh = dh + p.l1_scale * sign_of(h);
+      const float slope = Config::activation == kSiLU ? active_slope[e] : 1.0f;
+      const float du = Config::gated ? dh * a : 0.0f;
+      const float dg = Config::gated ? (dh * u) * slope : dh * slope;
+      if (lane == 0) {
+        active_du[e] = du;
+        active_dg[e] = dg;
+        const long long out = active_out[e];
+        if (out != kNowhere) {
+          float* at = out >= 0 ? p.entry_grad + 2 * out : p.backup_grad + 2 * (-1 - out);
+          *reinterpret_cast<float2*>(at) = make_float2(dg, du);
+        }
+      }
+    }
+    __syncthreads();  // every du, dg is in shared memory
+    // dx += du Wu_j + dg Wg_j, entries in order; kBatch entries' rows loaded before their FMAs.
+    int e = 0;
+    if constexpr (kVector) {
+      for (; e + kBatch <= count; e += kBatch) {
+        uint4 vu[kBatch][X_STEPS], vg[kBatch][X_STEPS];
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const int64_t j = active_col[e + b];
+#pragma unroll
+          for (int q = 0; q < X_STEPS; ++q) {
+            const int i = (tid + q * THREADS) * 8;
+            vg[b][q] = i < K ? *reinterpret_cast<const uint4*>(p.w_gate + j * p.ldwg + i) : uint4{0u, 0u, 0u, 0u};
+            if constexpr (Config::gated)
+              vu[b][q] = i < K ? *reinterpret_cast<const uint4*>(p.w_up + j * p.ldwu + i) : uint4{0u, 0u, 0u, 0u};
+            else
+              vu[b][q] = uint4{0u, 0u, 0u, 0u};  // unused
+          }
+        }
+#pragma unroll
+        for (int b = 0; b < kBatch; ++b) {
+          const float du = active_du[e + b], dg = active_dg[e + b];
+#pragma unroll
+          for (int q = 0; q < X_STEPS; ++q) {
+            // Per column: du's term, then dg's (the reference's order), one fma each.
+            const uint32_t wu[4] = {vu[b][q].x, vu[b][q].y, vu[b][q].z, vu[b][q].w};
+            const uint32_t wg[4] = {vg[b][q].x, vg[b][q].y, vg[b][q].z, vg[b][q].w};
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+              const uint16_t ub = static_cast<uint16_t>(wu[t / 2] >> (16 * (t % 2)));
+              const uint16_t gb = static_cast<uint16_t>(wg[t / 2] >> (16 * (t % 2)));
+              float& acc = dx[q * 8 + t];
+              if constexpr (Config::gated) acc = fmaf(du, Value::to_float(ub), acc);
+              acc = fmaf(dg, Value::to_float(gb), acc);
+            }
+          }
+        }
+      }
+    }
+    for (; e < count; ++e) {
+      const int64_t j = active_col[e];
+      const float du = active_du[e], dg = active_dg[e];
+#pragma unroll
+      for (int q = 0; q < X_PER_THREAD; ++q) {
+        const int i = kVector ? (tid + q / 8 * THREADS) * 8 + q % 8 : tid + q * THREADS;
+        if (i < K) {
+          if constexpr (Config::gated) dx[q] = fmaf(du, Value::to_float(p.w_up[j * p.ldwu + i]), dx[q]);
+          dx[q] = fmaf(dg, Value::to_float(p.w_gate[j * p.ldwg + i]), dx[q]);
+        }
+      }
+    }
+    __syncthreads();  // the list may be overwritten
+  };
+
+  int count = 0;  // entries gathered in this chunk; uniform across the CTA
+  for (int window = 0; window < TILES; window += kHeaderWindow) {
+    const int window_end = window + kHeaderWindow < TILES ? window + kHeaderWindow : TILES;
+    __syncthreads();  // the previous window's headers are no longer read
+    for (int t = window + tid; t < window_end; t += THREADS) tile_nnz[t - window] = twell_row[t * (SLOTS + 1)];
+    __syncthreads();
+    for (int tile = window; tile < window_end; ++tile) {
+      const uint32_t* header = twell_row + tile * (SLOTS + 1);
+      const uint32_t nnz = tile_nnz[tile - window];  // the same for every thread: uniform control flow
+      if (nnz == 0) continue;
+      const int n0 = tile * TILE_N;
+      const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
+      const int most = nnz <= SLOTS ? static_cast<int>(nnz) : valid_n;
+      if (count + most > kChunk) {
+        backward(count);
+        count = 0;
+      }
+      const long long word0 = row * WORDS_PER_ROW + static_cast<long long>(tile) * (SLOTS + 1);
+      if (nnz <= SLOTS) {
+        for (int e = tid; e < static_cast<int>(nnz); e += THREADS) {
+          const uint32_t word = header[1 + e];
+          active_col[count + e] = n0 + static_cast<int>(word & 0xFFFFu);
+          active_a[count + e] = Value::to_float(static_cast<uint16_t>(word >> 16));
+          active_out[count + e] = word0 + 1 + e;
+        }
+        count += static_cast<int>(nnz);
+        continue;
+      }
+      // Overflowing: its activated values (backup or recompute, as the consumer), its grad row, then
+      // every active column in order (one ballot per 32 columns, by warp 0).
+      const uint32_t slot = header[1];
+      __syncthreads();  // dense_tile and grad_row may still be read for the previous overflowing tile-row
+      load_overflow_tile<Config>(gate, slot, x, n0, valid_n, dense_tile, tid, THREADS, 0, WARPS);
+      if (tid == 0) {
+        uint32_t b = slot;
+        if (slot == kBackupMissing || slot >= p.backup_capacity) {
+          const uint32_t i = atomicAdd(p.grad_overflow_count, 1u);
+          b = i < p.grad_capacity - p.backup_capacity ? p.backup_capacity + i : kBackupMissing;
+        }
+        grad_row = b;
+        *reinterpret_cast<float2*>(p.entry_grad + 2 * (word0 + 1)) = make_float2(__uint_as_float(b), 0.0f);
+      }
+      __syncthreads();
+      const uint32_t b = grad_row;
+      if (b != kBackupMissing)
+        for (int c = tid; c < TILE_N; c += THREADS)
+          if (!(c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold)))
+            *reinterpret_cast<float2*>(p.backup_grad + 2 * (static_cast<long long>(b) * TILE_N + c)) =
+                make_float2(0.0f, 0.0f);
+      if (warp == 0) {
+        int added = 0;
+        for (int c0 = 0; c0 < valid_n; c0 += 32) {
+          const int c = c0 + lane;
+          const bool active = c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold);
+          const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, active);
+          if (active) {
+            const int e = count + added + __popc(ballot & lanemask_lt());
+            active_col[e] = n0 + c;
+            active_a[e] = Value::to_float(dense_tile[c]);
+            active_out[e] = b != kBackupMissing ? -1 - (static_cast<long long>(b) * TILE_N + c) : kNowhere;
+          }
+          added += __popc(ballot);
+        }
+        if (lane == 0) overflow_added = added;
+      }
+      __syncthreads();
+      count += overflow_added;
+    }
+  }
+  if (count > 0) backward(count);
+
+  uint16_t* out = p.dx + row * p.lddx;
+#pragma unroll
+  for (int q = 0; q < X_PER_THREAD; ++q) {
+    const int i = kVector ? (tid + q / 8 * THREADS) * 8 + q % 8 : tid + q * THREADS;
+    if (i < K) out[i] = Value::from_float(dx[q]);
+  }
+}
+
+}  // namespace twell::device

@@ -1,0 +1,96 @@
+// Training kernels of the sparse FFN on the GPU (issue 15; design/TRAINING.md). Their CPU oracle is
+// twell/training_reference.h.
+//
+// The backward by token row (train_row_backward): from the forward's TwELL matrix of a = act(g) (the
+// gate kernel's words and overflow backup: FfnPlan::run_gate's, or any matrix with the same
+// structure), the upstream gradient dy and the L1 coefficient lambda, per active entry (t, j)
+//   dh = dy_t . Wd(:, j) + (lambda / M) sign(h)   (the second term only where lambda != 0)
+//   u  = x_t . Wu_j (recomputed, as the row consumer does),  h = a u
+//   du = dh a,  dg = (dh u) act'(g)               (non-gated: h = a, dg = dh act'(g), no du)
+//   dx_t = sum_j du_tj Wu_j + dg_tj Wg_j          (rounded to the dtype once)
+// act'(g) as training_reference.h's activation_derivative: 1 for ReLU; for SiLU at the gate's g, which
+// the kernel recomputes from x and Wg with the gate kernel's arithmetic (the TwELL matrix holds a only).
+//
+// Numerics against reference_training_backward (on the same support): each dot product (dh, u) is an
+// fp32 sum in another order than the reference's (per lane 8-value chunks, then a butterfly over the
+// warp), so dh and u, and hence du and dg, differ by rounding (about d_model * 2^-24 of the sum of the
+// terms' magnitudes); dx sums each column in the reference's order (entries j ascending, du's term then
+// dg's, one fma each), so it differs only through du and dg; SiLU's derivative uses the GPU's expf
+// (within 2 ulp of the host's). Tests hold the norm-wise relative error under 1e-2; with ReLU on data
+// whose sums are exact in fp32, every value is the reference's bit for bit (tests/gpu/train_gpu_test.cpp).
+//
+// Bitwise deterministic: the same inputs give the same dx and the same {dg, du} for every entry, run after
+// run (which grad row an overflowing tile-row without a forward backup row takes may differ).
+#pragma once
+#include <cstdint>
+
+#include "twell/plan.h"
+#include "twell/spec.h"
+
+namespace twell {
+
+class Context;
+
+// Device pointers of one backward call (M = tokens rows, K = d_model, N = d_ff; 16-bit tensors in
+// spec.dtype, row strides in elements, 0 = dense):
+struct TrainRowBackwardTensors {
+  const void* x = nullptr;       // [M, K], the forward's input
+  const void* w_gate = nullptr;  // [N, K] (nn.Linear)
+  const void* w_up = nullptr;    // [N, K]; nullptr (and ld_up 0) for a non-gated spec
+  // [N, K]: Wd in the in_out layout, the rows of Wd^T (each neuron's d_model weights contiguous, read
+  // once per entry). An nn.Linear Wd ([K, N], out_in) must be transposed first: FfnPlan does so on the
+  // stream with its WeightTranspose kernel; host code can transpose once when the weights change.
+  const void* w_down = nullptr;
+  // The forward's TwELL matrix (twell/format.h): words [M, tiles * (slots + 1)] (dense rows) and the
+  // backup [backup_capacity, tile_n] (dtype) its overflowing tile-rows point into. Not modified.
+  const uint32_t* twell = nullptr;
+  const void* backup = nullptr;  // may be null where backup_capacity is 0
+  const void* dy = nullptr;      // [M, K] dL/dy
+  void* dx = nullptr;            // [M, K] output, dtype; must not overlap x or dy
+  // Outputs for the weight gradients (TrainRowBackwardParams in twell/device/params.h says it in full):
+  // entry_grad: [M, tiles * (slots + 1)] pairs of fp32 {dg, du}, addressed like the TwELL words: word
+  //   1 + e of a tile-row within its slots holds entry e's pair; word 1 of an overflowing tile-row
+  //   holds {b as uint32 bits, 0}, b its row of backup_grad (kBackupMissing: backup_grad was full);
+  //   other words are not written. entry_grad_floats() floats, 8-byte aligned.
+  float* entry_grad = nullptr;
+  // backup_grad: [grad_capacity, tile_n] pairs {dg, du} (+0 where the column is inactive). A tile-row
+  //   stored in forward backup row b takes grad row b; one the forward could not store claims a row from
+  //   backup_capacity up. backup_grad_floats() floats, 8-byte aligned; may be null where grad_capacity is 0.
+  float* backup_grad = nullptr;
+  // One device uint32, zeroed on the stream before the launch: how many tile-rows without a forward
+  // backup row claimed a grad row (it counts past the room, grad_capacity - backup_capacity). Where it
+  // ends above the room, some entries' {dg, du} were not stored (dx is right regardless): grow
+  // backup_grad to backup_capacity + the count and run again.
+  uint32_t* grad_overflow_count = nullptr;
+  int64_t ld_x = 0, ld_gate = 0, ld_up = 0, ld_down = 0, ld_dy = 0, ld_dx = 0;
+};
+
+// Sizes of the gradient outputs, in floats.
+inline int64_t entry_grad_floats(const TwellLayout& layout, int64_t d_ff, int64_t tokens) {
+  return tokens * layout.words_per_row(d_ff) * 2;
+}
+inline int64_t backup_grad_floats(const TwellLayout& layout, uint32_t grad_capacity) {
+  return int64_t{grad_capacity} * layout.tile_n * 2;
+}
+
+// The backward by token row (above) of `tokens` rows (0 <= tokens < 2^31), stream-ordered, no host
+// synchronization. The kernel (KernelKind::TrainRowBackward, one CTA of 256 threads per row) comes from
+// the context's bundles or JIT and cache like a plan's. `spec` is the layer's (canonical_spec'ed): its
+// tile_n and slots (the generator's 256 and 31 where unset) must be those of the TwELL matrix, i.e.
+// FfnPlan::layout()'s, and the forward's gate kernel the one generateFfn makes for it (a plan's), since
+// overflowing tile-rows without a backup row are recomputed with its arithmetic. spec.down_layout must
+// be in_out (w_down above). lambda: the L1 coefficient (finite, >= 0); the L1 term uses lambda /
+// l1_tokens, l1_tokens 0 meaning `tokens` (the forward's M; pass the whole batch's M when a batch is
+// split into several calls). backup_capacity: the forward's (its backup's rows); grad_capacity >= it.
+// Alignment: with d_model % 8 == 0 the 16-bit operands' pointers and row strides must be multiples of
+// 8 elements (16-byte loads), else of 2 bytes; the TwELL words and the counter 4 bytes; entry_grad and
+// backup_grad 8 bytes.
+// Throws Error(InvalidArgument) naming the argument (the spec field, a null, misaligned or non-device
+// pointer, a short stride, a token count or capacity out of range, dx overlapping x or dy, a lambda
+// that is negative or not finite), Error(NoDevice) without a GPU, Error(NotFound) with no bundle
+// holding the kernel and no JIT, Error(Compile), Error(Cuda).
+void train_row_backward(Context& context, Stream stream, const FfnSpec& spec, const TrainRowBackwardTensors& t,
+                        int64_t tokens, uint32_t backup_capacity, uint32_t grad_capacity, float lambda,
+                        int64_t l1_tokens = 0);
+
+}  // namespace twell

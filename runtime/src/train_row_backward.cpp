@@ -1,0 +1,150 @@
+// train_row_backward (twell/training.h): its argument checks, the kernel from the context (bundles, else
+// the JIT through the cache), and the launch.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <initializer_list>
+#include <tuple>
+
+#include "context_impl.h"
+#include "launcher.h"
+#include "twell/device/params.h"
+#include "twell/error.h"
+#include "twell/kernels/validate.h"  // canonical_spec, validate_spec
+#include "twell/training.h"
+
+namespace twell {
+
+void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spec, const TrainRowBackwardTensors& t,
+                        int64_t tokens, uint32_t backup_capacity, uint32_t grad_capacity, float lambda,
+                        int64_t l1_tokens) {
+  constexpr const char* who = "train_row_backward";
+  auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
+  const FfnSpec spec = kernels::canonical_spec(user_spec);
+  if (std::string e = kernels::validate_spec(spec, "spec."); !e.empty()) bad(e);
+  using T = kernels::TrainRowBackwardConstraints;
+  if (spec.d_model < 1 || spec.d_model > T::kMaxDModel)
+    bad(fmt::format("spec.d_model: expected 1..{} (the kernel keeps a row of dx in registers), got {}", T::kMaxDModel,
+                    spec.d_model));
+  if (spec.d_ff < 1 || spec.d_ff > (int64_t{1} << 24))
+    bad(fmt::format("spec.d_ff: expected 1..16777216, got {}", spec.d_ff));
+  if (spec.down_layout != WeightLayout::InOut)
+    bad("spec.down_layout: expected in_out (w_down as the rows of Wd^T, [d_ff, d_model]; transpose an nn.Linear Wd "
+        "first), got out_in");
+  if (tokens < 0 || tokens > INT32_MAX)
+    bad(fmt::format("tokens: expected 0..2^31 - 1 (one CTA per row), got {}", tokens));
+  if (l1_tokens < 0) bad(fmt::format("l1_tokens: expected >= 0 (0: tokens), got {}", l1_tokens));
+  if (!std::isfinite(lambda) || lambda < 0.0f) bad(fmt::format("lambda: expected a finite value >= 0, got {}", lambda));
+  if (grad_capacity < backup_capacity)
+    bad(fmt::format(
+        "grad_capacity: expected at least backup_capacity ({}): a forward backup row b keeps grad row b, got {}",
+        backup_capacity, grad_capacity));
+  const int64_t K = spec.d_model;
+  for (const auto& [name, ld, row] :
+       {std::tuple{"t.ld_x", t.ld_x, K}, std::tuple{"t.ld_gate", t.ld_gate, K}, std::tuple{"t.ld_up", t.ld_up, K},
+        std::tuple{"t.ld_down", t.ld_down, K}, std::tuple{"t.ld_dy", t.ld_dy, K}, std::tuple{"t.ld_dx", t.ld_dx, K}})
+    if (ld != 0 && (ld < row || ld > (int64_t{1} << 36)))
+      bad(fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense), got {}", name, row, ld));
+  auto need = [&](const char* name, const void* p, int bytes) {
+    if (p == nullptr) bad(fmt::format("{}: expected a device pointer, got null", name));
+    if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+      bad(fmt::format("{}: expected a {}-byte aligned device pointer, got {}", name, bytes, p));
+  };
+  need("t.x", t.x, 2);
+  need("t.w_gate", t.w_gate, 2);
+  if (spec.gated)
+    need("t.w_up", t.w_up, 2);
+  else if (t.w_up != nullptr || t.ld_up != 0)
+    bad(fmt::format("t.w_up: a non-gated spec has no up weight; expected nullptr and ld_up 0, got {} and {}", t.w_up,
+                    t.ld_up));
+  need("t.w_down", t.w_down, 2);
+  need("t.twell", t.twell, 4);
+  if (backup_capacity > 0) need("t.backup", t.backup, 2);
+  need("t.dy", t.dy, 2);
+  need("t.dx", t.dx, 2);
+  need("t.entry_grad", t.entry_grad, 8);
+  if (grad_capacity > 0) need("t.backup_grad", t.backup_grad, 8);
+  need("t.grad_overflow_count", t.grad_overflow_count, 4);
+  const int64_t ldx = t.ld_x ? t.ld_x : K, lddy = t.ld_dy ? t.ld_dy : K, lddx = t.ld_dx ? t.ld_dx : K;
+  const auto span = [&](const void* p, int64_t ld) {
+    const auto b = reinterpret_cast<uintptr_t>(p);
+    return std::pair{b, b + static_cast<uintptr_t>(((std::max<int64_t>(tokens, 1) - 1) * ld + K) * 2)};
+  };
+  const auto [dxb, dxe] = span(t.dx, lddx);
+  for (const auto& [name, p, ld] : {std::tuple{"t.x", t.x, ldx}, std::tuple{"t.dy", t.dy, lddy}}) {
+    const auto [b, e] = span(p, ld);
+    if (tokens > 0 && b < dxe && dxb < e)
+      bad(fmt::format("t.dx: must not overlap {} (the kernel reads it while writing dx)", name));
+  }
+
+  const std::shared_ptr<Context::Impl> ctx = context_impl(context);
+  if (!ctx->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, ctx->no_gpu_reason));
+  ctx->make_current();
+  const detail::Driver& d = detail::Driver::get();
+  auto device = [&](const char* name, const void* p) {
+    if (p == nullptr) return;
+    unsigned int type = 0;
+    const CUresult r =
+        d.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p));
+    if (r != CUDA_SUCCESS || (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED))
+      bad(fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {}", name, p));
+  };
+  for (const auto& [name, p] :
+       {std::pair{"t.x", t.x}, std::pair{"t.w_gate", t.w_gate}, std::pair{"t.w_up", t.w_up},
+        std::pair{"t.w_down", t.w_down}, std::pair{"t.twell", static_cast<const void*>(t.twell)},
+        std::pair{"t.backup", t.backup}, std::pair{"t.dy", t.dy}, std::pair{"t.dx", static_cast<const void*>(t.dx)},
+        std::pair{"t.entry_grad", static_cast<const void*>(t.entry_grad)},
+        std::pair{"t.backup_grad", static_cast<const void*>(t.backup_grad)},
+        std::pair{"t.grad_overflow_count", static_cast<const void*>(t.grad_overflow_count)}})
+    device(name, p);
+
+  const std::shared_ptr<LoadedKernel> kernel = ctx->auxiliary(kernels::KernelKind::TrainRowBackward, spec, who);
+  const int align = kernel->source.operand_alignment;
+  for (const auto& [name, p, ld_name, ld] :
+       {std::tuple{"t.x", t.x, "t.ld_x", ldx}, std::tuple{"t.w_gate", t.w_gate, "t.ld_gate", t.ld_gate ? t.ld_gate : K},
+        std::tuple{"t.w_up", t.w_up, "t.ld_up", t.ld_up ? t.ld_up : K},
+        std::tuple{"t.w_down", t.w_down, "t.ld_down", t.ld_down ? t.ld_down : K},
+        std::tuple{"t.dy", t.dy, "t.ld_dy", lddy},
+        std::tuple{"t.dx", static_cast<const void*>(t.dx), "t.ld_dx", lddx}}) {
+    if (p == nullptr || operand_aligned(p, ld, align)) continue;
+    if (reinterpret_cast<uintptr_t>(p) % (2 * align) != 0)
+      bad(fmt::format(
+          "{}: expected a {}-byte aligned device pointer (the kernel loads {}-element chunks at d_model {}), got {}",
+          name, 2 * align, align, K, p));
+    bad(fmt::format("{}: expected a row stride that is a multiple of {} elements, got {}", ld_name, align, ld));
+  }
+
+  auto cu = reinterpret_cast<CUstream>(stream);
+  detail::check(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.grad_overflow_count), 0, 1, cu),
+                "train_row_backward: cuMemsetD32Async(grad_overflow_count)");
+  if (tokens == 0) return;
+  const int64_t m_l1 = l1_tokens > 0 ? l1_tokens : tokens;
+  device::TrainRowBackwardParams p{};
+  p.x = static_cast<const uint16_t*>(t.x);
+  p.w_gate = static_cast<const uint16_t*>(t.w_gate);
+  p.w_up = static_cast<const uint16_t*>(t.w_up);
+  p.w_down = static_cast<const uint16_t*>(t.w_down);
+  p.twell = t.twell;
+  p.backup = static_cast<const uint16_t*>(t.backup);
+  p.dy = static_cast<const uint16_t*>(t.dy);
+  p.dx = static_cast<uint16_t*>(t.dx);
+  p.entry_grad = t.entry_grad;
+  p.backup_grad = t.backup_grad;
+  p.grad_overflow_count = t.grad_overflow_count;
+  p.m = tokens;
+  p.ldx = ldx;
+  p.ldwg = t.ld_gate ? t.ld_gate : K;
+  p.ldwu = t.ld_up ? t.ld_up : K;
+  p.ldwd = t.ld_down ? t.ld_down : K;
+  p.lddy = lddy;
+  p.lddx = lddx;
+  p.backup_capacity = backup_capacity;
+  p.grad_capacity = grad_capacity;
+  // The reference's c = fp32(lambda / M), the division in double.
+  p.l1_scale = static_cast<float>(static_cast<double>(lambda) / static_cast<double>(m_l1));
+  p.apply_l1 = lambda != 0.0f ? 1u : 0u;
+  void* args[1] = {&p};
+  detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
+}
+
+}  // namespace twell

@@ -1,0 +1,274 @@
+// The training backward by token row (KernelKind::TrainRowBackward) without a GPU: its generated
+// source compiles with NVRTC for sm_90a and sm_80 at the paper's shape and an odd one, without spills;
+// its description passes its contract; its launch geometry, name and request key; bad specs and bad
+// arguments of train_row_backward are errors naming the field or argument.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+
+#include "EmitTraining.h"
+#include "NvrtcCompiler.h"
+#include "kernel_request.h"
+#include "twell/compiler/Generate.h"
+#include "twell/context.h"
+#include "twell/error.h"
+#include "twell/kernels/launch.h"
+#include "twell/kernels/validate.h"
+#include "twell/training.h"
+
+namespace {
+
+using namespace twell;
+using compiler::KernelKind;
+
+FfnSpec spec_of(int64_t d_model, int64_t d_ff) {
+  FfnSpec s;
+  s.d_model = d_model;
+  s.d_ff = d_ff;
+  return s;
+}
+
+// Compiles `k` to a cubin through NVRTC with ptxas -v: a cubin, and no spill in the report.
+void expect_compiles(const compiler::KernelSource& k, const Target& target, const std::string& what) {
+  ASSERT_EQ(kernels::validate_kernel(k, target), "") << what;
+  const detail::NvrtcOutput out =
+      detail::compileCuda(k.source, k.name + ".cu", target.arch(), /*want_cubin=*/true, {"--ptxas-options=-v"});
+  EXPECT_FALSE(out.cubin.empty()) << what;
+  static const std::regex spills(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
+  int reports = 0;
+  for (auto it = std::sregex_iterator(out.log.begin(), out.log.end(), spills); it != std::sregex_iterator(); ++it) {
+    ++reports;
+    EXPECT_EQ((*it)[1].str(), "0") << what << ": " << it->str();
+    EXPECT_EQ((*it)[2].str(), "0") << what << ": " << it->str();
+  }
+  EXPECT_GT(reports, 0) << what << ": no ptxas report in the log:\n" << out.log;
+}
+
+TEST(TrainRowBackward, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
+  for (Target target : {Target{90, true}, Target{80, false}})
+    for (auto [d_model, d_ff] : {std::pair{2048, 5632}, std::pair{520, 1408}}) {
+      const FfnSpec s = spec_of(d_model, d_ff);
+      const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainRowBackward, s, target);
+      EXPECT_EQ(k.kind, KernelKind::TrainRowBackward);
+      EXPECT_EQ(k.name,
+                fmt::format("twell_train_row_backward_k{}_n{}_t256_s31_relu_bf16_gated1_th00000000", d_model, d_ff));
+      EXPECT_NE(k.source.find(fmt::format("static constexpr int d_model = {};", d_model)), std::string::npos);
+      EXPECT_NE(k.source.find(fmt::format("static constexpr int d_ff = {};", d_ff)), std::string::npos);
+      // The gate the same spec gets: its main loop is what the recompute repeats.
+      const compiler::GeneratedFfn forward = compiler::generateFfn(s, target);
+      EXPECT_EQ(k.mainloop, forward.kernels[0].mainloop);
+      EXPECT_EQ(k.operand_alignment, 8);
+      expect_compiles(k, target, fmt::format("{} on {}", k.name, target.arch()));
+    }
+}
+
+// SiLU (g recomputed: the mma chain after a tensor-core gate, the fma chain after the fma gate), f16,
+// the non-gated variant, a small layout, and a d_model that is not a multiple of 8 (2-byte loads).
+TEST(TrainRowBackward, VariantsCompile) {
+  struct Case {
+    Target target;
+    int64_t d_model, d_ff;
+    Activation act;
+    bool gated;
+    DType dtype;
+    int tile_n, slots;
+  };
+  for (const Case& c : {Case{{90, true}, 520, 1408, Activation::SiLU, true, DType::FP16, 256, 31},
+                        Case{{80, false}, 2048, 5632, Activation::SiLU, true, DType::BF16, 256, 31},
+                        Case{{90, true}, 2048, 5632, Activation::ReLU, false, DType::BF16, 256, 31},
+                        Case{{80, false}, 520, 1408, Activation::ReLU, false, DType::FP16, 64, 3},
+                        Case{{80, false}, 100, 300, Activation::SiLU, true, DType::BF16, 32, 2},
+                        Case{{90, true}, 4100, 1000, Activation::ReLU, true, DType::BF16, 1024, 255}}) {
+    FfnSpec s = spec_of(c.d_model, c.d_ff);
+    s.activation = c.act;
+    s.threshold = c.act == Activation::SiLU ? 0.05f : 0.0f;
+    s.gated = c.gated;
+    s.dtype = c.dtype;
+    s.tile_n = c.tile_n;
+    s.slots = c.slots;
+    const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainRowBackward, s, c.target);
+    EXPECT_EQ(k.gated, c.gated);
+    EXPECT_EQ(k.operand_alignment, c.d_model % 8 == 0 ? 8 : 1);
+    if (c.d_model % 8 != 0) {
+      EXPECT_EQ(k.mainloop, kernels::GateMainloop::Fma) << "d_model " << c.d_model;
+    }
+    expect_compiles(k, c.target, fmt::format("{} on {}", k.name, c.target.arch()));
+  }
+}
+
+TEST(TrainRowBackward, LaunchGeometryAndRequestKey) {
+  FfnSpec s = spec_of(520, 1408);
+  s.activation = Activation::SiLU;
+  s.threshold = 0.1f;
+  s.tile_n = 128;
+  s.slots = 15;
+  const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainRowBackward, s, Target{90, true});
+  const kernels::LaunchConfig c =
+      kernels::launch_config(k, kernels::LaunchShape{1000, 0, 0}, kernels::Occupancy{132, 1, 0});
+  EXPECT_EQ(c.grid_x, 1000u);
+  EXPECT_EQ(c.grid_y, 1u);
+  EXPECT_EQ(c.block_x, 256u);
+  EXPECT_EQ(c.shared_bytes, 0u);
+  EXPECT_EQ(k.name, "twell_train_row_backward_k520_n1408_t128_s15_silu_bf16_gated1_th3dcccccd");
+  EXPECT_EQ(detail::auxiliary_request(KernelKind::TrainRowBackward, s, Target{90, true}),
+            "aux train_row_backward target=sm_90a d_model=520 d_ff=1408 gated=1 activation=silu threshold=0x3dcccccd "
+            "dtype=bf16 "
+            "tile_n=128 slots=15");
+  // Another threshold is another kernel, with another name (bundles hold kernels by name).
+  s.threshold = 0.2f;
+  EXPECT_NE(compiler::generateAuxiliary(KernelKind::TrainRowBackward, s, Target{90, true}).name, k.name);
+  // A broken description is caught by the contract.
+  compiler::KernelSource broken = k;
+  broken.threads = 128;
+  EXPECT_NE(kernels::validate_kernel(broken, Target{90, true}).find("threads"), std::string::npos);
+  broken = k;
+  broken.down_in_out = false;
+  EXPECT_NE(kernels::validate_kernel(broken, Target{90, true}).find("down_in_out"), std::string::npos);
+}
+
+void expect_generate_error(const FfnSpec& s, const std::string& field) {
+  try {
+    compiler::generateAuxiliary(KernelKind::TrainRowBackward, s, Target{90, true});
+    ADD_FAILURE() << "expected an error naming " << field;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainRowBackward, BadSpecsNameTheField) {
+  FfnSpec s = spec_of(20000, 1408);
+  expect_generate_error(s, "spec.d_model");
+  s = spec_of(0, 1408);
+  expect_generate_error(s, "spec.d_model");
+  s = spec_of(512, 0);
+  expect_generate_error(s, "spec.d_ff");
+  s = spec_of(512, 1408);
+  s.tile_n = 48;
+  expect_generate_error(s, "spec.tile_n");
+  s = spec_of(512, 1408);
+  s.activation = Activation::SiLU;
+  s.threshold = 0.0f;
+  expect_generate_error(s, "spec.threshold");
+}
+
+// train_row_backward's checks run before it needs a GPU: each bad argument is named.
+struct Arguments {
+  FfnSpec spec = [] {
+    FfnSpec s = spec_of(512, 1408);
+    s.down_layout = WeightLayout::InOut;
+    return s;
+  }();
+  // Fake, well-aligned addresses: the checks below never dereference them.
+  TrainRowBackwardTensors t{reinterpret_cast<const void*>(0x100000),     reinterpret_cast<const void*>(0x200000),
+                            reinterpret_cast<const void*>(0x300000),     reinterpret_cast<const void*>(0x400000),
+                            reinterpret_cast<const uint32_t*>(0x500000), reinterpret_cast<const void*>(0x600000),
+                            reinterpret_cast<const void*>(0x700000),     reinterpret_cast<void*>(0x800000),
+                            reinterpret_cast<float*>(0x900000),          reinterpret_cast<float*>(0xa00000),
+                            reinterpret_cast<uint32_t*>(0xb00000)};
+  int64_t tokens = 16;
+  uint32_t backup_capacity = 4, grad_capacity = 8;
+  float lambda = 2e-5f;
+};
+
+Context& no_device_context() {
+  static Context ctx([] {
+    ContextOptions o;
+    o.device = ContextOptions::kNoDevice;
+    o.disk_cache = false;
+    return o;
+  }());
+  return ctx;
+}
+
+void expect_argument_error(const Arguments& a, const std::string& name) {
+  try {
+    train_row_backward(no_device_context(), nullptr, a.spec, a.t, a.tokens, a.backup_capacity, a.grad_capacity,
+                       a.lambda);
+    ADD_FAILURE() << "expected an error naming " << name;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << "expected " << name << " in: " << e.what();
+  }
+}
+
+TEST(TrainRowBackward, BadArgumentsNameTheArgument) {
+  {
+    Arguments a;
+    a.spec.down_layout = WeightLayout::OutIn;
+    expect_argument_error(a, "spec.down_layout");
+  }
+  {
+    Arguments a;
+    a.spec.slots = 0;
+    expect_argument_error(a, "spec.slots");
+  }
+  {
+    Arguments a;
+    a.t.x = nullptr;
+    expect_argument_error(a, "t.x");
+  }
+  {
+    Arguments a;
+    a.t.twell = nullptr;
+    expect_argument_error(a, "t.twell");
+  }
+  {
+    Arguments a;
+    a.t.entry_grad = reinterpret_cast<float*>(0x900004);
+    expect_argument_error(a, "t.entry_grad");
+  }
+  {
+    Arguments a;
+    a.t.backup = nullptr;
+    expect_argument_error(a, "t.backup");
+  }
+  {
+    Arguments a;
+    a.spec.gated = false;
+    expect_argument_error(a, "t.w_up");
+  }
+  {
+    Arguments a;
+    a.t.ld_dy = 100;
+    expect_argument_error(a, "t.ld_dy");
+  }
+  {
+    Arguments a;
+    a.tokens = -1;
+    expect_argument_error(a, "tokens");
+  }
+  {
+    Arguments a;
+    a.lambda = -1.0f;
+    expect_argument_error(a, "lambda");
+  }
+  {
+    Arguments a;
+    a.grad_capacity = 2;
+    expect_argument_error(a, "grad_capacity");
+  }
+  {
+    Arguments a;
+    a.t.dx = const_cast<void*>(a.t.dy);
+    expect_argument_error(a, "t.dx");
+  }
+  {
+    Arguments a;
+    a.t.grad_overflow_count = nullptr;
+    expect_argument_error(a, "t.grad_overflow_count");
+  }
+  // Good arguments reach the device: there is none here.
+  Arguments a;
+  try {
+    train_row_backward(no_device_context(), nullptr, a.spec, a.t, a.tokens, a.backup_capacity, a.grad_capacity,
+                       a.lambda);
+    ADD_FAILURE() << "expected Error(NoDevice)";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::NoDevice) << e.what();
+  }
+}
+
+}  // namespace
