@@ -158,7 +158,10 @@ TrainingGradients reference_training_backward(const FfnSpec& s, std::span<const 
   grad.dw_gate.assign(N * K, 0.0f);
   grad.dw_up.assign(s.gated ? N * K : 0, 0.0f);
   grad.dw_down.assign(N * K, 0.0f);
-  std::vector<float> du(s.gated ? nnz : 0), dg(nnz);
+  grad.du.assign(s.gated ? nnz : 0, 0.0f);
+  grad.dg.assign(nnz, 0.0f);
+  std::vector<float>& du = grad.du;
+  std::vector<float>& dg = grad.dg;
 
   // By token: dh, du, dg on the row's support, then dx.
   parallel_rows(M, [&](int64_t b, int64_t e) {

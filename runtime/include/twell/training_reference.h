@@ -72,6 +72,10 @@ struct TrainingGradients {
   std::vector<float> dw_gate;  // [d_ff, d_model]
   std::vector<float> dw_up;    // [d_ff, d_model]; empty for a non-gated spec
   std::vector<float> dw_down;  // [d_model, d_ff] (OutIn) or [d_ff, d_model] (InOut), as spec.down_layout
+  // dL/dg and dL/du of every active entry, in the forward's entry order (TrainingForward, CSR by token):
+  // what the GPU's backward by token row (twell/training.h) stores per TwELL entry.
+  std::vector<float> dg;  // [nnz]
+  std::vector<float> du;  // [nnz]; empty for a non-gated spec
 };
 
 // The derivative of the thresholded activation with respect to g where the entry is active, in fp32
