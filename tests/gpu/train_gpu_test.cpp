@@ -7,8 +7,10 @@
 // The TwELL matrix is packed on the host from the reference forward's support (pack_twell, with the
 // backup capacity of the case), so both sides see the same entries; tile-rows beyond the capacity are
 // recomputed on the GPU with the gate kernel's arithmetic, whose fp32 sums may round differently from
-// the reference's (a 16-bit ulp of a now and then: tolerated). Observed relative errors on the H200: (to
-// be filled in by the first GPU run; the tests print them with TWELL_TEST_VERBOSE=1).
+// the reference's (a 16-bit ulp of a now and then: tolerated). Observed relative errors on the H200
+// (session 13, TWELL_TEST_VERBOSE=1 prints them): dx 1.5e-3 - 2.4e-3 (bf16: dx's own rounding; f16
+// 2.1e-4), dg and du 7e-8 - 7e-5 (the larger where overflowing tile-rows are recomputed); all 7 tests
+// passed on the first run.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 

@@ -1,0 +1,125 @@
+// The training backward by token row (twell/training.h, train_row_backward) against the dense GEMMs it
+// replaces, in one process, at the paper's shape (d_model 2048, d_ff 5632, bf16, in_out Wd).
+//
+// What train_row_backward computes (dh on the support, du, dg, dx = du Wu + dg Wg) is, densely, three
+// GEMMs of M x d_model x d_ff (dh = dy Wd, then dg Wg and du Wu) and elementwise work. The baseline is
+// twell's dense FFN forward with cuBLAS (DenseFfn, DenseKernels::CuBlas: the same three GEMM shapes and
+// one elementwise kernel), what PyTorch's autograd runs for that part of the backward. The weight
+// gradients (three more GEMMs densely) are not part of this kernel and not timed here.
+//
+// GPU time (time_on_stream: the stream held while the calls are queued), one warm-up, median of the
+// timed calls; inputs from make_random_ffn (uniform activity at the density), the TwELL matrix from the
+// plan's own gate kernel.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "test_data.h"
+#include "twell/context.h"
+#include "twell/dense.h"
+#include "twell/device_memory.h"
+#include "twell/plan.h"
+#include "twell/training.h"
+
+using namespace twell;
+using namespace twell::testing;
+
+namespace {
+
+constexpr int64_t kDModel = 2048, kDff = 5632;
+
+Context& context() {
+  static Context ctx;
+  return ctx;
+}
+
+FfnSpec paper_spec() {
+  FfnSpec s;
+  s.d_model = kDModel;
+  s.d_ff = kDff;
+  s.down_layout = WeightLayout::InOut;  // train_row_backward reads Wd^T rows
+  return s;
+}
+
+// args: M, density in permille (5 = 0.5%); path 0 = twell, 1 = the dense cuBLAS baseline.
+void BM_TrainRowBackward(benchmark::State& state, int path) {
+  Context& ctx = context();
+  if (!ctx.has_gpu()) {
+    state.SkipWithError(("no GPU: " + ctx.no_gpu_reason()).c_str());
+    return;
+  }
+  const int64_t m = state.range(0);
+  const double density = static_cast<double>(state.range(1)) / 1000.0;
+  const FfnSpec spec = paper_spec();
+  const RandomFfn f = make_random_ffn(spec, m, density, 5);
+  StreamHandle stream(ctx);
+  DeviceMemory x(ctx, f.x.size() * 2), wg(ctx, f.w_gate.size() * 2), wu(ctx, f.w_up.size() * 2),
+      wd(ctx, f.w_down.size() * 2), dy(ctx, f.x.size() * 2), dx(ctx, f.x.size() * 2);
+  x.upload(f.x);
+  wg.upload(f.w_gate);
+  wu.upload(f.w_up);
+  wd.upload(f.w_down);
+  dy.upload(random_bits(spec.dtype, f.x.size(), -1.0f, 1.0f, 77));
+  std::vector<double> ms;
+  if (path == 1) {
+    DenseFfn dense(ctx, spec, m, DenseKernels::CuBlas);
+    FfnTensors t;
+    t.x = x.data();
+    t.w_gate = wg.data();
+    t.w_up = wu.data();
+    t.w_down = wd.data();
+    t.y = dx.data();
+    ms = time_on_stream(stream.get(), [&] { dense.run(stream.get(), t, m); }, 1, 7);
+    state.SetLabel("dense cuBLAS: 3 GEMMs M x 2048 x 5632 + elementwise");
+  } else {
+    PlanOptions o;
+    o.dispatch = Dispatch::Sparse;
+    o.tuning = PlanOptions::Tuning::Ignore;
+    FfnPlan plan = ctx.plan(spec, m, o);
+    FfnTensors t;
+    t.x = x.data();
+    t.w_gate = wg.data();
+    plan.run_gate(stream.get(), t, m);
+    const TwellMatrix h = plan.download_twell(stream.get());
+    DeviceMemory words(ctx, h.words.size() * 4), backup(ctx, std::max<size_t>(2, h.backup.size() * 2));
+    words.upload(h.words);
+    if (!h.backup.empty()) backup.upload(h.backup);
+    const uint32_t grad_capacity = std::max(h.overflow_count, h.backup_capacity);
+    DeviceMemory entry_grad(ctx, entry_grad_floats(h.layout, kDff, m) * 4),
+        backup_grad(ctx, std::max<int64_t>(8, backup_grad_floats(h.layout, grad_capacity) * 4)), counter(ctx, 4);
+    TrainRowBackwardTensors b;
+    b.x = x.data();
+    b.w_gate = wg.data();
+    b.w_up = wu.data();
+    b.w_down = wd.data();
+    b.twell = static_cast<const uint32_t*>(words.data());
+    b.backup = backup.data();
+    b.dy = dy.data();
+    b.dx = dx.data();
+    b.entry_grad = static_cast<float*>(entry_grad.data());
+    b.backup_grad = static_cast<float*>(backup_grad.data());
+    b.grad_overflow_count = static_cast<uint32_t*>(counter.data());
+    ms = time_on_stream(stream.get(), [&] { train_row_backward(ctx, stream.get(), spec, b, m, h.backup_capacity, grad_capacity, 2e-5f); }, 1, 7);
+    uint64_t nnz = 0;
+    const int64_t wpr = h.layout.words_per_row(kDff);
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t tile = 0; tile < h.layout.tiles(kDff); ++tile) nnz += h.words[r * wpr + tile * (h.layout.slots + 1)];
+    state.SetLabel(fmt::format("twell row backward: measured density {:.2f}%, {} overflowing tile-rows",
+                               100.0 * double(nnz) / double(m * kDff), h.overflow_count));
+  }
+  std::sort(ms.begin(), ms.end());
+  for (auto _ : state) state.SetIterationTime(ms[ms.size() / 2] / 1e3);
+}
+
+void Args(benchmark::internal::Benchmark* b) {
+  for (int permille : {5, 10, 20, 50}) b->Args({16384, permille});
+  b->ArgNames({"M", "density_permille"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_TrainRowBackward, twell, 0)->Apply(Args);
+BENCHMARK_CAPTURE(BM_TrainRowBackward, dense_cublas, 1)->Apply(Args);
+BENCHMARK_MAIN();
