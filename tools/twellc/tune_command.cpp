@@ -30,7 +30,13 @@ const char* kTuneHelp =
     "  --density     uniform random inputs with this fraction of active neurons (default 0.005)\n"
     "  --weights     safetensors files holding layers.<N>.x and the gate weight (../shared/data naming;\n"
     "                --patterns is the same option); missing up/down weights are drawn at random\n"
-    "  --budget-s    stop timing new candidates after this many seconds (default 60; 0: no limit)\n";
+    "  --layer       with --weights: the layer N of layers.<N>.* (default: the files' only layer)\n"
+    "  --budget-s    stop timing new candidates after this many seconds (default 60; 0: no limit)\n"
+    "  --reps        timed calls per candidate and bucket, of which the median counts (default 5)\n"
+    "  --target      the kernels' target (default: this GPU's)\n"
+    "  --tuning-dir  the database to write (default $TWELL_TUNING_DIR, else <kernel cache>/tuning)\n"
+    "  --no-write    tune without storing the result;  --json: print the result as one JSON object\n"
+    "  Needs a GPU. --tile-n, --slots, --consumer and --cluster-m are refused: the tuner chooses them.\n";
 
 std::vector<int64_t> parse_tokens(const std::string& list) {
   if (!list.empty() && list.back() == ',')

@@ -105,8 +105,10 @@ int main(int argc, char** argv) {
   const std::string usage =
       "usage: twellc run [FILE.safetensors ...] [options]   run the sparse FFN on real data (default: embedded sample)\n"
       "       twellc emit (FILE.mlir | --d-model D --d-ff F) [--emit mlir|cuda|ptx] [--out DIR]\n"
-      "       twellc compile (--d-model D --d-ff F | --sample) [--target sm_90a,sm_80] -o DIR   bundles\n"
-      "       twellc tune --d-model D --d-ff F [--tokens M,...] [--density P | --weights FILE --layer N]   autotune\n"
+      "       twellc compile (FILE.mlir | --d-model D --d-ff F | --sample) [--target sm_90a,sm_80] [--tuning-dir DIR] -o DIR\n"
+      "                                                     ahead-of-time bundles\n"
+      "       twellc tune --d-model D --d-ff F [--tokens M,...] [--density P | --weights FILE[,FILE...] --layer N]\n"
+      "                                                     autotune into the tuning database (needs a GPU)\n"
       "       twellc cache list|stats|clear|verify [--dir D]   the kernel cache (twellc cache --help)\n"
       "       twellc <command> --help                       options of a command\n";
   if (argc < 2) {
