@@ -69,7 +69,7 @@ struct PlanOptions {
   // FfnPlan::config_source() says where they came from.
   enum class Tuning { Use, Ignore };
   Tuning tuning = Tuning::Use;
-  // Which tuned workload ("density:0.50%", "pattern:<hex>"); empty: the most recently tuned one.
+  // Which tuned workload ("density:0.5%", "pattern:<hex>"); empty: the most recently tuned one.
   std::string tuning_workload;
   // The database directory; empty: TuningDatabase::default_dir().
   std::string tuning_dir;
