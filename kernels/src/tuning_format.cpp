@@ -11,11 +11,14 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <set>
 #include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+
+#include "twell/kernels/constraints.h"
 
 namespace twell {
 namespace {
@@ -130,9 +133,14 @@ TunedConfig config_from(const json& j, const std::string& where) {
   c.tile_n = integer<int>(j, "tile_n", where);
   c.slots = integer<int>(j, "slots", where);
   c.cluster_m = integer<int>(j, "cluster_m", where);
+  if (c.cluster_m != 1 && c.cluster_m != 2)  // a tune writes 1 or 2 (1 off the wgmma gate and on other paths)
+    bad(where + ".cluster_m", fmt::format("expected 1 or 2, found {}", c.cluster_m));
   c.consumer = one_of<ConsumerVariant>(
       j, "consumer", where, {{"row_gather", ConsumerVariant::RowGather}, {"token_block", ConsumerVariant::TokenBlock}});
   c.decode_max_tokens = integer<int64_t>(j, "decode_max_tokens", where);
+  if (c.decode_max_tokens < 0 || c.decode_max_tokens > kernels::DecodeKernelConstraints::kMaxTokens)
+    bad(where + ".decode_max_tokens", fmt::format("expected 0..{} (0: the decode kernels off), found {}",
+                                                  kernels::DecodeKernelConstraints::kMaxTokens, c.decode_max_tokens));
   if (j.is_object() && j.contains("dense_neurons")) {
     c.dense_neurons = integer<int64_t>(j, "dense_neurons", where);
     if (c.dense_neurons < 0 || c.dense_neurons % 64 != 0)
@@ -221,8 +229,14 @@ TuningFile parse_tuning_file(std::string_view text) {
     workload.unix_time = integer<int64_t>(w, "unix_time", where);
     const json& buckets = member(w, "buckets", where);
     if (!buckets.is_array()) bad(where + ".buckets", fmt::format("expected an array, found {}", shown(buckets)));
-    for (size_t i = 0; i < buckets.size(); ++i)
-      workload.buckets.push_back(bucket_from(buckets[i], fmt::format("{}.buckets[{}]", where, i)));
+    std::set<int64_t> seen;
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      const std::string at = fmt::format("{}.buckets[{}]", where, i);
+      workload.buckets.push_back(bucket_from(buckets[i], at));
+      // Two buckets of one token count: which one a reader took would depend on the sort below.
+      if (!seen.insert(workload.buckets.back().tokens).second)
+        bad(at + ".tokens", fmt::format("expected each bucket once, found {} twice", workload.buckets.back().tokens));
+    }
     std::sort(workload.buckets.begin(), workload.buckets.end(),
               [](const auto& a, const auto& b) { return a.tokens < b.tokens; });
     file.workloads.push_back(std::move(workload));
@@ -252,7 +266,12 @@ std::string tuning_file_json(const TuningFile& file, int indent) {
 std::optional<TuningFile> read_tuning_file(const fs::path& path, std::string* why) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
-    *why = errno == ENOENT ? "absent" : fmt::format("cannot open: {}", std::strerror(errno));
+    const int error = errno;
+    struct stat link {};
+    if (error == ELOOP && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode))
+      *why = "a symbolic link, which is not followed (name the file it points to)";
+    else
+      *why = error == ENOENT ? "absent" : fmt::format("cannot open: {}", std::strerror(error));
     return std::nullopt;
   }
   struct Close {

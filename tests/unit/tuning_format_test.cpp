@@ -213,3 +213,47 @@ TEST(TuningFormat, SplitPointIsStoredButNeverApplied) {
             std::string::npos)
       << refusal(tuning_file_json(bad));
 }
+
+// Values no tune writes are refused while reading, naming the field, so that no reader takes them: a
+// cluster other than 1 or 2 (twell-select-config put cluster_m 7 in the IR and failed verification;
+// cluster_m 0 was reported as tuned while the heuristic's cluster applied), a decode cut-off outside
+// PlanOptions::decode_max_tokens's 0..64 (-5 read as "decode off"), a bucket given twice (which one a
+// reader took depended on the sort).
+TEST(TuningFormat, ValuesNoTuneWritesAreRefused) {
+  auto with = [](auto edit) {
+    TuningFile f = sample_file();
+    edit(f);
+    return refusal(tuning_file_json(f));
+  };
+  for (int cluster : {0, -1, 3, 7})
+    EXPECT_EQ(with([&](TuningFile& f) { f.workloads[0].buckets[0].winner.cluster_m = cluster; }),
+              fmt::format("workloads.density:0.5%.buckets[0].winner.cluster_m: expected 1 or 2, found {}", cluster));
+  for (int64_t decode : {int64_t{-5}, int64_t{65}, int64_t{1} << 40})
+    EXPECT_EQ(with([&](TuningFile& f) { f.workloads[0].buckets[1].runner_up->decode_max_tokens = decode; }),
+              fmt::format("workloads.density:0.5%.buckets[1].runner_up.decode_max_tokens: expected 0..64 (0: the "
+                          "decode kernels off), found {}",
+                          decode));
+  EXPECT_EQ(with([](TuningFile& f) {
+              f.workloads[0].buckets.push_back(f.workloads[0].buckets[0]);
+              f.workloads[0].buckets.back().winner.consumer = ConsumerVariant::TokenBlock;
+            }),
+            "workloads.density:0.5%.buckets[2].tokens: expected each bucket once, found 16 twice");
+  // What a tune writes still reads: clusters 1 and 2, decode 0 and 64.
+  EXPECT_EQ(with([](TuningFile& f) { f.workloads[0].buckets[0].winner.cluster_m = 2; }), "");
+}
+
+// A symbolic link (not followed) is named as such, not as "Too many levels of symbolic links".
+TEST(TuningFormat, SymbolicLinkIsNamed) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("twell-tuning-format-link-{}", ::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ofstream(dir / "good.json") << tuning_file_json(sample_file());
+  fs::create_symlink(dir / "good.json", dir / "link.json");
+  fs::create_symlink(dir / "none.json", dir / "dangling.json");
+  std::string why;
+  EXPECT_FALSE(read_tuning_file(dir / "link.json", &why).has_value());
+  EXPECT_EQ(why, "a symbolic link, which is not followed (name the file it points to)");
+  EXPECT_FALSE(read_tuning_file(dir / "dangling.json", &why).has_value());
+  EXPECT_EQ(why, "a symbolic link, which is not followed (name the file it points to)");
+  fs::remove_all(dir);
+}

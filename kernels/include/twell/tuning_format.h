@@ -86,7 +86,8 @@ std::string tuning_key_text(const FfnSpec& spec);
 
 // Parses one file's JSON. Throws std::invalid_argument naming the field, what was expected and what
 // was found (not JSON, nested deeper than 16 levels, another schema, a missing or mistyped field, an
-// unknown path or consumer name, a bucket whose tokens is not a power of two).
+// unknown path or consumer name, a bucket whose tokens is not a power of two or that appears twice in a
+// workload, a cluster_m other than 1 or 2, a decode_max_tokens outside 0..64).
 TuningFile parse_tuning_file(std::string_view text);
 
 // The file's JSON (`indent` as nlohmann::json::dump's; -1: compact), which parse_tuning_file reads back
