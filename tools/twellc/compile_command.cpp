@@ -153,6 +153,13 @@ int compile_command(const std::vector<std::string>& argv) {
       spec = spec_from_args(args);
     }
     const std::string tuning_dir = args.get("tuning-dir", "");
+    // An empty value would read as the option left out: no tuned choices, or every workload, silently.
+    if (args.has("tuning-dir") && tuning_dir.empty())
+      throw std::invalid_argument("--tuning-dir: expected a tuning database directory (twellc tune's), got ''");
+    if (args.has("tuning-workload") && args.get("tuning-workload", "").empty())
+      throw std::invalid_argument(
+          "--tuning-workload: expected a workload name (e.g. density:0.5%, pattern:<16 hex>), got '' (leave the option out "
+          "for every workload)");
     if (args.has("tuning-workload") && tuning_dir.empty())
       throw std::invalid_argument("--tuning-workload: expected with --tuning-dir, got it alone");
     if (!tuning_dir.empty()) {
