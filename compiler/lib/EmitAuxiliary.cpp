@@ -124,8 +124,11 @@ KernelSource generateAuxiliary(KernelKind kind, const FfnSpec& spec, const Targe
       return denseGatedUp(spec);
     case KernelKind::TrainRowBackward:
       return emitTrainRowBackward(spec, target);
+    case KernelKind::TrainWeightGrad:
+      return emitTrainWeightGrad(spec, target);
     default:
-      fail("not an auxiliary kernel (WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp or TrainRowBackward); "
+      fail("not an auxiliary kernel (WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp, TrainRowBackward or "
+           "TrainWeightGrad); "
            "the FFN's kernels come from generateFfn");
   }
   return {};

@@ -20,4 +20,15 @@ kernels::KernelSource emitTrainRowBackward(const FfnSpec& spec, const Target& ta
 // digits> (the runtime's bundle check rebuilds it from the request key).
 std::string trainRowBackwardName(const FfnSpec& spec);
 
+// The weight gradients of `spec` (KernelKind::TrainWeightGrad): d_model, d_ff, tile_n, slots (the
+// generator's defaults where unset), dtype and gated become constants; the activation, threshold, down
+// layout, consumer and cluster do not matter (the kernel sums the row backward's per-entry values and
+// writes an in_out dWd). The same kernel for every target (no tensor cores). Throws
+// Error(InvalidArgument) naming the spec field (validate_spec's rules, d_model above
+// TrainWeightGradConstraints::kMaxDModel).
+kernels::KernelSource emitTrainWeightGrad(const FfnSpec& spec, const Target& target);
+
+// Its entry symbol: twell_train_weight_grad_k<d_model>_n<d_ff>_t<tile_n>_s<slots>_<dtype>_gated<0|1>.
+std::string trainWeightGradName(const FfnSpec& spec);
+
 }  // namespace twell::compiler

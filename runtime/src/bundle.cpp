@@ -347,6 +347,9 @@ void Bundle::check_set(const Bundle& b, const BundleSet& set) {
       expected = fmt::format("twell_train_row_backward_k{}_n{}_t{}_s{}_{}_{}_gated{}_th{}", field_of("d_model"), field_of("d_ff"),
                              field_of("tile_n"), field_of("slots"), field_of("activation"), field_of("dtype"), field_of("gated"),
                              field_of("threshold").substr(std::min<size_t>(2, field_of("threshold").size())));
+    if (*parsed == KernelKind::TrainWeightGrad)
+      expected = fmt::format("twell_train_weight_grad_k{}_n{}_t{}_s{}_{}_gated{}", field_of("d_model"), field_of("d_ff"),
+                             field_of("tile_n"), field_of("slots"), field_of("dtype"), field_of("gated"));
     if (name != expected)
       parse_error(b.dir_, fmt::format("{}: expected the kernel {}, found {}", where, expected, name));
     if (*parsed == KernelKind::DenseGatedUp) {

@@ -72,7 +72,7 @@ struct Context::Impl {
   // errors. Thread-safe.
   FfnKernels ffn_kernels(const FfnSpec& spec, std::optional<WeightLayout> decode_down_layout, const char* who);
   // An auxiliary kernel (kernel.h: WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp,
-  // TrainRowBackward), the same way. Thread-safe.
+  // TrainRowBackward, TrainWeightGrad), the same way. Thread-safe.
   std::shared_ptr<LoadedKernel> auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who);
   // JIT-compiles `source` through the cache (no module). Throws Error(Unsupported) without a JIT.
   std::shared_ptr<LoadedKernel> compile(const kernels::KernelSource& source);

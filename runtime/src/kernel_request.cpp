@@ -35,6 +35,9 @@ std::string auxiliary_request(kernels::KernelKind kind, const FfnSpec& s, const 
     key += fmt::format(" d_model={} d_ff={} gated={} activation={} threshold={} dtype={} tile_n={} slots={}", s.d_model, s.d_ff,
                        s.gated ? 1 : 0, to_string(s.activation), threshold_bits(s.threshold), to_string(s.dtype),
                        s.tile_n.value_or(kernels::kDefaultTileN), s.slots.value_or(kernels::kDefaultSlots));
+  if (kind == KernelKind::TrainWeightGrad)
+    key += fmt::format(" d_model={} d_ff={} gated={} dtype={} tile_n={} slots={}", s.d_model, s.d_ff, s.gated ? 1 : 0,
+                       to_string(s.dtype), s.tile_n.value_or(kernels::kDefaultTileN), s.slots.value_or(kernels::kDefaultSlots));
   return key;
 }
 

@@ -17,7 +17,8 @@ std::string ffn_request(const FfnSpec& spec, const Target& target, std::optional
 
 // An auxiliary kernel of generateAuxiliary(kind, spec, target): only the fields it depends on
 // (transpose and permute: none; the gated multiply: dtype and activation; the fused gated-up kernel:
-// the shape and numerics; the training backward: the shape, numerics and layout).
+// the shape and numerics; the training backward: the shape, numerics and layout; the weight gradients:
+// the shape, layout, dtype and gated).
 std::string auxiliary_request(kernels::KernelKind kind, const FfnSpec& spec, const Target& target);
 
 }  // namespace twell::detail

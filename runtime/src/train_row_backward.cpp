@@ -62,8 +62,8 @@ void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spe
   if (backup_capacity > 0) need("t.backup", t.backup, 2);
   need("t.dy", t.dy, 2);
   need("t.dx", t.dx, 2);
-  need("t.entry_grad", t.entry_grad, 8);
-  if (grad_capacity > 0) need("t.backup_grad", t.backup_grad, 8);
+  need("t.entry_grad", t.entry_grad, 16);
+  if (grad_capacity > 0) need("t.backup_grad", t.backup_grad, 16);
   need("t.grad_overflow_count", t.grad_overflow_count, 4);
   const int64_t ldx = t.ld_x ? t.ld_x : K, lddy = t.ld_dy ? t.ld_dy : K, lddx = t.ld_dx ? t.ld_dx : K;
   const auto span = [&](const void* p, int64_t ld) {

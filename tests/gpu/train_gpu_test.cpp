@@ -1,5 +1,6 @@
-// The training backward by token row (twell/training.h, train_row_backward) on the GPU against the CPU
-// reference (twell/training_reference.h): dx and every entry's dg and du, on random data at several
+// The training backward (twell/training.h: train_row_backward, then train_weight_grad) on the GPU
+// against the CPU reference (twell/training_reference.h): dx, every entry's dg, du, h (and a), and the
+// weight gradients dWg, dWu, dWd (in_out), on random data at several
 // densities and token counts, all-zero and all-active rows, overflowing rows through the backup and the
 // recompute paths, SiLU, f16 and the non-gated variant; twice each (bit-identical); and the TwELL matrix
 // of the GPU's own gate kernel. Without a GPU the binary skips (ffn_gpu_test.cpp's main, exit code 77).
@@ -7,7 +8,9 @@
 // The TwELL matrix is packed on the host from the reference forward's support (pack_twell, with the
 // backup capacity of the case), so both sides see the same entries; tile-rows beyond the capacity are
 // recomputed on the GPU with the gate kernel's arithmetic, whose fp32 sums may round differently from
-// the reference's (a 16-bit ulp of a now and then: tolerated). Observed relative errors on the H200
+// the reference's (a 16-bit ulp of a now and then: tolerated). The weight gradients sum in the
+// reference's order (tokens ascending, one fma each), so they differ only through dg, du and h; on
+// exact-sum data they are the reference's bit for bit. Observed relative errors on the H200
 // (session 13, TWELL_TEST_VERBOSE=1 prints them): dx 1.5e-3 - 2.4e-3 (bf16: dx's own rounding; f16
 // 2.1e-4), dg and du 7e-8 - 7e-5 (the larger where overflowing tile-rows are recomputed); all 7 tests
 // passed on the first run.
@@ -117,10 +120,66 @@ GpuBackward run_gpu(const RandomFfn& f, const TwellMatrix& m, const std::vector<
   return out;
 }
 
-// Every reference entry's {dg, du} as the GPU stored it (addressed like the TwELL words; overflowing
+// The weight gradients on the GPU from a backward's per-entry quads (uploaded again as they came back),
+// outputs poisoned first (0xFF bytes: NaN): fp32, or the raw 16-bit bits where output_dtype.
+struct GpuWeightGrad {
+  std::vector<float> dw_gate, dw_up, dw_down;           // fp32 outputs (empty where output_dtype)
+  std::vector<uint16_t> dw_gate16, dw_up16, dw_down16;  // 16-bit outputs (output_dtype)
+};
+
+GpuWeightGrad run_weight_grad(const RandomFfn& f, const TwellMatrix& m, const std::vector<uint16_t>& dy,
+                              const GpuBackward& g, uint32_t grad_capacity, bool output_dtype = false) {
+  Context& ctx = train_context();
+  StreamHandle stream(ctx);
+  const FfnSpec& s = f.spec;
+  const size_t outputs = static_cast<size_t>(s.d_ff * s.d_model), out_bytes = output_dtype ? 2 : 4;
+  DeviceMemory x(ctx, f.x.size() * 2 + 16), dyd(ctx, dy.size() * 2 + 16),
+      words(ctx, std::max<size_t>(4, m.words.size() * 4)),
+      entry(ctx, std::max<size_t>(16, g.entry_grad.size() * 4)), bgrad(ctx, std::max<size_t>(16, g.backup_grad.size() * 4)),
+      dwg(ctx, outputs * out_bytes), dwu(ctx, outputs * out_bytes), dwd(ctx, outputs * out_bytes);
+  x.upload(f.x);
+  dyd.upload(dy);
+  if (!m.words.empty()) words.upload(m.words);
+  if (!g.entry_grad.empty()) entry.upload(g.entry_grad);
+  if (!g.backup_grad.empty()) bgrad.upload(g.backup_grad);
+  dwg.fill(0xFF);
+  dwu.fill(0xFF);
+  dwd.fill(0xFF);
+  TrainWeightGradTensors t;
+  t.x = x.data();
+  t.dy = dyd.data();
+  t.twell = static_cast<const uint32_t*>(words.data());
+  t.entry_grad = static_cast<const float*>(entry.data());
+  t.backup_grad = static_cast<const float*>(bgrad.data());
+  t.dw_gate = dwg.data();
+  t.dw_up = s.gated ? dwu.data() : nullptr;
+  t.dw_down = dwd.data();
+  t.output_dtype = output_dtype;
+  train_weight_grad(ctx, stream.get(), s, t, f.tokens, grad_capacity);
+  stream.synchronize();
+  GpuWeightGrad out;
+  if (output_dtype) {
+    out.dw_gate16 = dwg.download_vector<uint16_t>(outputs);
+    if (s.gated) out.dw_up16 = dwu.download_vector<uint16_t>(outputs);
+    out.dw_down16 = dwd.download_vector<uint16_t>(outputs);
+  } else {
+    out.dw_gate = dwg.download_vector<float>(outputs);
+    if (s.gated) out.dw_up = dwu.download_vector<float>(outputs);
+    out.dw_down = dwd.download_vector<float>(outputs);
+  }
+  return out;
+}
+
+int64_t nan_count(const std::vector<float>& v) { return std::count_if(v.begin(), v.end(), [](float e) { return std::isnan(e); }); }
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+// Every reference entry's {dg, du, h, a} as the GPU stored it (addressed like the TwELL words; overflowing
 // tile-rows through their grad row). NaN where it is nowhere (a grad row that did not fit).
 struct EntryGrads {
-  std::vector<float> dg, du;
+  std::vector<float> dg, du, h, a;
   int64_t nowhere = 0;
   int64_t extra = 0;  // nonzero gradients in grad rows where the reference has no entry
 };
@@ -133,9 +192,13 @@ EntryGrads gather(const FfnSpec& s, const Forward& fw, const GpuBackward& g, uin
   const int64_t nnz = static_cast<int64_t>(r.neuron.size());
   out.dg.assign(nnz, NAN);
   out.du.assign(nnz, NAN);
-  auto take = [&](int64_t i, const float* pair) {
-    out.dg[i] = pair[0];
-    out.du[i] = pair[1];
+  out.h.assign(nnz, NAN);
+  out.a.assign(nnz, NAN);
+  auto take = [&](int64_t i, const float* quad) {
+    out.dg[i] = quad[0];
+    out.du[i] = quad[1];
+    out.h[i] = quad[2];
+    out.a[i] = quad[3];
   };
   for (int64_t t = 0; t < r.tokens; ++t) {
     for (int64_t i = r.row_start[t]; i < r.row_start[t + 1]; ++i) {
@@ -145,31 +208,32 @@ EntryGrads gather(const FfnSpec& s, const Forward& fw, const GpuBackward& g, uin
       if (nnz_tile <= static_cast<uint32_t>(l.slots)) {
         for (uint32_t e = 0; e < nnz_tile; ++e)
           if ((fw.twell.words[word0 + 1 + e] & 0xFFFFu) == static_cast<uint32_t>(c))
-            take(i, &g.entry_grad[2 * (word0 + 1 + e)]);
+            take(i, &g.entry_grad[4 * (word0 + 1 + e)]);
         continue;
       }
       uint32_t b;
-      std::memcpy(&b, &g.entry_grad[2 * (word0 + 1)], 4);
+      std::memcpy(&b, &g.entry_grad[4 * (word0 + 1)], 4);
       if (b == kBackupMissing || b >= grad_capacity) {
         ++out.nowhere;
         continue;
       }
-      take(i, &g.backup_grad[2 * (int64_t{b} * l.tile_n + c)]);
+      take(i, &g.backup_grad[4 * (int64_t{b} * l.tile_n + c)]);
     }
     // Grad rows: zero where the reference has no entry (a borderline flip of a recomputed tile-row aside).
     for (int64_t tile = 0; tile < l.tiles(s.d_ff); ++tile) {
       const int64_t word0 = t * wpr + tile * (l.slots + 1);
       if (fw.twell.words[word0] <= static_cast<uint32_t>(l.slots)) continue;
       uint32_t b;
-      std::memcpy(&b, &g.entry_grad[2 * (word0 + 1)], 4);
+      std::memcpy(&b, &g.entry_grad[4 * (word0 + 1)], 4);
       if (b == kBackupMissing || b >= grad_capacity) continue;
       std::vector<bool> entry(l.tile_n, false);
       for (int64_t i = r.row_start[t]; i < r.row_start[t + 1]; ++i)
         if (r.neuron[i] / l.tile_n == tile) entry[r.neuron[i] % l.tile_n] = true;
       for (int c = 0; c < l.tile_n; ++c)
-        if (!entry[c] && (g.backup_grad[2 * (int64_t{b} * l.tile_n + c)] != 0.0f ||
-                          g.backup_grad[2 * (int64_t{b} * l.tile_n + c) + 1] != 0.0f))
-          ++out.extra;
+        if (!entry[c]) {
+          const float* quad = &g.backup_grad[4 * (int64_t{b} * l.tile_n + c)];
+          if (quad[0] != 0.0f || quad[1] != 0.0f || quad[2] != 0.0f || quad[3] != 0.0f) ++out.extra;
+        }
     }
   }
   return out;
@@ -181,7 +245,7 @@ std::vector<uint16_t> random_dy(const RandomFfn& f, uint32_t seed) {
 }
 
 struct Checked {
-  double err_dx = 0, err_dg = 0, err_du = 0;
+  double err_dx = 0, err_dg = 0, err_du = 0, err_h = 0, err_dwg = 0, err_dwu = 0, err_dwd = 0;
 };
 
 // The whole check of one case: GPU twice against the reference; returns the errors.
@@ -210,11 +274,15 @@ Checked check_case(const RandomFfn& f, uint32_t backup_capacity, float lambda, c
   EXPECT_LE(e1.extra, std::max<int64_t>(2, static_cast<int64_t>(ref.dg.size()) / 1000))
       << what << ": gradients off the support";
   // Only the entries the GPU stored are compared (all of them unless the grad rows ran out).
-  std::vector<float> gdg, rdg, gdu, rdu;
+  std::vector<float> gdg, rdg, gdu, rdu, gh, rh;
+  int64_t a_diff = 0;
   for (size_t i = 0; i < ref.dg.size(); ++i) {
     if (std::isnan(e1.dg[i]) && e1.nowhere > 0) continue;
     gdg.push_back(e1.dg[i]);
     rdg.push_back(ref.dg[i]);
+    gh.push_back(e1.h[i]);
+    rh.push_back(fw.reference.hidden[i]);
+    a_diff += e1.a[i] != to_float(f.spec.dtype, fw.reference.act[i]);
     if (f.spec.gated) {
       gdu.push_back(e1.du[i]);
       rdu.push_back(ref.du[i]);
@@ -224,16 +292,43 @@ Checked check_case(const RandomFfn& f, uint32_t backup_capacity, float lambda, c
   }
   out.err_dg = relative_error(gdg, rdg);
   out.err_du = relative_error(gdu, rdu);
+  out.err_h = relative_error(gh, rh);
   EXPECT_LT(out.err_dg, 1e-2) << what << ": dg";
   EXPECT_LT(out.err_du, 1e-2) << what << ": du";
+  EXPECT_LT(out.err_h, 1e-2) << what << ": h";
+  // a is the forward's (backup or recompute; a recomputed one may round differently now and then).
+  EXPECT_LE(a_diff, std::max<int64_t>(2, static_cast<int64_t>(ref.dg.size()) / 1000)) << what << ": a per entry";
   // Bit-identical per entry across the two runs (NaN = nowhere compared as bits).
   EXPECT_EQ(0, std::memcmp(e1.dg.data(), e2.dg.data(), e1.dg.size() * 4)) << what << ": dg differs between two runs";
   EXPECT_EQ(0, std::memcmp(e1.du.data(), e2.du.data(), e1.du.size() * 4)) << what << ": du differs between two runs";
+  EXPECT_EQ(0, std::memcmp(e1.h.data(), e2.h.data(), e1.h.size() * 4)) << what << ": h differs between two runs";
+
+  // The weight gradients, from each run's quads (the grad rows they took may differ; the sums may not).
+  const GpuWeightGrad w1 = run_weight_grad(f, fw.twell, dy, g1, grad_capacity);
+  const GpuWeightGrad w2 = run_weight_grad(f, fw.twell, dy, g2, grad_capacity);
+  EXPECT_TRUE(same_bits(w1.dw_gate, w2.dw_gate)) << what << ": dWg differs between two runs";
+  EXPECT_TRUE(same_bits(w1.dw_up, w2.dw_up)) << what << ": dWu differs between two runs";
+  EXPECT_TRUE(same_bits(w1.dw_down, w2.dw_down)) << what << ": dWd differs between two runs";
+  EXPECT_EQ(w1.dw_up.size(), f.spec.gated ? ref.dw_up.size() : 0u) << what;
+  if (missing <= room) {
+    // No poison left, nothing NaN, and the sums within the tolerance.
+    EXPECT_EQ(nan_count(w1.dw_gate) + nan_count(w1.dw_up) + nan_count(w1.dw_down), 0) << what << ": NaN weight gradients";
+    out.err_dwg = relative_error(w1.dw_gate, ref.dw_gate);
+    out.err_dwu = relative_error(w1.dw_up, ref.dw_up);
+    out.err_dwd = relative_error(w1.dw_down, ref.dw_down);
+    EXPECT_LT(out.err_dwg, 1e-2) << what << ": dWg";
+    EXPECT_LT(out.err_dwu, 1e-2) << what << ": dWu";
+    EXPECT_LT(out.err_dwd, 1e-2) << what << ": dWd";
+  } else {
+    // Quads were not stored: the neurons of the tiles that lost some must be NaN, never silently wrong.
+    EXPECT_GT(nan_count(w1.dw_down), 0) << what << ": grad rows ran out, yet no weight gradient is NaN";
+  }
   if (verbose())
     std::printf(
-        "%s: nnz %zu, overflowing tile-rows %u (backup %u, grad rows %u), relative errors dx %.3g dg %.3g du %.3g\n",
+        "%s: nnz %zu, overflowing tile-rows %u (backup %u, grad rows %u), relative errors dx %.3g dg %.3g du %.3g h %.3g "
+        "dWg %.3g dWu %.3g dWd %.3g\n",
         what.c_str(), ref.dg.size(), fw.twell.overflow_count, backup_capacity, grad_capacity, out.err_dx, out.err_dg,
-        out.err_du);
+        out.err_du, out.err_h, out.err_dwg, out.err_dwu, out.err_dwd);
   return out;
 }
 
@@ -371,7 +466,25 @@ TEST(GpuTrainRowBackward, ExactDataIsBitIdentical) {
   }
   EXPECT_EQ(dg_diff, 0) << "of " << ref.dg.size() << " entries";
   EXPECT_EQ(du_diff, 0) << "of " << ref.du.size() << " entries";
+  int64_t h_diff = 0;
+  for (size_t i = 0; i < ref.dg.size(); ++i) h_diff += std::memcmp(&e.h[i], &fw.reference.hidden[i], 4) != 0;
+  EXPECT_EQ(h_diff, 0) << "of " << ref.dg.size() << " entries";
   EXPECT_EQ(e.extra, 0);
+  // The weight gradients sum in the reference's order: bit for bit on the same dg, du and h.
+  const GpuWeightGrad w = run_weight_grad(f, fw.twell, dy, g, grad_capacity);
+  EXPECT_TRUE(same_bits(w.dw_gate, ref.dw_gate)) << "dWg";
+  EXPECT_TRUE(same_bits(w.dw_up, ref.dw_up)) << "dWu";
+  EXPECT_TRUE(same_bits(w.dw_down, ref.dw_down)) << "dWd";
+  // In the dtype: each element the fp32 sum rounded once.
+  const GpuWeightGrad w16 = run_weight_grad(f, fw.twell, dy, g, grad_capacity, /*output_dtype=*/true);
+  for (const auto& [name, got, want] : {std::tuple{"dWg", &w16.dw_gate16, &ref.dw_gate},
+                                        std::tuple{"dWu", &w16.dw_up16, &ref.dw_up},
+                                        std::tuple{"dWd", &w16.dw_down16, &ref.dw_down}}) {
+    ASSERT_EQ(got->size(), want->size()) << name;
+    int64_t diff = 0;
+    for (size_t i = 0; i < want->size(); ++i) diff += (*got)[i] != from_float(s.dtype, (*want)[i]);
+    EXPECT_EQ(diff, 0) << name << " in the dtype, of " << want->size();
+  }
 }
 
 // The TwELL matrix of the GPU's own gate kernel (FfnPlan::run_gate, a small backup: GPU-made
@@ -412,6 +525,13 @@ TEST(GpuTrainRowBackward, OnTheGateKernelsTwell) {
     const GpuBackward g = run_gpu(f, gpu, dy, grad_capacity, 2e-5f);
     const double err = relative_error(to_float(s.dtype, g.dx), ref.dx);
     EXPECT_LT(err, 1e-2) << "d_model " << d_model;
+    const GpuWeightGrad w = run_weight_grad(f, gpu, dy, g, grad_capacity);
+    const double err_dwg = relative_error(w.dw_gate, ref.dw_gate), err_dwu = relative_error(w.dw_up, ref.dw_up),
+                 err_dwd = relative_error(w.dw_down, ref.dw_down);
+    EXPECT_LT(err_dwg, 1e-2) << "d_model " << d_model << ": dWg";
+    EXPECT_LT(err_dwu, 1e-2) << "d_model " << d_model << ": dWu";
+    EXPECT_LT(err_dwd, 1e-2) << "d_model " << d_model << ": dWd";
+    if (verbose()) std::printf("gate kernel's TwELL, d_model %d: dWg %.3g dWu %.3g dWd %.3g\n", d_model, err_dwg, err_dwu, err_dwd);
     EXPECT_EQ(g.grad_overflow, gpu.overflow_count > gpu.backup_capacity ? gpu.overflow_count - gpu.backup_capacity : 0);
     if (verbose())
       std::printf("gate kernel's TwELL, d_model %d: overflowing %u of backup %u, dx relative error %.3g\n", d_model,

@@ -221,6 +221,11 @@ TEST(TrainRowBackward, BadArgumentsNameTheArgument) {
     expect_argument_error(a, "t.entry_grad");
   }
   {
+    Arguments a;  // quads: 16-byte stores
+    a.t.backup_grad = reinterpret_cast<float*>(0xa00008);
+    expect_argument_error(a, "t.backup_grad");
+  }
+  {
     Arguments a;
     a.t.backup = nullptr;
     expect_argument_error(a, "t.backup");

@@ -19,8 +19,19 @@
 // (within 2 ulp of the host's). Tests hold the norm-wise relative error under 1e-2; with ReLU on data
 // whose sums are exact in fp32, every value is the reference's bit for bit (tests/gpu/train_gpu_test.cpp).
 //
-// Bitwise deterministic: the same inputs give the same dx and the same {dg, du} for every entry, run after
-// run (which grad row an overflowing tile-row without a forward backup row takes may differ).
+// Bitwise deterministic: the same inputs give the same dx and the same {dg, du, h} for every entry, run
+// after run (which grad row an overflowing tile-row without a forward backup row takes may differ).
+//
+// The weight gradients (train_weight_grad), from the same TwELL words and the row backward's per-entry
+// values, in fp32 per neuron j:
+//   dWg_j = sum_t dg_tj x_t,  dWu_j = sum_t du_tj x_t,  dWd^T_j = sum_t h_tj dy_t
+// over the tokens t that activate j, ascending, one fma per term from +0: reference_training_backward's
+// order, so on the same dg, du, h they are the reference's bit for bit (tests/gpu/train_gpu_test.cpp,
+// exact-sum data); against the reference on random data they differ only through the row backward's
+// per-entry rounding (dg, du, h within a few fp32 ulps: tests hold the norm-wise relative error under
+// 1e-2). Bitwise deterministic (no atomics, no split of the tokens). dWd is written in the in_out
+// layout, [d_ff, d_model] (the rows of dWd^T, the layout train_row_backward reads Wd in); transpose it
+// for an nn.Linear Wd ([d_model, d_ff]).
 #pragma once
 #include <cstdint>
 
@@ -47,30 +58,33 @@ struct TrainRowBackwardTensors {
   const void* backup = nullptr;  // may be null where backup_capacity is 0
   const void* dy = nullptr;      // [M, K] dL/dy
   void* dx = nullptr;            // [M, K] output, dtype; must not overlap x or dy
-  // Outputs for the weight gradients (TrainRowBackwardParams in twell/device/params.h says it in full):
-  // entry_grad: [M, tiles * (slots + 1)] pairs of fp32 {dg, du}, addressed like the TwELL words: word
-  //   1 + e of a tile-row within its slots holds entry e's pair; word 1 of an overflowing tile-row
-  //   holds {b as uint32 bits, 0}, b its row of backup_grad (kBackupMissing: backup_grad was full);
-  //   other words are not written. entry_grad_floats() floats, 8-byte aligned.
+  // Outputs for the weight gradients (train_weight_grad reads them; TrainRowBackwardParams in
+  // twell/device/params.h says it in full), quads of fp32 {dg, du, h, a} (du = 0 non-gated; h = a u, or
+  // a non-gated; a the entry's activated value, nonzero on every active entry):
+  // entry_grad: [M, tiles * (slots + 1)] quads, addressed like the TwELL words: word 1 + e of a tile-row
+  //   within its slots holds entry e's quad; word 1 of an overflowing tile-row holds {b as uint32 bits,
+  //   0, 0, 0}, b its row of backup_grad (kBackupMissing: backup_grad was full); other words are not
+  //   written. entry_grad_floats() floats, 16-byte aligned.
   float* entry_grad = nullptr;
-  // backup_grad: [grad_capacity, tile_n] pairs {dg, du} (+0 where the column is inactive). A tile-row
-  //   stored in forward backup row b takes grad row b; one the forward could not store claims a row from
-  //   backup_capacity up. backup_grad_floats() floats, 8-byte aligned; may be null where grad_capacity is 0.
+  // backup_grad: [grad_capacity, tile_n] quads ({+0, +0, +0, +0} where the column is inactive). A
+  //   tile-row stored in forward backup row b takes grad row b; one the forward could not store claims a
+  //   row from backup_capacity up. backup_grad_floats() floats, 16-byte aligned; may be null where
+  //   grad_capacity is 0.
   float* backup_grad = nullptr;
   // One device uint32, zeroed on the stream before the launch: how many tile-rows without a forward
   // backup row claimed a grad row (it counts past the room, grad_capacity - backup_capacity). Where it
-  // ends above the room, some entries' {dg, du} were not stored (dx is right regardless): grow
-  // backup_grad to backup_capacity + the count and run again.
+  // ends above the room, some entries' quads were not stored (dx is right regardless): grow
+  // backup_grad to backup_capacity + the count and run again (train_weight_grad needs every quad).
   uint32_t* grad_overflow_count = nullptr;
   int64_t ld_x = 0, ld_gate = 0, ld_up = 0, ld_down = 0, ld_dy = 0, ld_dx = 0;
 };
 
-// Sizes of the gradient outputs, in floats.
+// Sizes of the per-entry outputs, in floats (4 per quad).
 inline int64_t entry_grad_floats(const TwellLayout& layout, int64_t d_ff, int64_t tokens) {
-  return tokens * layout.words_per_row(d_ff) * 2;
+  return tokens * layout.words_per_row(d_ff) * 4;
 }
 inline int64_t backup_grad_floats(const TwellLayout& layout, uint32_t grad_capacity) {
-  return int64_t{grad_capacity} * layout.tile_n * 2;
+  return int64_t{grad_capacity} * layout.tile_n * 4;
 }
 
 // The backward by token row (above) of `tokens` rows (0 <= tokens < 2^31), stream-ordered, no host
@@ -84,7 +98,7 @@ inline int64_t backup_grad_floats(const TwellLayout& layout, uint32_t grad_capac
 // split into several calls). backup_capacity: the forward's (its backup's rows); grad_capacity >= it.
 // Alignment: with d_model % 8 == 0 the 16-bit operands' pointers and row strides must be multiples of
 // 8 elements (16-byte loads), else of 2 bytes; the TwELL words and the counter 4 bytes; entry_grad and
-// backup_grad 8 bytes.
+// backup_grad 16 bytes.
 // Throws Error(InvalidArgument) naming the argument (the spec field, a null, misaligned or non-device
 // pointer, a short stride, a token count or capacity out of range, dx overlapping x or dy, a lambda
 // that is negative or not finite), Error(NoDevice) without a GPU, Error(NotFound) with no bundle
@@ -92,5 +106,43 @@ inline int64_t backup_grad_floats(const TwellLayout& layout, uint32_t grad_capac
 void train_row_backward(Context& context, Stream stream, const FfnSpec& spec, const TrainRowBackwardTensors& t,
                         int64_t tokens, uint32_t backup_capacity, uint32_t grad_capacity, float lambda,
                         int64_t l1_tokens = 0);
+
+// Device pointers of one weight-gradient call (M = tokens, K = d_model, N = d_ff; row strides in
+// elements of the tensor's type, 0 = dense):
+struct TrainWeightGradTensors {
+  const void* x = nullptr;   // [M, K] spec.dtype, the forward's input
+  const void* dy = nullptr;  // [M, K] spec.dtype, dL/dy
+  // The forward's TwELL words [M, tiles * (slots + 1)] and the quads train_row_backward wrote for them
+  // (entry_grad, backup_grad: TrainRowBackwardTensors), unchanged since; not modified.
+  const uint32_t* twell = nullptr;
+  const float* entry_grad = nullptr;
+  const float* backup_grad = nullptr;  // may be null where grad_capacity is 0
+  // Outputs, [N, K] row-major, fp32 (or spec.dtype where output_dtype), every element written:
+  void* dw_gate = nullptr;  // dL/dWg (nn.Linear layout, as Wg)
+  void* dw_up = nullptr;    // dL/dWu; nullptr (and ld_dw_up 0) for a non-gated spec
+  void* dw_down = nullptr;  // dL/dWd in the in_out layout: row j is dWd^T_j = sum_t h_tj dy_t
+  // false: fp32 outputs; true: spec.dtype outputs, each rounded once from the fp32 sum.
+  bool output_dtype = false;
+  int64_t ld_x = 0, ld_dy = 0, ld_dw_gate = 0, ld_dw_up = 0, ld_dw_down = 0;
+};
+
+// The weight gradients (above) of `tokens` rows (0 <= tokens < 2^40; 0 writes zeros), stream-ordered,
+// no host synchronization, no workspace (the kernel, KernelKind::TrainWeightGrad, keeps its partial
+// sums in shared memory). Run it after train_row_backward on the same stream with the same spec,
+// tokens and TwELL matrix; grad_capacity is the one train_row_backward had. Its grid is
+// (ceil(d_ff / tile_n) * tile_n / 16, ceil(d_model / 256)) CTAs of 256 threads, each walking all the
+// tokens. `spec` as for train_row_backward (tile_n and slots the TwELL matrix's); its activation and
+// threshold do not matter, and any down_layout is taken (dWd is in_out regardless).
+// If train_row_backward's grad_overflow_count ended above its room (grad_capacity - backup_capacity),
+// some quads were not stored: the outputs of every neuron whose tile met such a tile-row are NaN (never
+// silently wrong); grow backup_grad and run both again.
+// Alignment: x and dy 2 bytes (and their strides any), the TwELL words 4 bytes, entry_grad and
+// backup_grad 16 bytes, the outputs 4 bytes (fp32) or 2 (output_dtype). The outputs must not overlap
+// each other or any input.
+// Throws Error(InvalidArgument) naming the argument (the spec field, a null, misaligned or non-device
+// pointer, a short stride, a token count out of range, overlapping outputs), Error(NoDevice) without a
+// GPU, Error(NotFound) with no bundle holding the kernel and no JIT, Error(Compile), Error(Cuda).
+void train_weight_grad(Context& context, Stream stream, const FfnSpec& spec, const TrainWeightGradTensors& t,
+                       int64_t tokens, uint32_t grad_capacity);
 
 }  // namespace twell

@@ -50,8 +50,9 @@ GeneratedFfn generateFromMlir(std::string_view mlir_text, std::string_view filen
 // The auxiliary kernels the runtime launches beside an FFN's (kernel.h): WeightTranspose and
 // NeuronPermute (any spec), DenseGatedMul (spec.dtype, spec.activation; the threshold is an argument),
 // DenseGatedUp (a gated spec on sm_90a with d_model % 64 == 0 and d_ff % 8 == 0:
-// DenseGatedUpConstraints::allowed) and the training backward by token row, TrainRowBackward (any legal
-// spec up to TrainRowBackwardConstraints::kMaxDModel; EmitTraining.cpp). Their configuration is the contract's (twell/kernels/constraints.h);
+// DenseGatedUpConstraints::allowed) and the training kernels: the backward by token row, TrainRowBackward
+// (any legal spec up to TrainRowBackwardConstraints::kMaxDModel), and the weight gradients,
+// TrainWeightGrad (up to TrainWeightGradConstraints::kMaxDModel; EmitTraining.cpp). Their configuration is the contract's (twell/kernels/constraints.h);
 // emitted by compiler/lib/EmitAuxiliary.cpp. Throws Error(InvalidArgument) naming the kind and the
 // rule for a kind that is not auxiliary or a spec/target the kernel does not allow.
 KernelSource generateAuxiliary(KernelKind kind, const FfnSpec& spec, const Target& target);

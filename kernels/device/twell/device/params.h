@@ -22,7 +22,7 @@ namespace twell::device {
 // The version of this header's host/device ABI (the structs below and the kernels' argument lists).
 // Ahead-of-time bundles record it per kernel (manifest.json "params_version"); the runtime refuses a
 // kernel built against another version. Bump it with any change to a struct or an argument list.
-constexpr uint32_t kParamsVersion = 1;
+constexpr uint32_t kParamsVersion = 2;  // 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
 
 // Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
 // recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
@@ -108,13 +108,15 @@ struct GatedMulParams {
 // TwELL matrix of a = act(g) (GateParams' twell and backup, as the gate kernel wrote them) and the
 // upstream gradient dy, per active entry (t, j) dh = dy_t . Wd(:, j) + l1_scale sign(h), u = x_t . Wu_j,
 // h = a u, du = dh a, dg = dh u act'(g) (non-gated: h = a, dg = dh act'(g)); and
-// dx_t = sum_j du Wu_j + dg Wg_j. The per-entry gradients are addressed like the TwELL matrix:
-//   entry_grad [M, tiles * (slots + 1)] pairs of fp32 {dg, du} (du = 0 non-gated), one per word:
-//     a tile-row within its slots: the pair of word 1 + e is entry e's; word 0's pair is not written;
-//     an overflowing tile-row: word 1's pair is {grad row b as uint32 bits, 0}, its entries being row b
-//     of backup_grad (kBackupMissing: backup_grad was full, see grad_overflow_count);
-//   backup_grad [grad_capacity, tile_n] pairs {dg, du}: column c of row b is column n0 + c of the
-//     tile-row ({+0, +0} where inactive). A tile-row the gate stored in backup row b < backup_capacity
+// dx_t = sum_j du Wu_j + dg Wg_j. The per-entry values are addressed like the TwELL matrix, as quads
+// of fp32 {dg, du, h, a} (du = 0 non-gated; h = a u, or a non-gated; a the activated value, nonzero on
+// every active entry since the predicate a > t >= 0 or |a| > t > 0 excludes 0), one per word:
+//   entry_grad [M, tiles * (slots + 1)] quads:
+//     a tile-row within its slots: the quad of word 1 + e is entry e's; word 0's quad is not written;
+//     an overflowing tile-row: word 1's quad is {grad row b as uint32 bits, 0, 0, 0}, its entries being
+//     row b of backup_grad (kBackupMissing: backup_grad was full, see grad_overflow_count);
+//   backup_grad [grad_capacity, tile_n] quads: column c of row b is column n0 + c of the tile-row
+//     ({+0, +0, +0, +0} where inactive: a = 0 marks it). A tile-row the gate stored in backup row b < backup_capacity
 //     takes grad row b; one the gate could not store (kBackupMissing) claims row backup_capacity + i,
 //     i from the atomic grad_overflow_count (zeroed before the launch; it counts every claim, also past
 //     grad_capacity, so the host can grow backup_grad and run again).
@@ -127,8 +129,8 @@ struct TrainRowBackwardParams {
   const uint16_t* backup;     // [backup_capacity, tile_n]
   const uint16_t* dy;         // [M, K] row stride lddy
   uint16_t* dx;               // [M, K] row stride lddx
-  float* entry_grad;          // [M, tiles * (slots + 1), 2], 8-byte aligned
-  float* backup_grad;         // [grad_capacity, tile_n, 2], 8-byte aligned
+  float* entry_grad;          // [M, tiles * (slots + 1), 4], 16-byte aligned
+  float* backup_grad;         // [grad_capacity, tile_n, 4], 16-byte aligned
   uint32_t* grad_overflow_count;
   int64_t m;
   int64_t ldx;
@@ -141,6 +143,34 @@ struct TrainRowBackwardParams {
   uint32_t grad_capacity;     // rows of backup_grad (>= backup_capacity)
   float l1_scale;             // fp32(lambda / M), the L1 term's coefficient (TRAINING.md)
   uint32_t apply_l1;          // 1 where lambda != 0: dh += l1_scale * sign(h)
+};
+
+// The weight gradients of the training backward (train/weight_grad.cuh; twell/training.h): from the
+// TwELL words and TrainRowBackwardParams' per-entry quads {dg, du, h, a} (entry_grad, backup_grad as the
+// row backward wrote them), x and dy, in fp32 per neuron j and column k:
+//   dw_gate[j, k] = sum_t dg_tj x_tk,  dw_up[j, k] = sum_t du_tj x_tk,  dw_down[j, k] = sum_t h_tj dy_tk
+// (t ascending over the tokens that activate j, one fma per term from +0: reference_training_backward's
+// order), each [N, K] row-major (dw_down is Wd's gradient in the in_out layout, the rows of dWd^T).
+// Outputs are fp32, or the 16-bit dtype where output_dtype is 1 (rounded once from the fp32 sum). A
+// neuron slice that meets an overflowing tile-row without a grad row (kBackupMissing in entry_grad, or
+// a row >= grad_capacity) has no gradients to sum: its outputs are written as NaN.
+struct TrainWeightGradParams {
+  const uint16_t* x;          // [M, K] row stride ldx
+  const uint16_t* dy;         // [M, K] row stride lddy
+  const uint32_t* twell;      // [M, tiles * (slots + 1)] words, dense rows
+  const float* entry_grad;    // [M, tiles * (slots + 1), 4], 16-byte aligned
+  const float* backup_grad;   // [grad_capacity, tile_n, 4], 16-byte aligned
+  void* dw_gate;              // [N, K] row stride ld_dw_gate (elements of the output type)
+  void* dw_up;                // [N, K] row stride ld_dw_up; null for a non-gated kernel
+  void* dw_down;              // [N, K] (in_out: dWd^T) row stride ld_dw_down
+  int64_t m;
+  int64_t ldx;
+  int64_t lddy;
+  int64_t ld_dw_gate;
+  int64_t ld_dw_up;
+  int64_t ld_dw_down;
+  uint32_t grad_capacity;     // rows of backup_grad
+  uint32_t output_dtype;      // 0: fp32 outputs; 1: the kernel's 16-bit dtype
 };
 
 // out [cols, rows] = in [rows, cols]^T (row-major, strides in elements): the runtime's layout

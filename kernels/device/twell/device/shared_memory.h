@@ -84,4 +84,17 @@ constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile
   return rows > staging ? rows : staging;
 }
 
+// The training weight gradients (train/weight_grad.cuh): the fp32 accumulators of a CTA's neuron slice
+// (kTrainWeightGradSlice neurons) x kTrainWeightGradColumns columns, one matrix per gradient (dWg, dWd,
+// and dWu where gated), then the list of a batch's entries (kTrainWeightGradTokensPerWarp tokens per
+// warp, at most a slice of entries each), 16 bytes per entry.
+constexpr long long kTrainWeightGradSlice = 16, kTrainWeightGradColumns = 256, kTrainWeightGradWarps = 8,
+                    kTrainWeightGradTokensPerWarp = 4;
+constexpr long long train_weight_grad_list_entries() {
+  return kTrainWeightGradWarps * kTrainWeightGradTokensPerWarp * kTrainWeightGradSlice;
+}
+constexpr long long train_weight_grad_bytes(bool gated) {
+  return (gated ? 3 : 2) * kTrainWeightGradSlice * kTrainWeightGradColumns * 4 + train_weight_grad_list_entries() * 16;
+}
+
 }  // namespace twell::device::shared_memory

@@ -229,6 +229,36 @@ struct TrainRowBackwardConstraints {
   }
 };
 
+// The training weight gradients (KernelKind::TrainWeightGrad; train/weight_grad.cuh): a CTA of 256
+// threads owns kSliceNeurons neurons of one TwELL tile and kColumns columns of d_model (one per thread),
+// so the grid is (tiles x tile_n / kSliceNeurons, ceil(d_model / kColumns)), independent of M. It walks
+// every token in ascending order, 32 at a time: each warp gathers the entries of 4 tokens that fall in
+// the slice (from the TwELL words and the row backward's quads, or an overflowing tile-row's grad row)
+// into a list in shared memory, then every thread adds the list's terms to its column of the slice's
+// fp32 accumulators in dynamic shared memory (sharedBytes: 56 KiB gated, 40 KiB non-gated; below every
+// target's opt-in limit, GatedDownKernelConstraints::maxDynamicSharedBytes). Each output element is one
+// thread's, its terms in token order: the reference's sums, bit for bit on the same per-entry values.
+// x and dy are read one 16-bit value per thread (operand alignment 1), entry_grad and backup_grad in
+// 16-byte quads.
+struct TrainWeightGradConstraints {
+  static constexpr int64_t kThreads = 256;
+  static constexpr int64_t kSliceNeurons = smem::kTrainWeightGradSlice;
+  static constexpr int64_t kColumns = smem::kTrainWeightGradColumns;
+  static constexpr int64_t kMaxDModel = 65536;
+  static_assert(kColumns == kThreads && smem::kTrainWeightGradWarps * 32 == kThreads, "one column per thread");
+  static constexpr int64_t sharedBytes(bool gated) { return smem::train_weight_grad_bytes(gated); }
+  static constexpr bool allowed(int64_t dModel, int64_t dFF) {
+    return dModel >= 1 && dModel <= kMaxDModel && dFF >= 1 && dFF <= (int64_t{1} << 24);
+  }
+  // The CTAs along d_ff (grid.x): every tile's slices, the last tile's past d_ff included (they write nothing).
+  static constexpr int64_t neuronSlices(int64_t dFF, int64_t tileN) {
+    return tileN <= 0 ? 0 : (dFF + tileN - 1) / tileN * (tileN / kSliceNeurons);
+  }
+  static constexpr int64_t columnChunks(int64_t dModel) { return (dModel + kColumns - 1) / kColumns; }
+};
+static_assert(TrainWeightGradConstraints::sharedBytes(true) == 57344 &&
+              TrainWeightGradConstraints::sharedBytes(false) == 40960);
+
 // The ranges #twell.config accepts (ConfigAttr::verify), checked before any arithmetic on the fields.
 // They are wide enough for any kernel configuration (a CTA has at most 1024 threads) and small enough
 // that products of a few of them cannot overflow int64.

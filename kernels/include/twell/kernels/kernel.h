@@ -30,14 +30,16 @@ enum class KernelKind : uint8_t {
   NeuronPermute,    // aux/permute.cuh: reordering of weights by neuron (PermuteParams)
   DenseGatedMul,    // aux/dense_ops.cuh: the dense path's h = act(g) * u (GatedMulParams, threshold)
   DenseGatedUp,     // gate/gate_twell_wgmma.cuh (GatedUp): the dense path's fused h = act(x Wg^T) * (x Wu^T)
-  TrainRowBackward, // train/row_backward.cuh: the training backward by token row: dx and each entry's dg, du
+  TrainRowBackward, // train/row_backward.cuh: the training backward by token row: dx and each entry's dg, du, h
                     // (TrainRowBackwardParams; TrainRowBackwardConstraints)
+  TrainWeightGrad,  // train/weight_grad.cuh: the training weight gradients dWg, dWu, dWd^T from the row
+                    // backward's per-entry values (TrainWeightGradParams; TrainWeightGradConstraints)
 };
 
 inline constexpr KernelKind kKernelKinds[] = {
     KernelKind::GateTwell,       KernelKind::GatedDown,     KernelKind::DecodeGate,    KernelKind::DecodeGateSmall,
     KernelKind::DecodeUp,        KernelKind::DecodeDown,    KernelKind::WeightTranspose, KernelKind::NeuronPermute,
-    KernelKind::DenseGatedMul,   KernelKind::DenseGatedUp,  KernelKind::TrainRowBackward};
+    KernelKind::DenseGatedMul,   KernelKind::DenseGatedUp,  KernelKind::TrainRowBackward, KernelKind::TrainWeightGrad};
 
 // The name of a kind in reports and manifests ("gate_twell", "gated_down", ...).
 constexpr const char* to_string(KernelKind kind) {
@@ -53,6 +55,7 @@ constexpr const char* to_string(KernelKind kind) {
     case KernelKind::DenseGatedMul: return "dense_gated_mul";
     case KernelKind::DenseGatedUp: return "dense_gated_up";
     case KernelKind::TrainRowBackward: return "train_row_backward";
+    case KernelKind::TrainWeightGrad: return "train_weight_grad";
   }
   return "unknown";
 }
@@ -88,7 +91,8 @@ struct KernelSource {
   int64_t d_model = 0;
   int64_t d_ff = 0;
   int tile_n = 0;
-  bool down_in_out = false;  // GatedDown, decode kernels and TrainRowBackward (always in_out): the w_down layout they read
+  bool down_in_out = false;  // GatedDown, decode kernels, TrainRowBackward (always in_out): the w_down layout they read;
+                             // TrainWeightGrad (always in_out): the layout of the dWd it writes
   GateMainloop mainloop = GateMainloop::None;  // GateTwell, DenseGatedUp: its own; GatedDown, TrainRowBackward: the gate's
   ConsumerKind consumer = ConsumerKind::None;  // GatedDown only
   int threads = 0;     // threads per CTA
@@ -118,7 +122,7 @@ struct KernelSource {
   // launcher zeroes before every launch.
   bool persistent = false;
   // GatedDown: twell.gated_down (true) or the non-gated twell.down (false, reads no w_up); likewise
-  // TrainRowBackward.
+  // TrainRowBackward, and TrainWeightGrad (false: no dWu).
   bool gated = true;
   // Programmatic dependent launch (sm_90+): the kernel waits for the one before it with
   // griddepcontrol.wait, so the launcher lets it start while that one runs (decode_up, decode_down).

@@ -156,6 +156,21 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
                     k.down_in_out ? std::string() : "down_in_out: expected the in_out Wd (rows of Wd^T)",
                     k.persistent || k.tma_persistent ? "persistent: expected one CTA per row" : ""});
     }
+    case KernelKind::TrainWeightGrad: {
+      using T = TrainWeightGradConstraints;
+      if (!shape.empty()) return shape;
+      return first({T::allowed(k.d_model, k.d_ff) ? std::string() : "d_model: expected 1.." + std::to_string(T::kMaxDModel) + ", found " + std::to_string(k.d_model),
+                    k.tile_n % T::kSliceNeurons == 0 ? std::string() : "tile_n: expected a multiple of the neuron slice (16)",
+                    expect("threads", T::kThreads, k.threads, "one column per thread"), expect("cta_m", 1, k.cta_m, "as the auxiliary kernels: the grid does not depend on tokens"),
+                    expect("grid_y", T::columnChunks(k.d_model), k.grid_y, "the d_model column chunks"),
+                    expect("cluster_m", 1, k.cluster_m, "no clusters"),
+                    expect("smem_bytes", T::sharedBytes(k.gated), k.smem_bytes, "the slice's accumulators and entry list"),
+                    k.smem_bytes <= GatedDownKernelConstraints::maxDynamicSharedBytes(target.sm) ? std::string() : "smem_bytes: more than the target allows",
+                    expect("operand_alignment", 1, k.operand_alignment, "2-byte loads of x and dy"),
+                    k.mainloop == GateMainloop::None ? std::string() : "mainloop: expected none (no gate arithmetic is repeated)",
+                    k.down_in_out ? std::string() : "down_in_out: expected the in_out dWd (rows of dWd^T)",
+                    k.persistent || k.tma_persistent ? "persistent: expected a grid over slices and columns" : ""});
+    }
   }
   return "kind: not a twell kernel kind";
 }

@@ -11,7 +11,8 @@
 //
 // One CTA per token row (gated_down_cta's structure): the row's entries are gathered into shared memory
 // in chunks; per chunk one warp per entry computes the two dot products (butterfly reduction: every
-// lane gets the same bits), writes the entry's {dg, du} where TrainRowBackwardParams says, and then
+// lane gets the same bits), writes the entry's {dg, du, h, a} where TrainRowBackwardParams says (one
+// 16-byte store: what the weight gradients' kernel, train/weight_grad.cuh, reads), and then
 // every thread adds the chunk's terms to its dx columns in entry order. Bitwise deterministic: no
 // atomics touch a value (the only atomic claims grad rows for tile-rows the forward could not back up,
 // and which row a tile-row gets does not change any value).
@@ -51,7 +52,7 @@ __device__ __forceinline__ void train_row_backward(const TrainRowBackwardParams&
   static_assert(THREADS == 256 && Config::cta_m == 1, "the row backward: 256 threads, one row per CTA");
   static_assert(!kVector || K % 8 == 0, "16-byte rows need d_model % 8 == 0");
   static_assert(Config::gate_mainloop == 0 || K % 8 == 0, "a tensor-core gate's recompute needs d_model % 8 == 0");
-  // Where an entry's {dg, du} goes: >= 0 a pair of entry_grad, < 0 the pair -1 - out of backup_grad,
+  // Where an entry's {dg, du, h, a} goes: >= 0 a quad of entry_grad, < 0 the quad -1 - out of backup_grad,
   // kNowhere when backup_grad had no room (the host sees it from grad_overflow_count).
   constexpr long long kNowhere = -(1ll << 62);
 
@@ -144,8 +145,8 @@ __device__ __forceinline__ void train_row_backward(const TrainRowBackwardParams&
         active_dg[e] = dg;
         const long long out = active_out[e];
         if (out != kNowhere) {
-          float* at = out >= 0 ? p.entry_grad + 2 * out : p.backup_grad + 2 * (-1 - out);
-          *reinterpret_cast<float2*>(at) = make_float2(dg, du);
+          float* at = out >= 0 ? p.entry_grad + 4 * out : p.backup_grad + 4 * (-1 - out);
+          *reinterpret_cast<float4*>(at) = make_float4(dg, du, h, a);
         }
       }
     }
@@ -243,15 +244,15 @@ __device__ __forceinline__ void train_row_backward(const TrainRowBackwardParams&
           b = i < p.grad_capacity - p.backup_capacity ? p.backup_capacity + i : kBackupMissing;
         }
         grad_row = b;
-        *reinterpret_cast<float2*>(p.entry_grad + 2 * (word0 + 1)) = make_float2(__uint_as_float(b), 0.0f);
+        *reinterpret_cast<float4*>(p.entry_grad + 4 * (word0 + 1)) = make_float4(__uint_as_float(b), 0.0f, 0.0f, 0.0f);
       }
       __syncthreads();
       const uint32_t b = grad_row;
       if (b != kBackupMissing)
         for (int c = tid; c < TILE_N; c += THREADS)
           if (!(c < valid_n && is_active<Value, Config::activation>(dense_tile[c], Config::threshold)))
-            *reinterpret_cast<float2*>(p.backup_grad + 2 * (static_cast<long long>(b) * TILE_N + c)) =
-                make_float2(0.0f, 0.0f);
+            *reinterpret_cast<float4*>(p.backup_grad + 4 * (static_cast<long long>(b) * TILE_N + c)) =
+                make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (warp == 0) {
         int added = 0;
         for (int c0 = 0; c0 < valid_n; c0 += 32) {

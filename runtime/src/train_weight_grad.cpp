@@ -1,0 +1,125 @@
+// train_weight_grad (twell/training.h): its argument checks, the kernel from the context (bundles, else
+// the JIT through the cache), and the launch.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <tuple>
+#include <utility>
+
+#include "context_impl.h"
+#include "launcher.h"
+#include "twell/device/params.h"
+#include "twell/error.h"
+#include "twell/kernels/validate.h"  // canonical_spec, validate_spec
+#include "twell/training.h"
+
+namespace twell {
+
+void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec, const TrainWeightGradTensors& t,
+                       int64_t tokens, uint32_t grad_capacity) {
+  constexpr const char* who = "train_weight_grad";
+  auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
+  const FfnSpec spec = kernels::canonical_spec(user_spec);
+  if (std::string e = kernels::validate_spec(spec, "spec."); !e.empty()) bad(e);
+  using T = kernels::TrainWeightGradConstraints;
+  if (spec.d_model < 1 || spec.d_model > T::kMaxDModel)
+    bad(fmt::format("spec.d_model: expected 1..{}, got {}", T::kMaxDModel, spec.d_model));
+  if (spec.d_ff < 1 || spec.d_ff > (int64_t{1} << 24))
+    bad(fmt::format("spec.d_ff: expected 1..16777216, got {}", spec.d_ff));
+  if (tokens < 0 || tokens > (int64_t{1} << 40)) bad(fmt::format("tokens: expected 0..2^40, got {}", tokens));
+  const int64_t K = spec.d_model, N = spec.d_ff;
+  for (const auto& [name, ld] :
+       {std::pair{"t.ld_x", t.ld_x}, std::pair{"t.ld_dy", t.ld_dy}, std::pair{"t.ld_dw_gate", t.ld_dw_gate},
+        std::pair{"t.ld_dw_up", t.ld_dw_up}, std::pair{"t.ld_dw_down", t.ld_dw_down}})
+    if (ld != 0 && (ld < K || ld > (int64_t{1} << 36)))
+      bad(fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense), got {}", name, K, ld));
+  const int out_bytes = t.output_dtype ? 2 : 4;
+  auto need = [&](const char* name, const void* p, int bytes) {
+    if (p == nullptr) bad(fmt::format("{}: expected a device pointer, got null", name));
+    if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
+      bad(fmt::format("{}: expected a {}-byte aligned device pointer, got {}", name, bytes, p));
+  };
+  need("t.x", t.x, 2);
+  need("t.dy", t.dy, 2);
+  need("t.twell", t.twell, 4);
+  need("t.entry_grad", t.entry_grad, 16);
+  if (grad_capacity > 0) need("t.backup_grad", t.backup_grad, 16);
+  need("t.dw_gate", t.dw_gate, out_bytes);
+  if (spec.gated)
+    need("t.dw_up", t.dw_up, out_bytes);
+  else if (t.dw_up != nullptr || t.ld_dw_up != 0)
+    bad(fmt::format("t.dw_up: a non-gated spec has no up weight; expected nullptr and ld_dw_up 0, got {} and {}",
+                    t.dw_up, t.ld_dw_up));
+  need("t.dw_down", t.dw_down, out_bytes);
+  const int64_t ldx = t.ld_x ? t.ld_x : K, lddy = t.ld_dy ? t.ld_dy : K;
+  const int64_t ldg = t.ld_dw_gate ? t.ld_dw_gate : K, ldu = t.ld_dw_up ? t.ld_dw_up : K,
+                ldd = t.ld_dw_down ? t.ld_dw_down : K;
+  // [begin, end) bytes of a row-major matrix.
+  const auto span = [&](const void* p, int64_t rows, int64_t ld, int bytes) {
+    const auto b = reinterpret_cast<uintptr_t>(p);
+    return std::pair{b, b + static_cast<uintptr_t>(((std::max<int64_t>(rows, 1) - 1) * ld + K) * bytes)};
+  };
+  const std::tuple<const char*, const void*, int64_t> outputs[] = {
+      {"t.dw_gate", t.dw_gate, ldg}, {"t.dw_up", t.dw_up, ldu}, {"t.dw_down", t.dw_down, ldd}};
+  const std::tuple<const char*, const void*, int64_t, int64_t, int> inputs[] = {{"t.x", t.x, tokens, ldx, 2},
+                                                                                {"t.dy", t.dy, tokens, lddy, 2}};
+  for (size_t i = 0; i < std::size(outputs); ++i) {
+    const auto& [name, p, ld] = outputs[i];
+    if (p == nullptr) continue;
+    const auto [b, e] = span(p, N, ld, out_bytes);
+    for (size_t o = 0; o < i; ++o) {
+      const auto& [other, q, ldq] = outputs[o];
+      if (q == nullptr) continue;
+      const auto [qb, qe] = span(q, N, ldq, out_bytes);
+      if (b < qe && qb < e) bad(fmt::format("{}: must not overlap {}", name, other));
+    }
+    for (const auto& [input, q, rows, ldq, bytes] : inputs) {
+      const auto [qb, qe] = span(q, rows, ldq, bytes);
+      if (tokens > 0 && b < qe && qb < e)
+        bad(fmt::format("{}: must not overlap {} (the kernel reads it)", name, input));
+    }
+  }
+
+  const std::shared_ptr<Context::Impl> ctx = context_impl(context);
+  if (!ctx->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, ctx->no_gpu_reason));
+  ctx->make_current();
+  const detail::Driver& d = detail::Driver::get();
+  for (const auto& [name, p] :
+       {std::pair{"t.x", t.x}, std::pair{"t.dy", t.dy}, std::pair{"t.twell", static_cast<const void*>(t.twell)},
+        std::pair{"t.entry_grad", static_cast<const void*>(t.entry_grad)},
+        std::pair{"t.backup_grad", static_cast<const void*>(t.backup_grad)},
+        std::pair{"t.dw_gate", static_cast<const void*>(t.dw_gate)},
+        std::pair{"t.dw_up", static_cast<const void*>(t.dw_up)},
+        std::pair{"t.dw_down", static_cast<const void*>(t.dw_down)}}) {
+    if (p == nullptr) continue;
+    unsigned int type = 0;
+    const CUresult r =
+        d.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p));
+    if (r != CUDA_SUCCESS || (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED))
+      bad(fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {}", name, p));
+  }
+
+  const std::shared_ptr<LoadedKernel> kernel = ctx->auxiliary(kernels::KernelKind::TrainWeightGrad, spec, who);
+  device::TrainWeightGradParams p{};
+  p.x = static_cast<const uint16_t*>(t.x);
+  p.dy = static_cast<const uint16_t*>(t.dy);
+  p.twell = t.twell;
+  p.entry_grad = t.entry_grad;
+  p.backup_grad = t.backup_grad;
+  p.dw_gate = t.dw_gate;
+  p.dw_up = t.dw_up;
+  p.dw_down = t.dw_down;
+  p.m = tokens;
+  p.ldx = ldx;
+  p.lddy = lddy;
+  p.ld_dw_gate = ldg;
+  p.ld_dw_up = ldu;
+  p.ld_dw_down = ldd;
+  p.grad_capacity = grad_capacity;
+  p.output_dtype = t.output_dtype ? 1u : 0u;
+  void* args[1] = {&p};
+  detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, reinterpret_cast<CUstream>(stream), who);
+}
+
+}  // namespace twell

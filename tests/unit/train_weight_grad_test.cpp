@@ -1,0 +1,239 @@
+// The training weight gradients (KernelKind::TrainWeightGrad) without a GPU: the generated source
+// compiles with NVRTC for sm_90a and sm_80 at the paper's shape and an odd one (and variants) without
+// spills; its description passes its contract and a broken one does not; its launch geometry, name and
+// request key; bad specs and bad arguments of train_weight_grad are errors naming the field or argument.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <string>
+
+#include "EmitTraining.h"
+#include "NvrtcCompiler.h"
+#include "kernel_request.h"
+#include "twell/compiler/Generate.h"
+#include "twell/context.h"
+#include "twell/error.h"
+#include "twell/kernels/launch.h"
+#include "twell/kernels/validate.h"
+#include "twell/training.h"
+
+namespace {
+
+using namespace twell;
+using compiler::KernelKind;
+
+FfnSpec spec_of(int64_t d_model, int64_t d_ff) {
+  FfnSpec s;
+  s.d_model = d_model;
+  s.d_ff = d_ff;
+  return s;
+}
+
+void expect_compiles(const compiler::KernelSource& k, const Target& target, const std::string& what) {
+  ASSERT_EQ(kernels::validate_kernel(k, target), "") << what;
+  const detail::NvrtcOutput out =
+      detail::compileCuda(k.source, k.name + ".cu", target.arch(), /*want_cubin=*/true, {"--ptxas-options=-v"});
+  EXPECT_FALSE(out.cubin.empty()) << what;
+  static const std::regex spills(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
+  int reports = 0;
+  for (auto it = std::sregex_iterator(out.log.begin(), out.log.end(), spills); it != std::sregex_iterator(); ++it) {
+    ++reports;
+    EXPECT_EQ((*it)[1].str(), "0") << what << ": " << it->str();
+    EXPECT_EQ((*it)[2].str(), "0") << what << ": " << it->str();
+  }
+  EXPECT_GT(reports, 0) << what << ": no ptxas report in the log:\n" << out.log;
+}
+
+TEST(TrainWeightGrad, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
+  for (Target target : {Target{90, true}, Target{80, false}})
+    for (auto [d_model, d_ff] : {std::pair{2048, 5632}, std::pair{520, 1408}}) {
+      const FfnSpec s = spec_of(d_model, d_ff);
+      const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainWeightGrad, s, target);
+      EXPECT_EQ(k.kind, KernelKind::TrainWeightGrad);
+      EXPECT_EQ(k.name, fmt::format("twell_train_weight_grad_k{}_n{}_t256_s31_bf16_gated1", d_model, d_ff));
+      EXPECT_NE(k.source.find(fmt::format("static constexpr int d_model = {};", d_model)), std::string::npos);
+      EXPECT_EQ(k.smem_bytes, 57344);
+      EXPECT_EQ(k.operand_alignment, 1);
+      EXPECT_TRUE(k.down_in_out);
+      expect_compiles(k, target, fmt::format("{} on {}", k.name, target.arch()));
+    }
+}
+
+// Non-gated (two accumulators), f16, the smallest and the largest tile, slots of a whole tile, a
+// d_model that is not a multiple of anything.
+TEST(TrainWeightGrad, VariantsCompile) {
+  struct Case {
+    Target target;
+    int64_t d_model, d_ff;
+    bool gated;
+    DType dtype;
+    int tile_n, slots;
+  };
+  for (const Case& c :
+       {Case{{90, true}, 2048, 5632, false, DType::BF16, 256, 31},
+        Case{{80, false}, 520, 1408, true, DType::FP16, 64, 3}, Case{{80, false}, 100, 300, true, DType::BF16, 32, 2},
+        Case{{90, true}, 4100, 1000, false, DType::FP16, 1024, 1024}}) {
+    FfnSpec s = spec_of(c.d_model, c.d_ff);
+    s.gated = c.gated;
+    s.dtype = c.dtype;
+    s.tile_n = c.tile_n;
+    s.slots = c.slots;
+    const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainWeightGrad, s, c.target);
+    EXPECT_EQ(k.gated, c.gated);
+    EXPECT_EQ(k.smem_bytes, c.gated ? 57344 : 40960);
+    expect_compiles(k, c.target, fmt::format("{} on {}", k.name, c.target.arch()));
+  }
+}
+
+TEST(TrainWeightGrad, LaunchGeometryAndRequestKey) {
+  FfnSpec s = spec_of(520, 1408);
+  s.activation = Activation::SiLU;
+  s.threshold = 0.1f;
+  s.tile_n = 128;
+  s.slots = 15;
+  const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainWeightGrad, s, Target{90, true});
+  // 11 tiles of 128 = 88 slices of 16 neurons; 520 columns = 3 chunks of 256; M does not change it.
+  for (int64_t tokens : {0, 1, 100000}) {
+    const kernels::LaunchConfig c =
+        kernels::launch_config(k, kernels::LaunchShape{tokens, 0, 0}, kernels::Occupancy{132, 1, 0});
+    EXPECT_EQ(c.grid_x, 88u);
+    EXPECT_EQ(c.grid_y, 3u);
+    EXPECT_EQ(c.block_x, 256u);
+    EXPECT_EQ(c.shared_bytes, 57344u);
+  }
+  // The paper's shape: 22 tiles x 16 slices, 8 chunks.
+  const compiler::KernelSource paper =
+      compiler::generateAuxiliary(KernelKind::TrainWeightGrad, spec_of(2048, 5632), Target{80, false});
+  const kernels::LaunchConfig c = kernels::launch_config(paper, kernels::LaunchShape{16384, 0, 0}, {});
+  EXPECT_EQ(c.grid_x, 352u);
+  EXPECT_EQ(c.grid_y, 8u);
+  EXPECT_EQ(k.name, "twell_train_weight_grad_k520_n1408_t128_s15_bf16_gated1");
+  EXPECT_EQ(detail::auxiliary_request(KernelKind::TrainWeightGrad, s, Target{90, true}),
+            "aux train_weight_grad target=sm_90a d_model=520 d_ff=1408 gated=1 dtype=bf16 tile_n=128 slots=15");
+  // The activation and threshold are not the kernel's: the same kernel for another threshold.
+  s.threshold = 0.2f;
+  s.activation = Activation::ReLU;
+  EXPECT_EQ(compiler::generateAuxiliary(KernelKind::TrainWeightGrad, s, Target{90, true}).name, k.name);
+  s.gated = false;
+  EXPECT_EQ(compiler::generateAuxiliary(KernelKind::TrainWeightGrad, s, Target{90, true}).name,
+            "twell_train_weight_grad_k520_n1408_t128_s15_bf16_gated0");
+  // A broken description is caught by the contract.
+  for (auto [field, breaks] : std::initializer_list<std::pair<const char*, void (*)(compiler::KernelSource&)>>{
+           {"threads", [](compiler::KernelSource& b) { b.threads = 128; }},
+           {"smem_bytes", [](compiler::KernelSource& b) { b.smem_bytes = 40960; }},
+           {"grid_y", [](compiler::KernelSource& b) { b.grid_y = 1; }},
+           {"down_in_out", [](compiler::KernelSource& b) { b.down_in_out = false; }},
+           {"mainloop", [](compiler::KernelSource& b) { b.mainloop = kernels::GateMainloop::Fma; }}}) {
+    compiler::KernelSource broken = k;
+    breaks(broken);
+    EXPECT_NE(kernels::validate_kernel(broken, Target{90, true}).find(field), std::string::npos) << field;
+  }
+}
+
+void expect_generate_error(const FfnSpec& s, const std::string& field) {
+  try {
+    compiler::generateAuxiliary(KernelKind::TrainWeightGrad, s, Target{90, true});
+    ADD_FAILURE() << "expected an error naming " << field;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainWeightGrad, BadSpecsNameTheField) {
+  expect_generate_error(spec_of(70000, 1408), "spec.d_model");
+  expect_generate_error(spec_of(0, 1408), "spec.d_model");
+  expect_generate_error(spec_of(512, 0), "spec.d_ff");
+  FfnSpec s = spec_of(512, 1408);
+  s.tile_n = 48;
+  expect_generate_error(s, "spec.tile_n");
+  s = spec_of(512, 1408);
+  s.slots = 300;
+  expect_generate_error(s, "spec.slots");
+}
+
+// train_weight_grad's checks run before it needs a GPU: each bad argument is named.
+struct Arguments {
+  FfnSpec spec = spec_of(512, 1408);
+  TrainWeightGradTensors t = [] {
+    TrainWeightGradTensors t;
+    // Fake, well-aligned addresses far apart: the checks below never dereference them.
+    t.x = reinterpret_cast<const void*>(0x10000000);
+    t.dy = reinterpret_cast<const void*>(0x20000000);
+    t.twell = reinterpret_cast<const uint32_t*>(0x30000000);
+    t.entry_grad = reinterpret_cast<const float*>(0x40000000);
+    t.backup_grad = reinterpret_cast<const float*>(0x50000000);
+    t.dw_gate = reinterpret_cast<void*>(0x60000000);
+    t.dw_up = reinterpret_cast<void*>(0x70000000);
+    t.dw_down = reinterpret_cast<void*>(0x80000000);
+    return t;
+  }();
+  int64_t tokens = 16;
+  uint32_t grad_capacity = 8;
+};
+
+Context& no_device_context() {
+  static Context ctx([] {
+    ContextOptions o;
+    o.device = ContextOptions::kNoDevice;
+    o.disk_cache = false;
+    return o;
+  }());
+  return ctx;
+}
+
+void expect_argument_error(const Arguments& a, const std::string& name) {
+  try {
+    train_weight_grad(no_device_context(), nullptr, a.spec, a.t, a.tokens, a.grad_capacity);
+    ADD_FAILURE() << "expected an error naming " << name;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << "expected " << name << " in: " << e.what();
+  }
+}
+
+TEST(TrainWeightGrad, BadArgumentsNameTheArgument) {
+  auto with = [](auto change) {
+    Arguments a;
+    change(a);
+    return a;
+  };
+  expect_argument_error(with([](Arguments& a) { a.spec.slots = 0; }), "spec.slots");
+  expect_argument_error(with([](Arguments& a) { a.spec.d_model = 70000; }), "spec.d_model");
+  expect_argument_error(with([](Arguments& a) { a.t.x = nullptr; }), "t.x");
+  expect_argument_error(with([](Arguments& a) { a.t.dy = reinterpret_cast<const void*>(0x20000001); }), "t.dy");
+  expect_argument_error(with([](Arguments& a) { a.t.twell = nullptr; }), "t.twell");
+  expect_argument_error(with([](Arguments& a) { a.t.entry_grad = reinterpret_cast<const float*>(0x40000008); }),
+                        "t.entry_grad");
+  expect_argument_error(with([](Arguments& a) { a.t.backup_grad = nullptr; }), "t.backup_grad");
+  expect_argument_error(with([](Arguments& a) { a.t.dw_gate = nullptr; }), "t.dw_gate");
+  expect_argument_error(with([](Arguments& a) { a.t.dw_down = reinterpret_cast<void*>(0x80000002); }), "t.dw_down");
+  expect_argument_error(with([](Arguments& a) { a.spec.gated = false; }), "t.dw_up");
+  expect_argument_error(with([](Arguments& a) { a.t.dw_up = nullptr; }), "t.dw_up");
+  expect_argument_error(with([](Arguments& a) { a.t.ld_dw_up = 100; }), "t.ld_dw_up");
+  expect_argument_error(with([](Arguments& a) { a.t.ld_x = 511; }), "t.ld_x");
+  expect_argument_error(with([](Arguments& a) { a.tokens = -1; }), "tokens");
+  // dWd over dWg's rows, dWg over dy.
+  expect_argument_error(with([](Arguments& a) { a.t.dw_down = static_cast<char*>(a.t.dw_gate) + 4096; }), "t.dw_down");
+  expect_argument_error(with([](Arguments& a) { a.t.dw_gate = const_cast<void*>(a.t.dy); }), "t.dw_gate");
+  // A null backup_grad is fine without grad rows; 16-bit outputs need only 2-byte alignment. Good
+  // arguments reach the device: there is none here.
+  for (const Arguments& a : {Arguments{}, with([](Arguments& a) {
+                               a.grad_capacity = 0;
+                               a.t.backup_grad = nullptr;
+                             }),
+                             with([](Arguments& a) {
+                               a.t.output_dtype = true;
+                               a.t.dw_down = reinterpret_cast<void*>(0x80000002);
+                             })}) {
+    try {
+      train_weight_grad(no_device_context(), nullptr, a.spec, a.t, a.tokens, a.grad_capacity);
+      ADD_FAILURE() << "expected Error(NoDevice)";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::NoDevice) << e.what();
+    }
+  }
+}
+
+}  // namespace
