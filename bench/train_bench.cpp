@@ -5,7 +5,8 @@
 // GEMMs of M x d_model x d_ff (dh = dy Wd, then dg Wg and du Wu) and elementwise work. The baseline is
 // twell's dense FFN forward with cuBLAS (DenseFfn, DenseKernels::CuBlas: the same three GEMM shapes and
 // one elementwise kernel), what PyTorch's autograd runs for that part of the backward. The weight
-// gradients (three more GEMMs densely) are not part of this kernel and not timed here.
+// gradients (three more GEMMs densely, dWg = dg^T x, dWu = du^T x, dWd = dy^T h: the same FLOPs, so the
+// same baseline) are twell's train_weight_grad (path twell_weight_grad), timed after one row backward.
 //
 // GPU time (time_on_stream: the stream held while the calls are queued), one warm-up, median of the
 // timed calls; inputs from make_random_ffn (uniform activity at the density), the TwELL matrix from the
@@ -43,7 +44,8 @@ FfnSpec paper_spec() {
   return s;
 }
 
-// args: M, density in permille (5 = 0.5%); path 0 = twell, 1 = the dense cuBLAS baseline.
+// args: M, density in permille (5 = 0.5%); path 0 = the row backward, 1 = the dense cuBLAS baseline,
+// 2 = the weight gradients.
 void BM_TrainRowBackward(benchmark::State& state, int path) {
   Context& ctx = context();
   if (!ctx.has_gpu()) {
@@ -63,7 +65,7 @@ void BM_TrainRowBackward(benchmark::State& state, int path) {
   wd.upload(f.w_down);
   dy.upload(random_bits(spec.dtype, f.x.size(), -1.0f, 1.0f, 77));
   std::vector<double> ms;
-  if (path == 1) {
+  if (path == 1) {  // the dense baseline of either twell kernel: three GEMMs of the same shapes
     DenseFfn dense(ctx, spec, m, DenseKernels::CuBlas);
     FfnTensors t;
     t.x = x.data();
@@ -101,12 +103,28 @@ void BM_TrainRowBackward(benchmark::State& state, int path) {
     b.entry_grad = static_cast<float*>(entry_grad.data());
     b.backup_grad = static_cast<float*>(backup_grad.data());
     b.grad_overflow_count = static_cast<uint32_t*>(counter.data());
-    ms = time_on_stream(stream.get(), [&] { train_row_backward(ctx, stream.get(), spec, b, m, h.backup_capacity, grad_capacity, 2e-5f); }, 1, 7);
+    if (path == 0) {
+      ms = time_on_stream(stream.get(), [&] { train_row_backward(ctx, stream.get(), spec, b, m, h.backup_capacity, grad_capacity, 2e-5f); }, 1, 7);
+    } else {  // path 2: the weight gradients from the row backward's per-entry outputs
+      train_row_backward(ctx, stream.get(), spec, b, m, h.backup_capacity, grad_capacity, 2e-5f);
+      DeviceMemory dwg(ctx, size_t(kDff) * kDModel * 4), dwu(ctx, size_t(kDff) * kDModel * 4), dwd(ctx, size_t(kDff) * kDModel * 4);
+      TrainWeightGradTensors w;
+      w.x = x.data();
+      w.dy = dy.data();
+      w.twell = b.twell;
+      w.entry_grad = b.entry_grad;
+      w.backup_grad = b.backup_grad;
+      w.dw_gate = dwg.data();
+      w.dw_up = dwu.data();
+      w.dw_down = dwd.data();
+      ms = time_on_stream(stream.get(), [&] { train_weight_grad(ctx, stream.get(), spec, w, m, grad_capacity); }, 1, 7);
+    }
     uint64_t nnz = 0;
     const int64_t wpr = h.layout.words_per_row(kDff);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t tile = 0; tile < h.layout.tiles(kDff); ++tile) nnz += h.words[r * wpr + tile * (h.layout.slots + 1)];
-    state.SetLabel(fmt::format("twell row backward: measured density {:.2f}%, {} overflowing tile-rows",
+    state.SetLabel(fmt::format("twell {}: measured density {:.2f}%, {} overflowing tile-rows",
+                               path == 0 ? "row backward" : "weight gradients (dWg, dWu, dWd^T, fp32)",
                                100.0 * double(nnz) / double(m * kDff), h.overflow_count));
   }
   std::sort(ms.begin(), ms.end());
@@ -122,4 +140,5 @@ void Args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_CAPTURE(BM_TrainRowBackward, twell, 0)->Apply(Args);
 BENCHMARK_CAPTURE(BM_TrainRowBackward, dense_cublas, 1)->Apply(Args);
+BENCHMARK_CAPTURE(BM_TrainRowBackward, twell_weight_grad, 2)->Apply(Args);
 BENCHMARK_MAIN();
