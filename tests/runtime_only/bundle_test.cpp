@@ -532,4 +532,23 @@ TEST(RuntimeOnlyForged, EmbeddedTuning) {
                  {"manifest: tuning: expected an array, found {}"});
 }
 
+// Embedded values no tune writes refuse the bundle, naming the field (cluster_m 7 loaded and left the
+// plan untuned; decode_max_tokens -5 and a bucket given twice loaded silently).
+TEST(RuntimeOnlyForged, EmbeddedTuningValuesNoTuneWrites) {
+  auto tuned = [](const std::string& name, auto edit) {
+    return forged(name, [&](json& m, const fs::path&) {
+      json e = sample_tuning_entry();
+      edit(e["workloads"]["density:1%"]["buckets"]);
+      m["tuning"] = json::array({e});
+    });
+  };
+  expect_refused(tuned("tuning-cluster", [](json& b) { b[0]["winner"]["cluster_m"] = 7; }),
+                 {"manifest: tuning[0]: workloads.density:1%.buckets[0].winner.cluster_m: expected 1 or 2, found 7"});
+  expect_refused(tuned("tuning-decode", [](json& b) { b[0]["winner"]["decode_max_tokens"] = -5; }),
+                 {"manifest: tuning[0]: workloads.density:1%.buckets[0].winner.decode_max_tokens: expected 0..64"});
+  expect_refused(tuned("tuning-twice", [](json& b) { b.push_back(b[0]); }),
+                 {"manifest: tuning[0]: workloads.density:1%.buckets[1].tokens: expected each bucket once, found "
+                  "131072 twice"});
+}
+
 }  // namespace
