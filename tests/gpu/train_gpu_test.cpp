@@ -276,13 +276,29 @@ Checked check_case(const RandomFfn& f, uint32_t backup_capacity, float lambda, c
   // Only the entries the GPU stored are compared (all of them unless the grad rows ran out).
   std::vector<float> gdg, rdg, gdu, rdu, gh, rh;
   int64_t a_diff = 0;
+  double a_worst = 0;  // the largest difference of a differing a, in units of its bound
+  const std::vector<float> xf = to_float(f.spec.dtype, f.x), wgf = to_float(f.spec.dtype, f.w_gate);
+  std::vector<int64_t> token_of(ref.dg.size());
+  for (int64_t t = 0; t < f.tokens; ++t)
+    for (int64_t e = fw.reference.row_start[t]; e < fw.reference.row_start[t + 1]; ++e) token_of[e] = t;
   for (size_t i = 0; i < ref.dg.size(); ++i) {
     if (std::isnan(e1.dg[i]) && e1.nowhere > 0) continue;
     gdg.push_back(e1.dg[i]);
     rdg.push_back(ref.dg[i]);
     gh.push_back(e1.h[i]);
     rh.push_back(fw.reference.hidden[i]);
-    a_diff += e1.a[i] != to_float(f.spec.dtype, fw.reference.act[i]);
+    const float ra = to_float(f.spec.dtype, fw.reference.act[i]);
+    if (e1.a[i] != ra) {
+      // Two fp32 sums of the same d_model terms in different orders differ by at most about
+      // d_model * 2^-24 * sum |terms|; rounding to the dtype adds an ulp of each; act' <= 1.1.
+      const int64_t t = token_of[i], j = fw.reference.neuron[i], K = f.spec.d_model;
+      double terms = 0;
+      for (int64_t k = 0; k < K; ++k) terms += std::abs(double(xf[t * K + k]) * wgf[j * K + k]);
+      const double ulp = f.spec.dtype == DType::BF16 ? 1.0 / 128 : 1.0 / 1024;
+      const double bound = 1.1 * (double(K) * std::ldexp(1.0, -24) * terms) + 2 * ulp * std::abs(double(ra)) + 1e-30;
+      ++a_diff;
+      a_worst = std::max(a_worst, std::abs(double(e1.a[i]) - ra) / bound);
+    }
     if (f.spec.gated) {
       gdu.push_back(e1.du[i]);
       rdu.push_back(ref.du[i]);
@@ -296,8 +312,11 @@ Checked check_case(const RandomFfn& f, uint32_t backup_capacity, float lambda, c
   EXPECT_LT(out.err_dg, 1e-2) << what << ": dg";
   EXPECT_LT(out.err_du, 1e-2) << what << ": du";
   EXPECT_LT(out.err_h, 1e-2) << what << ": h";
-  // a is the forward's (backup or recompute; a recomputed one may round differently now and then).
-  EXPECT_LE(a_diff, std::max<int64_t>(2, static_cast<int64_t>(ref.dg.size()) / 1000)) << what << ": a per entry";
+  // a is the forward's (backup or recompute). A recomputed g is an fp32 sum of the same terms in another
+  // order than the reference's: where they differ, within the bound above (H200, session 13: 138 of 125k
+  // entries differ with SiLU f16 and 3000 recomputed tile-rows, some by 4% where the terms cancel).
+  EXPECT_LE(a_worst, 1.0) << what << ": a per entry, the worst difference over its bound (" << a_diff << " differ)";
+  EXPECT_LE(a_diff, std::max<int64_t>(2, static_cast<int64_t>(ref.dg.size()) / 100)) << what << ": a per entry";
   // Bit-identical per entry across the two runs (NaN = nowhere compared as bits).
   EXPECT_EQ(0, std::memcmp(e1.dg.data(), e2.dg.data(), e1.dg.size() * 4)) << what << ": dg differs between two runs";
   EXPECT_EQ(0, std::memcmp(e1.du.data(), e2.du.data(), e1.du.size() * 4)) << what << ": du differs between two runs";
