@@ -9,40 +9,20 @@
 // these kernels is checked.
 #include <gtest/gtest.h>
 
-#include <regex>
 #include <tuple>
 #include <string>
 
 #include <fmt/format.h>
 
 #include "NvrtcCompiler.h"
+#include "nvrtc_checks.h"
 #include "twell/compiler/Generate.h"
 #include "twell/error.h"
 
 namespace {
 
 using namespace twell;
-
-// The spill counts ptxas reports for every function in `log` ("N bytes spill stores, M bytes spill
-// loads"); fails the test if the log has none (ptxas -v did not reach the log).
-void expect_no_spills(const std::string& log, const std::string& what) {
-  static const std::regex spills(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
-  int reports = 0;
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), spills); it != std::sregex_iterator(); ++it) {
-    ++reports;
-    EXPECT_EQ((*it)[1].str(), "0") << what << ": " << it->str() << "\n" << log;
-    EXPECT_EQ((*it)[2].str(), "0") << what << ": " << it->str() << "\n" << log;
-  }
-  EXPECT_GT(reports, 0) << what << ": no ptxas resource report in the NVRTC log:\n" << log;
-}
-
-// Compiles `k` to a cubin for `arch` through NVRTC with ptxas -v and checks that nothing spilled.
-void expect_compiles_without_spills(const compiler::KernelSource& k, const std::string& arch, const std::string& what) {
-  const detail::NvrtcOutput out =
-      detail::compileCuda(k.source, k.name + ".cu", arch, /*want_cubin=*/true, {"--ptxas-options=-v"});
-  EXPECT_FALSE(out.cubin.empty()) << what;
-  expect_no_spills(out.log, what);
-}
+using twell::testing::expect_compiles_without_spills;
 
 TEST(KernelResources, PortableKernelsCompileWithoutSpills) {
   // The mma_sync gate (16 warps at 128 registers) and the consumer after it, built for sm_80.

@@ -5,11 +5,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <regex>
 #include <string>
 
 #include "EmitTraining.h"
 #include "NvrtcCompiler.h"
+#include "nvrtc_checks.h"
 #include "kernel_request.h"
 #include "twell/compiler/Generate.h"
 #include "twell/context.h"
@@ -30,20 +30,10 @@ FfnSpec spec_of(int64_t d_model, int64_t d_ff) {
   return s;
 }
 
-// Compiles `k` to a cubin through NVRTC with ptxas -v: a cubin, and no spill in the report.
+// `k` passes its contract, then compiles to a cubin through NVRTC with ptxas -v without spills.
 void expect_compiles(const compiler::KernelSource& k, const Target& target, const std::string& what) {
   ASSERT_EQ(kernels::validate_kernel(k, target), "") << what;
-  const detail::NvrtcOutput out =
-      detail::compileCuda(k.source, k.name + ".cu", target.arch(), /*want_cubin=*/true, {"--ptxas-options=-v"});
-  EXPECT_FALSE(out.cubin.empty()) << what;
-  static const std::regex spills(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
-  int reports = 0;
-  for (auto it = std::sregex_iterator(out.log.begin(), out.log.end(), spills); it != std::sregex_iterator(); ++it) {
-    ++reports;
-    EXPECT_EQ((*it)[1].str(), "0") << what << ": " << it->str();
-    EXPECT_EQ((*it)[2].str(), "0") << what << ": " << it->str();
-  }
-  EXPECT_GT(reports, 0) << what << ": no ptxas report in the log:\n" << out.log;
+  twell::testing::expect_compiles_without_spills(k, target.arch(), what);
 }
 
 TEST(TrainRowBackward, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
