@@ -472,8 +472,9 @@ void PaperLayer1Args(benchmark::internal::Benchmark* b) {
 // Decoding (PERFORMANCE.md, "Small M": the dense FFN reads all 69 MB of weights, 43 us at M = 1; a
 // sparse one must read the 23 MB Wg but only the active rows of Wu and Wd: the target is >= 3x dense
 // at 0.5%). Paths: 0 cuBLASLt (three GEMMs + elementwise), 1 twell with the decode kernels
-// (PlanOptions::decode_max_tokens), 2 twell with the large-M kernels only, 3 the dense path with the
-// fused gated-up kernel; Wd out_in (nn.Linear) or in_out (in_out 1). Each call reads another of kDecodeLayers copies of the weights (nn.Linear
+// (PlanOptions::decode_max_tokens; the fused decode kernel up to decode_fused_max_tokens = 4), 2 twell
+// with the large-M kernels only, 3 the dense path with the fused gated-up kernel, 4 the four decode
+// kernels without the fused one; Wd out_in (nn.Linear) or in_out (in_out 1). Each call reads another of kDecodeLayers copies of the weights (nn.Linear
 // layouts), so the weights come from DRAM as in a model whose layers do not all fit the L2; the calls
 // run from a CUDA graph (time_graph_on_stream), so the host's launch overhead is not timed: what a
 // serving loop that captures its decode step sees.
@@ -517,10 +518,12 @@ void BM_Decode(benchmark::State& state) {
   } else {
     PlanOptions o;
     o.dispatch = Dispatch::Sparse;
-    o.decode_max_tokens = path == 1 ? 64 : 0;
+    o.decode_max_tokens = path == 1 || path == 4 ? 64 : 0;
+    o.decode_fused_max_tokens = path == 4 ? 0 : 4;
     plan = std::make_unique<FfnPlan>(ctx.plan(spec, tokens, o));
     for (int l = 0; l < kDecodeLayers; ++l) plan->run(stream.get(), tensors(l), tokens);
-    plan->last_overflow(stream.get());  // the backup's size for these inputs: no recompute in the timed calls
+    if (plan->last_path() != "decode")  // the fused decode kernel makes no TwELL matrix
+      plan->last_overflow(stream.get());  // the backup's size for these inputs: no recompute in the timed calls
     plan->run(stream.get(), tensors(0), tokens);  // grows the backup now, not inside the capture
   }
   int layer = 0;
@@ -539,9 +542,9 @@ void BM_Decode(benchmark::State& state) {
 }
 
 void DecodeArgs(benchmark::internal::Benchmark* b) {
-  for (int64_t m : {1, 4, 16, 64})
-    for (int permille : {5, 20})
-      for (int path : {0, 1, 2, 3})
+  for (int64_t m : {1, 2, 4, 8, 16, 32, 64})
+    for (int permille : {5, 10, 20})
+      for (int path : {0, 1, 2, 3, 4})
         for (int in_out : {0, 1}) b->Args({m, permille, path, in_out});
   b->ArgNames({"M", "density_permille", "path", "in_out"})->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(5);
 }

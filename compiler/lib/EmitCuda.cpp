@@ -140,6 +140,8 @@ namespace {
                                                  llvm::StringRef what, int64_t threads, int64_t maxTokens) {
   using D = DecodeKernelConstraints;
   const bool gate = kind == ::twell::compiler::KernelKind::DecodeGate || kind == ::twell::compiler::KernelKind::DecodeGateSmall;
+  const bool fused = kind == ::twell::compiler::KernelKind::DecodeFused;
+  const int sm = consumer.target.getComputeCapability();
   // The config's constants, then the name from their hash: kernels with the same constants have the
   // same name and source whichever consumer they were made beside (an out_in plan's decode kernels,
   // made beside its in_out consumer, are those of `twellc emit --down-layout out_in`).
@@ -158,6 +160,9 @@ namespace {
   cs << "  static constexpr int cta_m = " << maxTokens << ";\n";
   const bool small = what == "gate_small";
   cs << "  static constexpr int slice_n = " << (small ? D::kGateSmallSliceN : D::kSliceN) << ";  // d_ff columns per gate CTA\n";
+  if (fused)
+    cs << "  static constexpr bool bulk_copies = " << (sm >= 90 ? "true" : "false")
+       << ";  // Wg pieces by cp.async.bulk (sm_90+), else cp.async\n";
   if (small)
     cs << "  static constexpr bool bulk_rows = "
        << (D::gateSmallBulkRows(consumer.dModel, consumer.target.getComputeCapability()) ? "true" : "false")
@@ -183,10 +188,12 @@ namespace {
      << (consumer.gated ? "twell.gated_down" : "twell.down") << " x[M, " << consumer.dModel << "] h[M, " << consumer.dFF
      << "] (" << stringifyDownLayout(consumer.downLayout) << "), " << printAttr(consumer.layout) << ", "
      << printAttr(consumer.target) << " \u2014 do not edit.\n";
-  os << "#include \"twell/device/decode/decode.cuh\"\n";
+  os << "#include \"twell/device/decode/" << (fused ? "decode_fused.cuh" : "decode.cuh") << "\"\n";
   os << "struct " << name << "_config {\n" << config << "};\n";
-  os << "extern \"C\" __global__ void __launch_bounds__(" << threads << ") " << name << "(const twell::device::"
-     << (gate ? "GateParams" : "GatedDownParams") << " p, const twell::device::DecodeBuffers d) {\n";
+  // decode_fused: one CTA per SM (minBlocks 1, so ptxas does not cap registers for occupancy it cannot have).
+  os << "extern \"C\" __global__ void __launch_bounds__(" << threads << (fused ? ", 1" : "") << ") " << name << "(const twell::device::"
+     << (gate ? "GateParams" : "GatedDownParams") << " p, const twell::device::"
+     << (fused ? "DecodeFusedBuffers" : "DecodeBuffers") << " d) {\n";
   os << "  twell::device::decode_" << what << "<" << name << "_config>(p, d);\n";
   os << "}\n";
   ::twell::compiler::KernelSource k;
@@ -197,7 +204,8 @@ namespace {
   k.cta_m = static_cast<int>(maxTokens);
   // decode_gate: the most any launch needs (64 rows; the launcher passes what its token count needs);
   // decode_gate_small: the packing's rows.
-  k.smem_bytes = !gate ? 0
+  k.smem_bytes = fused ? static_cast<int>(D::fusedSharedBytes(sm))
+                 : !gate ? 0
                  : what == "gate" ? static_cast<int>(D::gateSharedBytes(consumer.layout.getTileN(), maxTokens))
                                   : static_cast<int>(D::gateSmallSharedBytes(consumer.layout.getTileN(), consumer.dModel,
                                                                              consumer.target.getComputeCapability()));
@@ -210,7 +218,7 @@ namespace {
   k.mainloop = contractMainloop(consumer.gateMainloop);
   // decode_up and decode_down wait for the kernel before them with griddepcontrol.wait (sm_90 and
   // later: programmatic dependent launch), so their launch latency overlaps it.
-  k.dependent_launch = !gate && consumer.target.getComputeCapability() >= 90;
+  k.dependent_launch = !gate && !fused && sm >= 90;
   return k;
 }
 
@@ -241,7 +249,8 @@ FailureOr<std::vector<::twell::compiler::KernelSource>> emitDecodeKernels(Operat
       emitDecodeKernel(*kernel, KernelKind::DecodeGate, "gate", D::kGateThreads, D::kMaxTokens),
       emitDecodeKernel(*kernel, KernelKind::DecodeUp, "up", D::kUpThreads, D::kMaxTokens),
       emitDecodeKernel(*kernel, KernelKind::DecodeDown, "down", D::kDownThreads, D::kMaxTokens),
-      emitDecodeKernel(*kernel, KernelKind::DecodeGateSmall, "gate_small", D::kGateSmallThreads, D::kGateSmallMaxTokens)};
+      emitDecodeKernel(*kernel, KernelKind::DecodeGateSmall, "gate_small", D::kGateSmallThreads, D::kGateSmallMaxTokens),
+      emitDecodeKernel(*kernel, KernelKind::DecodeFused, "fused", D::kFusedThreads, D::kFusedMaxTokens)};
 }
 
 FailureOr<std::vector<::twell::compiler::KernelSource>> emitCudaKernels(Operation* root) {

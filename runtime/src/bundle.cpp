@@ -297,7 +297,8 @@ void Bundle::check_set(const Bundle& b, const BundleSet& set) {
   if (set.request.rfind("ffn ", 0) == 0) {
     expect_kinds("kernels", set.kernels, {KernelKind::GateTwell, KernelKind::GatedDown});
     if (!set.decode.empty())
-      expect_kinds("decode", set.decode, {KernelKind::DecodeGate, KernelKind::DecodeUp, KernelKind::DecodeDown, KernelKind::DecodeGateSmall});
+      expect_kinds("decode", set.decode,
+                   {KernelKind::DecodeGate, KernelKind::DecodeUp, KernelKind::DecodeDown, KernelKind::DecodeGateSmall, KernelKind::DecodeFused});
     if (!set.layout) parse_error(b.dir_, fmt::format("{}: expected a layout, found none", where));
     const TwellLayout& l = *set.layout;
     if ((l.tile_n & (l.tile_n - 1)) != 0 || l.tile_n < 32 || l.tile_n > 1024 || l.slots < 1 || l.slots > l.tile_n || l.index_bits != 16)

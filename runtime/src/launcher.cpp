@@ -6,9 +6,16 @@ namespace twell::detail {
 
 void launch(const LoadedKernel& k, const kernels::LaunchShape& shape, void** args, CUstream stream, const char* who) {
   const kernels::LaunchConfig c = kernels::launch_config(k.source, shape, k.occupancy);
-  CUlaunchAttribute attribute{};
-  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attribute.value.programmaticStreamSerializationAllowed = 1;
+  CUlaunchAttribute attributes[2]{};
+  unsigned count = 0;
+  if (c.dependent_launch) {
+    attributes[count].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attributes[count++].value.programmaticStreamSerializationAllowed = 1;
+  }
+  if (c.cooperative) {  // the driver refuses the launch unless every CTA can be resident at once
+    attributes[count].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+    attributes[count++].value.cooperative = 1;
+  }
   CUlaunchConfig config{};
   config.gridDimX = c.grid_x;
   config.gridDimY = c.grid_y;
@@ -18,8 +25,8 @@ void launch(const LoadedKernel& k, const kernels::LaunchShape& shape, void** arg
   config.blockDimZ = c.block_z;
   config.sharedMemBytes = c.shared_bytes;
   config.hStream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = c.dependent_launch ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   check(Driver::get().cuLaunchKernelEx(&config, k.function, args, nullptr),
         fmt::format("{}: launching {} ({})", who, k.source.name, c.describe()).c_str());
 }

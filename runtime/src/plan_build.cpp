@@ -27,6 +27,9 @@ void check_spec(const FfnSpec& s, int64_t max_tokens, const PlanOptions& options
   if (k < 0 || k % 64 != 0 || k >= s.d_ff)
     bad(fmt::format("PlanOptions::dense_neurons: expected a multiple of 64 in 0..{} (below d_ff = {}: at least one neuron "
                     "stays on TwELL), got {}", (s.d_ff - 1) / 64 * 64, s.d_ff, k));
+  if (options.decode_fused_max_tokens < 0 || options.decode_fused_max_tokens > kernels::DecodeKernelConstraints::kFusedMaxTokens)
+    bad(fmt::format("PlanOptions::decode_fused_max_tokens: expected 0..{} (0: not the fused decode kernel), got {}",
+                    kernels::DecodeKernelConstraints::kFusedMaxTokens, options.decode_fused_max_tokens));
   if (options.decode_max_tokens < 0 || options.decode_max_tokens > kernels::DecodeKernelConstraints::kMaxTokens)
     bad(fmt::format("PlanOptions::decode_max_tokens: expected 0..{} (0: no decode kernels), got {}",
                     kernels::DecodeKernelConstraints::kMaxTokens, options.decode_max_tokens));
@@ -133,13 +136,25 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
         p.reports.push_back(k->report);
       }
   }
-  if (options.decode_max_tokens > 0 && generated.decode.size() == 4) {
+  if (options.decode_max_tokens > 0 && generated.decode.size() == 5) {
     p.decode_gate = generated.decode[0];
     p.decode_up = generated.decode[1];
     p.decode_down = generated.decode[2];
     p.decode_gate_small = generated.decode[3];
     for (const auto* k : {&p.decode_gate, &p.decode_up, &p.decode_down, &p.decode_gate_small}) p.reports.push_back((*k)->report);
+    // The fused kernel where its shared memory holds two ring entries per warp beside the staging of
+    // ceil(d_ff / SMs) rows (on a GPU; a plan without one keeps the kernel for bundles only).
+    using D = kernels::DecodeKernelConstraints;
+    if (options.decode_fused_max_tokens > 0 &&
+        (!ctx->gpu || D::fusedFits(spec.d_model, p.sparse_spec.d_ff, ctx->sm_count, ctx->target.sm))) {
+      p.decode_fused = generated.decode[4];
+      p.decode_fused_max_tokens = options.decode_fused_max_tokens;
+      p.reports.push_back(p.decode_fused->report);
+    }
     p.decode_max_tokens = options.decode_max_tokens;
+    if (p.decode_fused)
+      p.ir = fmt::format("// FfnPlan: run() calls of at most {} tokens take {} (decode_fused.cuh).\n",
+                         std::min(p.decode_fused_max_tokens, p.decode_max_tokens), p.decode_fused->source.name) + p.ir;
     p.ir = fmt::format("// FfnPlan: run() calls of at most {} tokens take the decode kernels {}, {}, {} and {} "
                        "(decode.cuh: the same arithmetic as the kernels below, spread over the GPU for a few rows).\n",
                        p.decode_max_tokens, p.decode_gate->source.name, p.decode_gate_small->source.name,
@@ -175,6 +190,14 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
       // tile-row's unused slots with its used ones (never their values).
       detail::check(d.cuMemsetD8(p.twell->get(), 0, size_t(rows * p.layout.words_per_row(sparse_d_ff)) * 4),
                     "Context::plan: cuMemsetD8(TwELL matrix rows of decode calls)");
+    }
+    if (p.decode_fused) {
+      const int64_t ctas = kernels::DecodeKernelConstraints::fusedCtas(ctx->sm_count);
+      const int64_t rows_cap = (sparse_d_ff + ctas - 1) / ctas;
+      p.fused_entries = std::make_unique<detail::DeviceBuffer>(size_t(ctas * 32 * rows_cap) * 8);
+      p.fused_counts = std::make_unique<detail::DeviceBuffer>(size_t(ctas * 32) * 4);
+      p.fused_barrier = std::make_unique<detail::DeviceBuffer>(8);
+      detail::check(detail::Driver::get().cuMemsetD8(p.fused_barrier->get(), 0, 8), "Context::plan: cuMemsetD8(decode_fused barrier)");
     }
     p.counter = std::make_unique<detail::DeviceBuffer>(8);  // the overflow count, the consumer's row counter
     if (transpose_down) p.w_down_t = std::make_unique<detail::DeviceBuffer>(size_t(sparse_d_ff) * spec.d_model * 2);

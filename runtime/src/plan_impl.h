@@ -53,7 +53,7 @@ struct FfnPlan::Impl {
   Dispatch dispatch = Dispatch::Sparse;
   std::unique_ptr<DenseFfn> dense;  // with Dispatch::Auto or Dense
   enum class Path { Rows, Block, Dense };
-  // Per (run()'s decision_key, bucket 2 bit_width(tokens - 1) + decode), after calibration.
+  // Per (run()'s decision_key, bucket 3 bit_width(tokens - 1) + (2 fused decode | 1 decode | 0)), after calibration.
   std::map<std::pair<uint64_t, int>, Path> bucket_path;
   // The decode kernels (PlanOptions::decode_max_tokens; null when off or not made for this shape),
   // generated for the user's down layout, and their workspace (device::DecodeBuffers).
@@ -61,6 +61,13 @@ struct FfnPlan::Impl {
   int64_t decode_max_tokens = 0;
   int64_t decode_act_ld = 0;
   std::unique_ptr<detail::DeviceBuffer> decode_act, decode_arrivals, decode_entries;
+  // decode_fused (decode_fused.cuh): the whole FFN of a few rows in one cooperative kernel, which run()
+  // takes for decode calls of at most decode_fused_max_tokens rows (null where PlanOptions turn it off
+  // or its shared memory does not fit), and its workspace (device::DecodeFusedBuffers; the barrier's
+  // two words zeroed once).
+  std::shared_ptr<LoadedKernel> decode_fused;
+  int64_t decode_fused_max_tokens = 0;
+  std::unique_ptr<detail::DeviceBuffer> fused_entries, fused_counts, fused_barrier;
   bool use_block = false;  // the consumer the next launch() runs
   std::string last_path;
   std::string config_source = "heuristic";  // FfnPlan::config_source

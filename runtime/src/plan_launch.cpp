@@ -29,6 +29,15 @@ void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDown
   const kernels::LaunchShape shape{tokens, 0, 0};
   void* gate_args[2] = {&gate, &buffers};
   void* down_args[2] = {&down, &buffers};
+  if (p.decode_fused && tokens <= p.decode_fused_max_tokens) {  // one kernel; it writes no TwELL matrix
+    device::DecodeFusedBuffers fused{reinterpret_cast<uint32_t*>(p.fused_entries->get()),
+                                     reinterpret_cast<uint32_t*>(p.fused_counts->get()),
+                                     reinterpret_cast<uint32_t*>(p.fused_barrier->get())};
+    void* args[2] = {&down, &fused};
+    detail::launch(*p.decode_fused, shape, args, cu, "FfnPlan::run");
+    p.last_path = "decode";
+    return;
+  }
   const LoadedKernel& first = tokens <= p.decode_gate_small->source.cta_m ? *p.decode_gate_small : *p.decode_gate;
   detail::launch(first, shape, gate_args, cu, "FfnPlan::run");
   detail::launch(*p.decode_up, shape, down_args, cu, "FfnPlan::run");

@@ -78,6 +78,8 @@ OverflowReport FfnPlan::last_overflow(Stream stream) {
   p.context->make_current();
   const detail::Driver& d = detail::Driver::get();
   detail::check(d.cuStreamSynchronize(reinterpret_cast<CUstream>(stream)), "FfnPlan::last_overflow: cuStreamSynchronize");
+  // The fused decode kernel makes no TwELL matrix: nothing overflowed, nothing was recomputed.
+  if (p.last_path == "decode") return OverflowReport{0, p.matrix_capacity, false};
   uint32_t count = 0;
   detail::check(d.cuMemcpyDtoH(&count, p.counter->get(), 4), "FfnPlan::last_overflow: cuMemcpyDtoH");
   OverflowReport r{count, p.matrix_capacity, count > p.matrix_capacity};
@@ -91,6 +93,9 @@ TwellMatrix FfnPlan::download_twell(Stream stream) const {
   if (p.last_path == "dense")
     throw Error(ErrorCode::InvalidArgument, "FfnPlan::download_twell: the last run() took the dense path (Dispatch::Auto or "
                                             "Dense), which makes no TwELL matrix; use PlanOptions::dispatch = Sparse");
+  if (p.last_path == "decode")
+    throw Error(ErrorCode::InvalidArgument, "FfnPlan::download_twell: the last run() took the fused decode kernel, which makes no "
+                                            "TwELL matrix; run_gate() makes one (or PlanOptions::decode_fused_max_tokens = 0)");
   if (!p.context->gpu) throw Error(ErrorCode::NoDevice, "FfnPlan::download_twell: this plan was made without a GPU");
   if (p.last_tokens < 0) throw Error(ErrorCode::InvalidArgument, "FfnPlan::download_twell: run() has not been called");
   p.context->make_current();

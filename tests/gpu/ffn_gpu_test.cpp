@@ -118,10 +118,15 @@ Outcome run_and_compare(const RandomFfn& f, PlanOptions options = sparse(), bool
   const size_t count = f.tokens * f.spec.d_model;
   dev.y.fill(0xFF);  // 0xFFFF: a NaN pattern no correct output has on these inputs
   plan.run(stream.get(), dev.tensors(), f.tokens);
-  o.overflow = plan.last_overflow(stream.get());
-  const TwellMatrix h = plan.download_twell(stream.get());
-  EXPECT_NO_THROW(validate_twell(h));
-  expect_same_twell(h, pack_twell(plan.layout(), reference_gate(f.spec, f.x, f.tokens, f.w_gate), f.tokens, f.spec.d_ff, UINT32_MAX));
+  o.overflow = plan.last_overflow(stream.get());  // synchronizes the stream
+  // A call the fused decode kernel took (PlanOptions::decode_fused_max_tokens) makes no TwELL matrix.
+  if (plan.last_path() != "decode") {
+    const TwellMatrix h = plan.download_twell(stream.get());
+    EXPECT_NO_THROW(validate_twell(h));
+    expect_same_twell(h, pack_twell(plan.layout(), reference_gate(f.spec, f.x, f.tokens, f.w_gate), f.tokens, f.spec.d_ff, UINT32_MAX));
+  } else {
+    EXPECT_THROW(plan.download_twell(stream.get()), Error);
+  }
   const auto bits1 = dev.y.download_vector<uint16_t>(count);
   o.unwritten = std::count(bits1.begin(), bits1.end(), uint16_t{0xFFFF});
   o.err_twell = relative_error(to_float(f.spec.dtype, bits1), ref);
@@ -1063,11 +1068,20 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
   const int64_t K = f.spec.d_model, ld = K + 8;
   PlanOptions large = options;
   large.decode_max_tokens = 0;
+  // The four decode kernels alone (no fused kernel) beside the plan as asked.
+  PlanOptions four = options;
+  four.decode_fused_max_tokens = 0;
   FfnPlan decode_plan = ctx.plan(f.spec, 64, options);
   FfnPlan large_plan = ctx.plan(f.spec, 64, large);
+  FfnPlan four_plan = ctx.plan(f.spec, 64, four);
   const auto& reports = decode_plan.kernels();
   ASSERT_TRUE(std::any_of(reports.begin(), reports.end(), [](const KernelReport& k) { return k.kind == "decode_gate"; }))
       << what << ": the plan made no decode kernels";
+  // Where the fused kernel fits (every shape here on an H200) it takes the calls of at most
+  // decode_fused_max_tokens rows and writes no TwELL matrix: y is compared, and the matrix calls must
+  // refuse with a clear error.
+  const bool fused = f.tokens <= options.decode_fused_max_tokens &&
+                     std::any_of(reports.begin(), reports.end(), [](const KernelReport& k) { return k.kind == "decode_fused"; });
   DeviceFfn dev(ctx, f);
   std::vector<uint16_t> xs(f.tokens * ld, from_float(f.spec.dtype, std::nanf("")));
   for (int64_t r = 0; r < f.tokens; ++r) std::copy_n(&f.x[r * K], K, &xs[r * ld]);
@@ -1081,7 +1095,14 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
   auto run = [&](FfnPlan& plan, std::vector<uint16_t>& y, std::vector<uint16_t>& h) {
     yd.fill(0xFF);
     plan.run(stream.get(), t, f.tokens);
-    h = twell_values(plan.download_twell(stream.get()));
+    if (plan.last_path() == "decode") {
+      stream.synchronize();
+      EXPECT_THROW(plan.download_twell(stream.get()), Error) << what;
+      EXPECT_THROW(plan.run_consumer(stream.get(), t, f.tokens), Error) << what;
+      h.clear();
+    } else {
+      h = twell_values(plan.download_twell(stream.get()));
+    }
     const auto ys = yd.download_vector<uint16_t>(f.tokens * ld);
     y.assign(f.tokens * K, 0);
     for (int64_t r = 0; r < f.tokens; ++r) {
@@ -1089,13 +1110,16 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
       for (int64_t i = K; i < ld; ++i) ASSERT_EQ(ys[r * ld + i], 0xFFFF) << what << ": wrote outside row " << r;
     }
   };
-  std::vector<uint16_t> y_decode, h_decode, y_large, h_large, y_again, h_again;
+  std::vector<uint16_t> y_decode, h_decode, y_large, h_large, y_again, h_again, y_four, h_four;
   run(decode_plan, y_decode, h_decode);
   run(large_plan, y_large, h_large);
+  run(four_plan, y_four, h_four);
+  EXPECT_EQ(four_plan.last_path(), "twell") << what;
   run(decode_plan, y_again, h_again);  // the tiles' arrival counters were left at 0 by the first run
   // The large-M consumer over the decode run's matrix (run_consumer always takes it): the same y
   // (a split plan's run_consumer writes the TwELL neurons' part alone: not compared).
-  if (options.dense_neurons == 0) {
+  EXPECT_EQ(decode_plan.last_path(), fused ? "decode" : "twell") << what;
+  if (options.dense_neurons == 0 && !fused) {
     yd.fill(0xFF);
     decode_plan.run_consumer(stream.get(), t, f.tokens);
     stream.synchronize();
@@ -1120,7 +1144,10 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
     }
     return std::string();
   };
-  EXPECT_EQ(first_difference(h_decode, h_large), "") << what << ": the decode gate's TwELL matrix differs from the large-M gate's";
+  if (!fused)
+    EXPECT_EQ(first_difference(h_decode, h_large), "") << what << ": the decode gate's TwELL matrix differs from the large-M gate's";
+  EXPECT_EQ(first_difference(h_four, h_large), "") << what << ": the four decode kernels' TwELL matrix differs from the large-M gate's";
+  EXPECT_TRUE(y_four == y_large) << what << ": the four decode kernels' y differs from the large-M kernels' bits";
   EXPECT_TRUE(y_decode == y_large) << what << ": y differs from the large-M kernels' bits";
   EXPECT_EQ(first_difference(h_decode, h_again), "") << what << ": a second decode run's TwELL matrix differs";
   EXPECT_TRUE(y_again == y_decode) << what << ": a second decode run's y differs";

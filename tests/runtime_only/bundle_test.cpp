@@ -408,7 +408,7 @@ TEST(RuntimeOnlyForged, SetsAgainstTheirRequests) {
                    json& d = ffn_set(m)["decode"];
                    std::swap(d[0], d[3]);
                  }),
-                 {"decode: expected the kinds [decode_gate, decode_up, decode_down, decode_gate_small]"});
+                 {"decode: expected the kinds [decode_gate, decode_up, decode_down, decode_gate_small, decode_fused]"});
   expect_refused(forged("consumer-is-gate", [&](json& m, const fs::path&) { ffn_set(m)["kernels"][1] = ffn_set(m)["kernels"][0]; }),
                  {"kernels: expected the kinds [gate_twell, gated_down]"});
   expect_refused(forged("aux-kind", [&](json& m, const fs::path&) {

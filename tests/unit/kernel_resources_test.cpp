@@ -17,6 +17,7 @@
 #include "NvrtcCompiler.h"
 #include "nvrtc_checks.h"
 #include "twell/compiler/Generate.h"
+#include "twell/kernels/constraints.h"
 #include "twell/error.h"
 
 namespace {
@@ -173,12 +174,15 @@ TEST(KernelResources, DecodeKernelsCompileWithoutSpills) {
           s.down_layout = down;
           s.gated = gated;
           const compiler::GeneratedFfn gen = compiler::generateFfn(s, target);
-          ASSERT_EQ(gen.decode.size(), 4u);
+          ASSERT_EQ(gen.decode.size(), 5u);
           EXPECT_EQ(gen.decode[0].kind, compiler::KernelKind::DecodeGate);
           EXPECT_EQ(gen.decode[1].kind, compiler::KernelKind::DecodeUp);
           EXPECT_EQ(gen.decode[2].kind, compiler::KernelKind::DecodeDown);
           EXPECT_EQ(gen.decode[3].kind, compiler::KernelKind::DecodeGateSmall);
           EXPECT_EQ(gen.decode[3].cta_m, 8);
+          EXPECT_EQ(gen.decode[4].kind, compiler::KernelKind::DecodeFused);
+          EXPECT_EQ(gen.decode[4].cta_m, 8);
+          EXPECT_EQ(gen.decode[4].smem_bytes, kernels::DecodeKernelConstraints::fusedSharedBytes(target.sm));
           for (const compiler::KernelSource& k : gen.decode) {
             EXPECT_NE(k.source.find(down == WeightLayout::InOut ? "down_in_out = true" : "down_in_out = false"), std::string::npos);
             const std::string what = fmt::format("{} ({}, d_model {}, tile_n {}, {})", k.name, target.arch(), d_model, tile_n,
@@ -200,7 +204,7 @@ TEST(KernelResources, DecodeKernelsCompileWithoutSpills) {
   paper.d_ff = 5632;
   for (int sm : {86, 89, 120})
     EXPECT_TRUE(compiler::generateFfn(paper, Target{sm, false}).decode.empty()) << "sm_" << sm;
-  EXPECT_EQ(compiler::generateFfn(paper, Target{80, false}).decode.size(), 4u);
+  EXPECT_EQ(compiler::generateFfn(paper, Target{80, false}).decode.size(), 5u);
   // Not beside the token block (it rounds h; the decode kernels repeat the row consumers' sums).
   FfnSpec block = paper;
   block.down_layout = WeightLayout::InOut;
@@ -223,11 +227,11 @@ TEST(KernelResources, DecodeKernelsReadTheDownLayoutAsked) {
   const compiler::GeneratedFfn asked = compiler::generateFfn(in_out, target, WeightLayout::OutIn);
   const compiler::GeneratedFfn plain = compiler::generateFfn(out_in, target);
   const compiler::GeneratedFfn own = compiler::generateFfn(in_out, target);
-  ASSERT_EQ(asked.decode.size(), 4u);
-  ASSERT_EQ(plain.decode.size(), 4u);
-  ASSERT_EQ(own.decode.size(), 4u);
+  ASSERT_EQ(asked.decode.size(), 5u);
+  ASSERT_EQ(plain.decode.size(), 5u);
+  ASSERT_EQ(own.decode.size(), 5u);
   EXPECT_EQ(asked.kernels.back().source.find("down_in_out = false"), std::string::npos) << "the large-M consumer reads in_out";
-  for (size_t i = 0; i < 4; ++i) {
+  for (size_t i = 0; i < 5; ++i) {
     EXPECT_NE(asked.decode[i].name.find("out_in"), std::string::npos) << asked.decode[i].name;
     EXPECT_NE(asked.decode[i].source.find("down_in_out = false"), std::string::npos) << asked.decode[i].name;
     EXPECT_EQ(asked.decode[i].name, plain.decode[i].name);

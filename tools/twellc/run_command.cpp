@@ -288,8 +288,8 @@ int run_command(const std::vector<std::string>& argv) {
     y.fill(0xFF);  // poison: 0xFFFF is a NaN no correct run writes here
     plan.run(stream.get(), tensors, d.tokens);
     const twell::OverflowReport overflow = plan.last_overflow(stream.get());
-    const twell::TwellMatrix h = plan.download_twell(stream.get());
-    twell::validate_twell(h);
+    // A call of a few rows may take the fused decode kernel, which makes no TwELL matrix to check.
+    if (plan.last_path() != "decode") twell::validate_twell(plan.download_twell(stream.get()));
     size_t poisoned = 0;
     const std::vector<float> y_twell = download_y(y, y_count, &poisoned);
     const double err_twell = twell::relative_error(y_twell, y_ref);

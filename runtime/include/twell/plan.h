@@ -50,7 +50,7 @@ struct PlanOptions {
   // Calls of at most this many tokens run the decode kernels (kernels/device/twell/device/decode/decode.cuh):
   // the gate, up and down projections spread over every SM for a few rows, which read Wg and the
   // active rows of Wu and Wd once (autoregressive decoding; PERFORMANCE.md, "Small M"). They give the
-  // same TwELL matrix and the same y, bit for bit, as the large-M kernels, and read Wd in the layout
+  // same y, bit for bit, as the large-M kernels (and the four below the same TwELL matrix), and read Wd in the layout
   // given (no transpose). Used by run() on the TwELL path with the row consumer only (run_gate and
   // run_consumer take the large-M kernels, and so does a token bucket where Dispatch::Auto chose the
   // token-block consumer), where the generator made them: a tensor-core gate, d_model % 8 == 0, d_ff
@@ -58,9 +58,19 @@ struct PlanOptions {
   // sm_120, sm_121), and not for FfnSpec::consumer = TokenBlock (that consumer rounds h, the decode
   // kernels repeat the row consumers' sums). 0 turns them off; at most 64, else Context::plan throws
   // Error(InvalidArgument) naming this field. It is only the cut-off: any value above 0 compiles the
-  // same four kernels (decode_gate for up to 64 rows, decode_gate_small for up to 8, decode_up,
-  // decode_down), and sizes their workspace: about min(max_tokens, decode_max_tokens) x d_ff x 10 bytes.
+  // same five kernels (decode_gate for up to 64 rows, decode_gate_small for up to 8, decode_up,
+  // decode_down; decode_fused below), and sizes their workspace: about min(max_tokens,
+  // decode_max_tokens) x d_ff x 10 bytes, and 256 d_ff bytes for decode_fused.
   int64_t decode_max_tokens = 64;
+  // Decode calls of at most this many tokens (0..8, and at most decode_max_tokens to matter) take
+  // instead the fused decode kernel (decode/decode_fused.cuh): the whole FFN in one persistent,
+  // cooperative kernel, one CTA per SM, the same y bit for bit, but no TwELL matrix (download_twell
+  // and run_consumer refuse after such a call; last_path() says "decode"). It is made where its shared
+  // memory holds x, a group of 8 Wg rows and the staging of ceil(d_ff / SMs) rows (every paper shape
+  // on sm_80 and sm_90). last_overflow() after such a call reports nothing recomputed. 4: on the H200 it beats the four decode kernels by 7-15% at 1 to 4 tokens
+  // and loses from 8 on (bench/README.md v38). Outside 0..8, Context::plan throws
+  // Error(InvalidArgument) naming this field.
+  int64_t decode_fused_max_tokens = 4;
   // The tuning database (twell/tuning.h): with Use, the layout fields the FfnSpec leaves unset (tile_n,
   // slots, gate_cluster_m; the consumer too unless Dispatch::Auto, which times both) come from the
   // tuned entry of this GPU and spec, if there is one, else from the entry a loaded bundle embeds for
@@ -79,7 +89,7 @@ struct PlanOptions {
 struct KernelReport {
   std::string name;
   std::string kind;       // "gate_twell" | "gated_down" | "down" (the non-gated consumer) | "transpose" |
-                          // "decode_gate" | "decode_gate_small" | "decode_up" | "decode_down"
+                          // "decode_gate" | "decode_gate_small" | "decode_up" | "decode_down" | "decode_fused"
                           // (PlanOptions::decode_max_tokens)
   std::string cache;      // "memory" | "disk" | "miss" (compiled now by the JIT) | "miss (corrupt entry replaced)"
                           // (compiled now, a damaged disk entry was found) | "bundle" (ahead of time)
@@ -140,7 +150,8 @@ class FfnPlan {
   void run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t decision_key = 0);
 
   // The path the last run() took: "twell" (with the dense neurons of PlanOptions::dense_neurons, if
-  // any) or "dense" ("" before the first run).
+  // any), "decode" (the fused decode kernel, PlanOptions::decode_max_tokens: no TwELL matrix) or
+  // "dense" ("" before the first run).
   std::string last_path() const;
 
   // Where the layout came from: "option" (the FfnSpec set tile_n / slots / cluster), "heuristic"

@@ -22,7 +22,7 @@ namespace twell::device {
 // The version of this header's host/device ABI (the structs below and the kernels' argument lists).
 // Ahead-of-time bundles record it per kernel (manifest.json "params_version"); the runtime refuses a
 // kernel built against another version. Bump it with any change to a struct or an argument list.
-constexpr uint32_t kParamsVersion = 2;  // 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
+constexpr uint32_t kParamsVersion = 3;  // 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
 
 // Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
 // recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
@@ -92,6 +92,15 @@ struct DecodeBuffers {
   const uint16_t* w_down;
   int64_t ldwu;
   int64_t ldwd;
+};
+
+// decode_fused's workspace (decode/decode_fused.cuh). P = the launch's CTAs (one per SM), R = ceil(d_ff / P)
+// rows of d_ff per CTA at most. Not cleared between calls: each call writes what the next reads,
+// except the grid barrier, which is zeroed once when allocated and left zero by every call.
+struct DecodeFusedBuffers {
+  uint32_t* entries;  // [P][32 tokens][R] pairs of words: neuron j, fp32 bits of h_j (CTA c's entries of token t)
+  uint32_t* counts;   // [P][32] entries per (CTA, token)
+  uint32_t* barrier;  // 2 words: arrivals, generation
 };
 
 // Dense path helper: h = act(g) * u elementwise over [M, N] (g, u, h row-major with stride ld).

@@ -5,6 +5,13 @@
 // wrappers clamp absurd ones first, so no product overflows).
 #pragma once
 
+// Functions a kernel evaluates at run time (from its launch's shared memory) are host and device ones.
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__)
+#define TWELL_HOST_DEVICE __host__ __device__
+#else
+#define TWELL_HOST_DEVICE
+#endif
+
 namespace twell::device::shared_memory {
 
 // fma gate (gate/gate_twell.cuh, static shared memory): the fp32 operands of one K step, cta_k x
@@ -82,6 +89,30 @@ constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile
                                             bool bulk_rows) {
   const long long staging = max_tokens * tile_n * 2, rows = bulk_rows ? slice_n * (2 * d_model + 16) : 0;
   return rows > staging ? rows : staging;
+}
+
+// decode_fused (decode/decode_fused.cuh), one CTA per SM of kDecodeFusedWarps warps. Phase 1: the
+// call's rows of x and one zero row (d_model + 8 values each), then one entry per streaming warp
+// holding a group of 8 whole Wg rows (d_model + 8 values each: ldmatrix's 8 rows hit distinct banks;
+// one bulk copy per row: copies of 4 KiB and more stream at 2.5-3 TB/s, 512-byte ones at 1.7,
+// bench/README.md v38), then the CTA's staging of activated values ([x rows][rows per CTA] floats and
+// flag bytes, x rows = the tokens rounded up to 8, 16 or 32). As many warps stream as entries fit, at
+// most one per group of the CTA and kDecodeFusedWarps.
+constexpr long long kDecodeFusedWarps = 8, kDecodeFusedColumns = 16;
+TWELL_HOST_DEVICE constexpr long long decode_fused_x_rows(long long tokens) { return tokens <= 8 ? 8 : tokens <= 16 ? 16 : 32; }
+TWELL_HOST_DEVICE constexpr long long decode_fused_x_bytes(long long tokens, long long d_model) { return (tokens + 1) * (d_model + 8) * 2; }
+TWELL_HOST_DEVICE constexpr long long decode_fused_entry_bytes(long long d_model) { return 8 * (d_model + 8) * 2; }
+TWELL_HOST_DEVICE constexpr long long decode_fused_staging_bytes(long long tokens, long long rows_per_cta) {
+  return (decode_fused_x_rows(tokens) * rows_per_cta * 5 + 15) / 16 * 16;  // a float and a flag byte per (token, row)
+}
+// Reads past the last entry (a k32 ldmatrix pair at the end of a row: 16 values, unused) land in the
+// staging, which follows it.
+TWELL_HOST_DEVICE constexpr long long decode_fused_streamers(long long smem_bytes, long long tokens, long long d_model,
+                                                             long long rows_per_cta) {
+  const long long left = smem_bytes - decode_fused_x_bytes(tokens, d_model) - decode_fused_staging_bytes(tokens, rows_per_cta);
+  const long long fit = left / decode_fused_entry_bytes(d_model), groups = (rows_per_cta + 7) / 8;
+  const long long s = fit < groups ? fit : groups;
+  return s < 0 ? 0 : s > kDecodeFusedWarps ? kDecodeFusedWarps : s;
 }
 
 // The training weight gradients (train/weight_grad.cuh): the fp32 accumulators of a CTA's neuron slice

@@ -415,6 +415,23 @@ struct DecodeKernelConstraints {
     return smem::decode_gate_small_bytes(kGateSmallMaxTokens, detail::layoutExtent(tileN), kGateSmallSliceN,
                                          detail::layoutExtent(dModel), gateSmallBulkRows(dModel, sm));
   }
+  // decode_fused (at most kFusedMaxTokens rows; PlanOptions::decode_fused_max_tokens): one CTA of
+  // kFusedThreads per SM (at most kFusedMaxCtas), launched cooperatively with all the shared memory the
+  // target allows (fusedSharedBytes): x's rows, the streaming warps' groups of Wg rows, the staging of
+  // the CTA's ceil(d_ff / CTAs) rows. fusedFits says whether that leaves room for one streaming warp.
+  static constexpr int64_t kFusedMaxTokens = 8;
+  static constexpr int64_t kFusedThreads = smem::kDecodeFusedWarps * 32;
+  static constexpr int64_t kFusedMaxCtas = 256;
+  // Its static shared memory (mbarriers, the compiler's) stays under kFusedStaticReserve.
+  static constexpr int64_t kFusedStaticReserve = 2048;
+  static constexpr int64_t fusedSharedBytes(int sm) {
+    return GatedDownKernelConstraints::maxDynamicSharedBytes(sm) - kFusedStaticReserve;
+  }
+  static constexpr int64_t fusedCtas(int64_t smCount) { return smCount < kFusedMaxCtas ? smCount : kFusedMaxCtas; }
+  static constexpr bool fusedFits(int64_t dModel, int64_t dFF, int64_t smCount, int sm) {
+    const int64_t ctas = fusedCtas(smCount);
+    return ctas >= 1 && smem::decode_fused_streamers(fusedSharedBytes(sm), kFusedMaxTokens, dModel, (dFF + ctas - 1) / ctas) >= 1;
+  }
   // Also: decode_gate's shared memory at 64 rows must fit the target (not on the 99 KiB parts:
   // sm_86, sm_89, sm_120, sm_121), and not beside the token-block consumer, which rounds h to the
   // value type where the decode kernels repeat the row consumers' fp32 sums.

@@ -26,6 +26,8 @@ enum class KernelKind : uint8_t {
   DecodeGateSmall,  //   ... of at most kGateSmallMaxTokens rows
   DecodeUp,         //   ... up projection of the active entries (GatedDownParams, DecodeBuffers)
   DecodeDown,       //   ... down projection
+  DecodeFused,      // decode/decode_fused.cuh: the whole FFN of at most kFusedMaxTokens rows, one persistent
+                    // cooperative kernel (GatedDownParams, DecodeFusedBuffers)
   WeightTranspose,  // aux/transpose.cuh: out_in -> in_out copy of Wd (TransposeParams)
   NeuronPermute,    // aux/permute.cuh: reordering of weights by neuron (PermuteParams)
   DenseGatedMul,    // aux/dense_ops.cuh: the dense path's h = act(g) * u (GatedMulParams, threshold)
@@ -39,7 +41,8 @@ enum class KernelKind : uint8_t {
 inline constexpr KernelKind kKernelKinds[] = {
     KernelKind::GateTwell,       KernelKind::GatedDown,     KernelKind::DecodeGate,    KernelKind::DecodeGateSmall,
     KernelKind::DecodeUp,        KernelKind::DecodeDown,    KernelKind::WeightTranspose, KernelKind::NeuronPermute,
-    KernelKind::DenseGatedMul,   KernelKind::DenseGatedUp,  KernelKind::TrainRowBackward, KernelKind::TrainWeightGrad};
+    KernelKind::DenseGatedMul,   KernelKind::DenseGatedUp,  KernelKind::TrainRowBackward, KernelKind::TrainWeightGrad,
+    KernelKind::DecodeFused};
 
 // The name of a kind in reports and manifests ("gate_twell", "gated_down", ...).
 constexpr const char* to_string(KernelKind kind) {
@@ -50,6 +53,7 @@ constexpr const char* to_string(KernelKind kind) {
     case KernelKind::DecodeGateSmall: return "decode_gate_small";
     case KernelKind::DecodeUp: return "decode_up";
     case KernelKind::DecodeDown: return "decode_down";
+    case KernelKind::DecodeFused: return "decode_fused";
     case KernelKind::WeightTranspose: return "transpose";
     case KernelKind::NeuronPermute: return "permute";
     case KernelKind::DenseGatedMul: return "dense_gated_mul";

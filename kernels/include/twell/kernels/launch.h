@@ -34,6 +34,7 @@ struct LaunchConfig {
   uint32_t cluster_x = 1;       // compiled in (__cluster_dims__) where > 1; the launcher does not set it again
   uint32_t shared_bytes = 0;    // dynamic shared memory of this launch
   bool dependent_launch = false;
+  bool cooperative = false;  // CU_LAUNCH_ATTRIBUTE_COOPERATIVE: every CTA resident at once (a grid barrier)
 
   std::string describe() const {
     std::string s = "grid (" + std::to_string(grid_x) + ", " + std::to_string(grid_y) + ", " + std::to_string(grid_z) +
@@ -41,6 +42,7 @@ struct LaunchConfig {
                     ") shared " + std::to_string(shared_bytes);
     if (cluster_x > 1) s += " cluster " + std::to_string(cluster_x);
     if (dependent_launch) s += " pdl";
+    if (cooperative) s += " cooperative";
     return s;
   }
 };
@@ -64,6 +66,7 @@ constexpr uint32_t persistent_grid_x(const KernelSource& k, int64_t tokens, cons
 //   DecodeGateSmall  tiles x tile_n / kGateSmallSliceN CTAs
 //   DecodeUp         tokens x tiles CTAs (one per row and tile)
 //   DecodeDown       tokens x ceil(d_model / downColumns) single-warp CTAs
+//   DecodeFused      one CTA per SM (at most kFusedMaxCtas), cooperative
 //   WeightTranspose  32 x 32 tiles of [rows, cols]: (ceil(cols / 32), ceil(rows / 32)), blocks of 32 x 8
 //   NeuronPermute    min(ceil(rows * cols / threads), 16 per SM) CTAs (grid-stride loop)
 //   DenseGatedMul    min(ceil(rows * cols / threads), 65535) CTAs (grid-stride loop)
@@ -98,6 +101,10 @@ constexpr LaunchConfig launch_config(const KernelSource& k, const LaunchShape& s
       break;
     case KernelKind::DecodeUp:
       c.grid_x = static_cast<uint32_t>(shape.tokens * tiles);
+      break;
+    case KernelKind::DecodeFused:
+      c.grid_x = static_cast<uint32_t>(D::fusedCtas(o.sm_count));
+      c.cooperative = true;
       break;
     case KernelKind::DecodeDown: {
       const int64_t columns = D::downColumns(k.down_in_out);

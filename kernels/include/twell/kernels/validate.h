@@ -104,7 +104,8 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
     case KernelKind::DecodeGate:
     case KernelKind::DecodeGateSmall:
     case KernelKind::DecodeUp:
-    case KernelKind::DecodeDown: {
+    case KernelKind::DecodeDown:
+    case KernelKind::DecodeFused: {
       if (!shape.empty()) return shape;
       const std::string common =
           first({k.tile_n % D::kSliceN == 0 ? std::string() : "tile_n: expected a multiple of 32 (decode slices)",
@@ -122,6 +123,9 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
       if (k.kind == KernelKind::DecodeUp)
         return first({expect("threads", D::kUpThreads, k.threads, "decode_up"), expect("cta_m", D::kMaxTokens, k.cta_m, "decode_up"),
                       expect("smem_bytes", 0, k.smem_bytes, "decode_up")});
+      if (k.kind == KernelKind::DecodeFused)
+        return first({expect("threads", D::kFusedThreads, k.threads, "decode_fused"), expect("cta_m", D::kFusedMaxTokens, k.cta_m, "decode_fused"),
+                      expect("smem_bytes", D::fusedSharedBytes(target.sm), k.smem_bytes, "decode_fused (all the target allows)")});
       return first({expect("threads", D::kDownThreads, k.threads, "decode_down"), expect("cta_m", D::kMaxTokens, k.cta_m, "decode_down"),
                     expect("smem_bytes", 0, k.smem_bytes, "decode_down")});
     }
