@@ -2,9 +2,14 @@
 // launch or copy says why it cannot (Error(NoDevice)) or what is missing (Error(InvalidArgument)).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
 
 #include "driver.h"
+#include "plan_setup.h"
 #include "twell/context.h"
 #include "twell/device_memory.h"
 #include "twell/error.h"
@@ -16,12 +21,8 @@ using namespace twell;
 
 TEST(PlanWithoutGpu, ConsumerAloneAndUploadSayWhy) {
   if (detail::Driver::available()) GTEST_SKIP() << "a CUDA device is present: the no-GPU path cannot be tested";
-  ContextOptions o;
-  o.disk_cache = false;
-  Context ctx(o);
-  FfnSpec s;
-  s.d_model = 512;
-  s.d_ff = 1408;
+  Context ctx = twell::testing::context_without_disk_cache();
+  const FfnSpec s = twell::testing::spec_512x1408();
   FfnPlan plan = ctx.plan(s, 64);
   EXPECT_FALSE(plan.runnable());
   FfnTensors t{};
@@ -55,9 +56,7 @@ namespace {
 
 // Limits checked when the plan is made, before any allocation (with or without a GPU).
 TEST(PlanLimits, GridAndOverflowCounterLimitsAreNamed) {
-  ContextOptions o;
-  o.disk_cache = false;
-  Context ctx(o);
+  Context ctx = twell::testing::context_without_disk_cache();
   FfnSpec s;
   s.d_model = 512;
   s.d_ff = 5632;
@@ -86,12 +85,8 @@ namespace {
 // PlanOptions::decode_max_tokens: 0..64, named when outside; the decode kernels are made (and
 // compiled) with or without a GPU where the shape allows them, and not when turned off.
 TEST(PlanLimits, DecodeMaxTokensIsCheckedAndMakesTheDecodeKernels) {
-  ContextOptions o;
-  o.disk_cache = false;
-  Context ctx(o);
-  FfnSpec s;
-  s.d_model = 512;
-  s.d_ff = 1408;
+  Context ctx = twell::testing::context_without_disk_cache();
+  const FfnSpec s = twell::testing::spec_512x1408();
   for (int64_t bad : {int64_t{-1}, int64_t{65}}) {
     PlanOptions options;
     options.decode_max_tokens = bad;
@@ -104,8 +99,11 @@ TEST(PlanLimits, DecodeMaxTokensIsCheckedAndMakesTheDecodeKernels) {
     }
   }
   // The decode kernels read Wd in the spec's layout (an out_in plan's consumer reads an in_out copy).
-  auto decode_kernels = [&](const PlanOptions& options, WeightLayout layout = WeightLayout::OutIn) {
+  // Counted with the fused one (decode_fused, PlanOptions::decode_fused_max_tokens) apart: a plan
+  // without a GPU keeps it (for bundles); with one, this small shape fits any GPU's shared memory.
+  auto decode_kernels = [&](const PlanOptions& options, WeightLayout layout = WeightLayout::OutIn, int* fused = nullptr) {
     int n = 0;
+    if (fused) *fused = 0;
     FfnSpec spec = s;
     spec.down_layout = layout;
     const char* expected = layout == WeightLayout::OutIn ? "_out_in_" : "_in_out_";
@@ -114,13 +112,29 @@ TEST(PlanLimits, DecodeMaxTokensIsCheckedAndMakesTheDecodeKernels) {
       if (k.kind.rfind("decode_", 0) == 0) {
         ++n;
         EXPECT_NE(k.name.find(expected), std::string::npos) << k.name;
+        if (k.kind == "decode_fused" && fused) ++*fused;
       }
+    // The plan's IR names the fused kernel exactly when the plan holds it.
+    const bool holds_fused = std::any_of(plan.kernels().begin(), plan.kernels().end(),
+                                         [](const KernelReport& k) { return k.kind == "decode_fused"; });
+    EXPECT_EQ(plan.ir().find("(decode_fused.cuh)") != std::string::npos, holds_fused) << plan.ir().substr(0, 400);
     return n;
   };
-  EXPECT_EQ(decode_kernels(PlanOptions{}), 4);
-  EXPECT_EQ(decode_kernels(PlanOptions{}, WeightLayout::InOut), 4);
+  int fused = -1;
+  EXPECT_EQ(decode_kernels(PlanOptions{}, WeightLayout::OutIn, &fused), 5);
+  EXPECT_EQ(fused, 1);
+  EXPECT_EQ(decode_kernels(PlanOptions{}, WeightLayout::InOut, &fused), 5);
+  EXPECT_EQ(fused, 1);
+  // decode_fused_max_tokens = 0: the four kernels alone.
+  PlanOptions four;
+  four.decode_fused_max_tokens = 0;
+  EXPECT_EQ(decode_kernels(four, WeightLayout::OutIn, &fused), 4);
+  EXPECT_EQ(fused, 0);
   PlanOptions off;
   off.decode_max_tokens = 0;
+  EXPECT_EQ(decode_kernels(off), 0);
+  // decode_max_tokens = 0 turns the fused kernel off too, whatever decode_fused_max_tokens says.
+  off.decode_fused_max_tokens = 8;
   EXPECT_EQ(decode_kernels(off), 0);
   // None beside a token-block consumer asked for (its h is rounded; the decode kernels repeat the row
   // consumers' sums), whatever the layout.
@@ -130,6 +144,36 @@ TEST(PlanLimits, DecodeMaxTokensIsCheckedAndMakesTheDecodeKernels) {
     block.down_layout = layout;
     const FfnPlan plan = ctx.plan(block, 16, PlanOptions{});
     for (const KernelReport& k : plan.kernels()) EXPECT_NE(k.kind.rfind("decode_", 0), 0u) << k.name;
+  }
+}
+
+// PlanOptions::decode_fused_max_tokens: 0..8 (the fused kernel's rows), named when outside, whatever
+// decode_max_tokens says; every value inside is accepted (with or without a GPU).
+TEST(PlanLimits, DecodeFusedMaxTokensIsChecked) {
+  ContextOptions o;
+  o.disk_cache = false;
+  Context ctx(o);
+  FfnSpec s;
+  s.d_model = 512;
+  s.d_ff = 1408;
+  for (int64_t decode_max_tokens : {int64_t{0}, int64_t{64}})
+    for (int64_t bad : {int64_t{-1}, int64_t{9}, int64_t{64}, std::numeric_limits<int64_t>::min()}) {
+      PlanOptions options;
+      options.decode_max_tokens = decode_max_tokens;
+      options.decode_fused_max_tokens = bad;
+      try {
+        ctx.plan(s, 16, options);
+        ADD_FAILURE() << "decode_fused_max_tokens " << bad << " accepted (decode_max_tokens " << decode_max_tokens << ")";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+        EXPECT_NE(std::string(e.what()).find("PlanOptions::decode_fused_max_tokens: expected 0..8"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(fmt::format("got {}", bad)), std::string::npos) << e.what();
+      }
+    }
+  for (int64_t good : {int64_t{0}, int64_t{1}, int64_t{8}}) {
+    PlanOptions options;
+    options.decode_fused_max_tokens = good;
+    EXPECT_NO_THROW(ctx.plan(s, 16, options)) << good;
   }
 }
 
@@ -162,12 +206,8 @@ namespace {
 // in memory, under the same names, instead of compiling a second set; a threshold above the dtype's
 // range is named. With or without a GPU.
 TEST(PlanLimits, NegativeZeroThresholdSharesTheKernelsOfZero) {
-  ContextOptions o;
-  o.disk_cache = false;
-  Context ctx(o);
-  FfnSpec s;
-  s.d_model = 512;
-  s.d_ff = 1408;
+  Context ctx = twell::testing::context_without_disk_cache();
+  FfnSpec s = twell::testing::spec_512x1408();
   PlanOptions sparse;
   sparse.dispatch = Dispatch::Sparse;
   sparse.decode_max_tokens = 0;
