@@ -1,0 +1,116 @@
+// The fused decode kernel (KernelKind::DecodeFused, decode/decode_fused.cuh) without a GPU: the
+// generator's description passes its contract (validate.h) on sm_90a and sm_80 and a broken one names
+// the field; its launch geometry (launch.h): one CTA per SM (at most kFusedMaxCtas), cooperative, all
+// the shared memory the target allows, whatever the token count; where plans take it (fusedFits).
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "twell/compiler/Generate.h"
+#include "twell/device/shared_memory.h"
+#include "twell/kernels/constraints.h"
+#include "twell/kernels/launch.h"
+#include "twell/kernels/validate.h"
+
+namespace {
+
+using namespace twell;
+using D = kernels::DecodeKernelConstraints;
+
+compiler::KernelSource fused_kernel(int64_t d_model, int64_t d_ff, WeightLayout down, const Target& target) {
+  FfnSpec s;
+  s.d_model = d_model;
+  s.d_ff = d_ff;
+  s.down_layout = down;
+  const compiler::GeneratedFfn gen = compiler::generateFfn(s, target);
+  for (const compiler::KernelSource& k : gen.decode)
+    if (k.kind == compiler::KernelKind::DecodeFused) return k;
+  ADD_FAILURE() << "no decode_fused for d_model " << d_model << ", d_ff " << d_ff << " on " << target.arch();
+  return {};
+}
+
+TEST(DecodeFusedContract, TheGeneratedKernelPassesAndABrokenOneIsNamed) {
+  for (Target target : {Target{90, true}, Target{80, false}})
+    for (auto [d_model, d_ff, down] : {std::tuple{int64_t{2048}, int64_t{5632}, WeightLayout::OutIn},
+                                       std::tuple{int64_t{520}, int64_t{1400}, WeightLayout::InOut}}) {
+      const compiler::KernelSource k = fused_kernel(d_model, d_ff, down, target);
+      const std::string what = fmt::format("{} on {}", k.name, target.arch());
+      EXPECT_EQ(kernels::validate_kernel(k, target), "") << what;
+      EXPECT_EQ(k.threads, 256) << what;
+      EXPECT_EQ(k.cta_m, 8) << what;
+      EXPECT_EQ(k.smem_bytes, D::fusedSharedBytes(target.sm)) << what;
+      EXPECT_FALSE(k.dependent_launch) << what << ": it does not wait with griddepcontrol.wait";
+      EXPECT_EQ(k.down_in_out, down == WeightLayout::InOut) << what;
+      // The same description is wrong for the other target's shared memory (163 KiB against 227 KiB).
+      const Target other = target.sm == 90 ? Target{80, false} : Target{90, true};
+      EXPECT_NE(kernels::validate_kernel(k, other).find("smem_bytes: expected"), std::string::npos) << what;
+      for (auto [field, breaks] : std::initializer_list<std::pair<const char*, void (*)(compiler::KernelSource&)>>{
+               {"threads: expected 256", [](compiler::KernelSource& b) { b.threads = 128; }},
+               {"cta_m: expected 8", [](compiler::KernelSource& b) { b.cta_m = 64; }},
+               {"cta_m: expected 8", [](compiler::KernelSource& b) { b.cta_m = 4; }},
+               {"smem_bytes: expected", [](compiler::KernelSource& b) { b.smem_bytes = 0; }},
+               {"smem_bytes: expected", [](compiler::KernelSource& b) { b.smem_bytes += 2048; }},
+               {"dependent_launch", [](compiler::KernelSource& b) { b.dependent_launch = true; }},
+               {"d_model: expected a multiple of 8", [](compiler::KernelSource& b) { b.d_model = 2044; }},
+               {"cluster_m: expected 1", [](compiler::KernelSource& b) { b.cluster_m = 2; }},
+               {"persistent", [](compiler::KernelSource& b) { b.persistent = true; }}}) {
+        compiler::KernelSource broken = k;
+        breaks(broken);
+        EXPECT_NE(kernels::validate_kernel(broken, target).find(field), std::string::npos)
+            << what << ": expected \"" << field << "\", got \"" << kernels::validate_kernel(broken, target) << "\"";
+      }
+    }
+}
+
+TEST(DecodeFusedContract, OneCooperativeCtaPerSmWhateverTheTokens) {
+  const compiler::KernelSource k = fused_kernel(2048, 5632, WeightLayout::OutIn, Target{90, true});
+  for (auto [sms, ctas] : {std::pair{132, 132u}, std::pair{108, 108u}, std::pair{1, 1u}, std::pair{256, 256u}, std::pair{300, 256u}})
+    for (int64_t tokens : {1, 4, 8}) {
+      const kernels::LaunchConfig c = kernels::launch_config(k, kernels::LaunchShape{tokens, 0, 0}, kernels::Occupancy{sms, 1, 0});
+      const std::string what = fmt::format("{} SMs, {} tokens: {}", sms, tokens, c.describe());
+      EXPECT_EQ(c.grid_x, ctas) << what;
+      EXPECT_EQ(c.grid_y, 1u) << what;
+      EXPECT_EQ(c.grid_z, 1u) << what;
+      EXPECT_EQ(c.block_x, 256u) << what;
+      EXPECT_EQ(c.block_y, 1u) << what;
+      EXPECT_EQ(c.shared_bytes, static_cast<uint32_t>(D::fusedSharedBytes(90))) << what;
+      EXPECT_EQ(c.cluster_x, 1u) << what;
+      EXPECT_TRUE(c.cooperative) << what;
+      EXPECT_FALSE(c.dependent_launch) << what;
+      EXPECT_NE(c.describe().find(" cooperative"), std::string::npos) << what;
+    }
+  // The other decode kernels are not cooperative.
+  FfnSpec s;
+  s.d_model = 2048;
+  s.d_ff = 5632;
+  for (const compiler::KernelSource& other : compiler::generateFfn(s, Target{90, true}).decode) {
+    if (other.kind == compiler::KernelKind::DecodeFused) continue;
+    EXPECT_FALSE(kernels::launch_config(other, kernels::LaunchShape{4, 0, 0}, kernels::Occupancy{132, 1, 0}).cooperative) << other.name;
+  }
+}
+
+// Where a plan takes it: x's 8 rows, one group of 8 Wg rows and the staging of ceil(d_ff / CTAs) rows
+// in fusedSharedBytes (values worked out by hand from shared_memory.h).
+TEST(DecodeFusedContract, FitsWhereOneGroupOfWgRowsFits) {
+  EXPECT_EQ(D::fusedSharedBytes(90), 230400);
+  EXPECT_EQ(D::fusedSharedBytes(80), 164864);
+  EXPECT_EQ(D::fusedCtas(132), 132);
+  EXPECT_EQ(D::fusedCtas(1000), 256);
+  // The paper's layer: 5 streaming warps on an H200 (132 SMs), 3 on an A100 (108).
+  EXPECT_EQ(device::shared_memory::decode_fused_streamers(D::fusedSharedBytes(90), 8, 2048, 43), 5);
+  EXPECT_EQ(device::shared_memory::decode_fused_streamers(D::fusedSharedBytes(80), 8, 2048, 53), 3);
+  EXPECT_TRUE(D::fusedFits(2048, 5632, 132, 90));
+  EXPECT_TRUE(D::fusedFits(2048, 5632, 108, 80));
+  EXPECT_TRUE(D::fusedFits(4096, 16384, 108, 80));
+  // d_model 6144: x's rows and one group of Wg rows pass sm_80's 161 KiB; 8192 passes sm_90's too.
+  EXPECT_FALSE(D::fusedFits(6144, 16384, 108, 80));
+  EXPECT_TRUE(D::fusedFits(6144, 16384, 132, 90));
+  EXPECT_FALSE(D::fusedFits(8192, 65536, 132, 90));
+  // Fewer rows than SMs: CTAs with no row still fit (one row of staging each).
+  EXPECT_TRUE(D::fusedFits(512, 64, 132, 90));
+  // No SM (a context without a GPU reports 0): never.
+  EXPECT_FALSE(D::fusedFits(512, 1408, 0, 90));
+}
+
+}  // namespace
