@@ -142,7 +142,7 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
     p.decode_down = generated.decode[2];
     p.decode_gate_small = generated.decode[3];
     for (const auto* k : {&p.decode_gate, &p.decode_up, &p.decode_down, &p.decode_gate_small}) p.reports.push_back((*k)->report);
-    // The fused kernel where its shared memory holds two ring entries per warp beside the staging of
+    // The fused kernel where its shared memory holds x and one group of 8 Wg rows beside the staging of
     // ceil(d_ff / SMs) rows (on a GPU; a plan without one keeps the kernel for bundles only).
     using D = kernels::DecodeKernelConstraints;
     if (options.decode_fused_max_tokens > 0 &&

@@ -90,7 +90,7 @@ struct KernelReport {
   std::string name;
   std::string kind;       // "gate_twell" | "gated_down" | "down" (the non-gated consumer) | "transpose" |
                           // "decode_gate" | "decode_gate_small" | "decode_up" | "decode_down" | "decode_fused"
-                          // (PlanOptions::decode_max_tokens)
+                          // (PlanOptions::decode_max_tokens, decode_fused_max_tokens)
   std::string cache;      // "memory" | "disk" | "miss" (compiled now by the JIT) | "miss (corrupt entry replaced)"
                           // (compiled now, a damaged disk entry was found) | "bundle" (ahead of time)
   double compile_ms = 0;  // NVRTC time (0 on a cache hit)

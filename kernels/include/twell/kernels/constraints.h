@@ -421,7 +421,7 @@ struct DecodeKernelConstraints {
   // the CTA's ceil(d_ff / CTAs) rows. fusedFits says whether that leaves room for one streaming warp.
   static constexpr int64_t kFusedMaxTokens = 8;
   static constexpr int64_t kFusedThreads = smem::kDecodeFusedWarps * 32;
-  static constexpr int64_t kFusedMaxCtas = 256;
+  static constexpr int64_t kFusedMaxCtas = 256;  // decode_fused.cuh's phase-2 search over CTAs covers 256
   // Its static shared memory (mbarriers, the compiler's) stays under kFusedStaticReserve.
   static constexpr int64_t kFusedStaticReserve = 2048;
   static constexpr int64_t fusedSharedBytes(int sm) {
