@@ -5,6 +5,7 @@
 
 #include <numeric>
 
+#include "plan_setup.h"
 #include "test_data.h"
 #include "twell/context.h"
 #include "twell/error.h"
@@ -136,9 +137,7 @@ TEST(NeuronOrder, CostModelMovesOnlyHotNeurons) {
 
 // The device overload checks the order first (with or without a GPU), then needs a GPU.
 TEST(NeuronOrder, DeviceOverloadChecksTheOrderThenNeedsAGpu) {
-  ContextOptions o;
-  o.disk_cache = false;
-  Context ctx(o);
+  Context ctx = twell::testing::context_without_disk_cache();
   const FfnSpec s = small_spec();
   std::vector<int64_t> order(s.d_ff);
   std::iota(order.begin(), order.end(), int64_t{0});
@@ -155,12 +154,8 @@ TEST(NeuronOrder, DeviceOverloadChecksTheOrderThenNeedsAGpu) {
 }
 
 TEST(NeuronOrder, PlanNamesABadDenseNeuronCount) {
-  ContextOptions o;
-  o.disk_cache = false;
-  Context ctx(o);
-  FfnSpec s;
-  s.d_model = 512;
-  s.d_ff = 1408;
+  Context ctx = twell::testing::context_without_disk_cache();
+  const FfnSpec s = twell::testing::spec_512x1408();
   for (int64_t bad : {int64_t{-64}, int64_t{100}, int64_t{1408}, int64_t{4096}}) {
     PlanOptions p;
     p.dense_neurons = bad;

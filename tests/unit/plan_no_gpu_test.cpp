@@ -150,12 +150,8 @@ TEST(PlanLimits, DecodeMaxTokensIsCheckedAndMakesTheDecodeKernels) {
 // PlanOptions::decode_fused_max_tokens: 0..8 (the fused kernel's rows), named when outside, whatever
 // decode_max_tokens says; every value inside is accepted (with or without a GPU).
 TEST(PlanLimits, DecodeFusedMaxTokensIsChecked) {
-  ContextOptions o;
-  o.disk_cache = false;
-  Context ctx(o);
-  FfnSpec s;
-  s.d_model = 512;
-  s.d_ff = 1408;
+  Context ctx = twell::testing::context_without_disk_cache();
+  const FfnSpec s = twell::testing::spec_512x1408();
   for (int64_t decode_max_tokens : {int64_t{0}, int64_t{64}})
     for (int64_t bad : {int64_t{-1}, int64_t{9}, int64_t{64}, std::numeric_limits<int64_t>::min()}) {
       PlanOptions options;

@@ -1,0 +1,26 @@
+// The set-up of the unit tests that make plans with or without a GPU: a Context that keeps its kernels
+// in memory (no disk cache) and the small FFN shape they plan. Without a GPU, plans are generated and
+// compiled, and every launch says why it cannot.
+#pragma once
+#include "twell/context.h"
+#include "twell/spec.h"
+
+namespace twell::testing {
+
+// The default device (a GPU where one is present, else none) with the disk cache off: a test neither
+// reads nor fills the user's kernel cache.
+inline Context context_without_disk_cache() {
+  ContextOptions o;
+  o.disk_cache = false;
+  return Context(o);
+}
+
+// d_model 512, d_ff 1408 (5.5 tiles of 256), the other fields the defaults: quick to generate and compile.
+inline FfnSpec spec_512x1408() {
+  FfnSpec s;
+  s.d_model = 512;
+  s.d_ff = 1408;
+  return s;
+}
+
+}  // namespace twell::testing
