@@ -1,8 +1,7 @@
 // The tuning database's file format (twell/tuning_format.h): typed reading of one file's JSON, its
-// writing, and a bounded, non-blocking file read.
+// writing, and its reading from a file (bounded and non-blocking: bounded_read.h).
 #include "twell/tuning_format.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +17,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "bounded_read.h"
 #include "twell/kernels/constraints.h"
 
 namespace twell {
@@ -26,8 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr int kMaxDepth = 16;                     // the schema nests 6 levels deep
-constexpr off_t kMaxFileBytes = off_t{16} << 20;  // a file is a few KB per workload
+constexpr int kMaxDepth = 16;                         // the schema nests 6 levels deep
+constexpr int64_t kMaxFileBytes = int64_t{16} << 20;  // a file is a few KB per workload
 
 [[noreturn]] void bad(const std::string& where, const std::string& what) {
   throw std::invalid_argument(fmt::format("{}: {}", where, what));
@@ -264,7 +264,7 @@ std::string tuning_file_json(const TuningFile& file, int indent) {
 }
 
 std::optional<TuningFile> read_tuning_file(const fs::path& path, std::string* why) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  const int fd = detail::open_for_bounded_read(path);
   if (fd < 0) {
     const int error = errno;
     struct stat link {};
@@ -278,27 +278,20 @@ std::optional<TuningFile> read_tuning_file(const fs::path& path, std::string* wh
     int fd;
     ~Close() { ::close(fd); }
   } close_fd{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    *why = "not a regular file";
-    return std::nullopt;
+  const detail::BoundedRead read = detail::read_bounded(fd, kMaxFileBytes);
+  switch (read.status) {
+    case detail::BoundedRead::Status::Read:
+      break;
+    case detail::BoundedRead::Status::CannotStat:
+    case detail::BoundedRead::Status::NotRegular:
+      *why = "not a regular file";
+      return std::nullopt;
+    case detail::BoundedRead::Status::TooLarge:
+      *why = fmt::format("{} bytes, above the limit of {}", read.size, kMaxFileBytes);
+      return std::nullopt;
   }
-  if (st.st_size > kMaxFileBytes) {
-    *why = fmt::format("{} bytes, above the limit of {}", static_cast<int64_t>(st.st_size),
-                       static_cast<int64_t>(kMaxFileBytes));
-    return std::nullopt;
-  }
-  std::string content(static_cast<size_t>(st.st_size), '\0');
-  size_t got = 0;
-  while (got < content.size()) {
-    const ssize_t n = ::read(fd, content.data() + got, content.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    got += static_cast<size_t>(n);
-  }
-  content.resize(got);
   try {
-    return parse_tuning_file(content);
+    return parse_tuning_file(read.bytes);
   } catch (const std::exception& e) {
     *why = e.what();
     return std::nullopt;

@@ -19,6 +19,7 @@
 #include <optional>
 #include <thread>
 
+#include "bounded_read.h"
 #include "twell/error.h"
 
 // Header-only xxHash: nothing to link, and the hash functions inline into their single caller.
@@ -118,7 +119,7 @@ std::string parse(const std::string& bytes, std::string_view key, CacheEntry* ou
 enum class Read { Ok, Missing, Corrupt };
 
 // Larger than any kernel's PTX and cubin together: a bigger file is not an entry (and is not read).
-constexpr off_t kMaxEntryBytes = off_t{1} << 30;
+constexpr int64_t kMaxEntryBytes = int64_t{1} << 30;
 
 const char* fileType(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
@@ -143,26 +144,24 @@ Read readEntry(const std::filesystem::path& path, std::string_view key, CacheEnt
   struct stat st {};
   if (::lstat(path.c_str(), &st) != 0) return fail(Read::Missing, "cannot read it: " + errnoText(errno));
   if (!S_ISREG(st.st_mode)) return fail(Read::Corrupt, std::string("not a regular file: ") + fileType(st.st_mode));
-  // O_NONBLOCK | O_NOFOLLOW: the path may have been replaced by a FIFO or a link since lstat.
-  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+  // O_NONBLOCK | O_NOFOLLOW (bounded_read.h): the path may have been replaced by a FIFO or a link since lstat.
+  Fd fd(open_for_bounded_read(path));
   if (!fd) {
     const int err = errno;
     return fail(err == ELOOP ? Read::Corrupt : Read::Missing, "cannot open it: " + errnoText(err));
   }
-  if (::fstat(fd.get(), &st) != 0) return fail(Read::Missing, "cannot stat it: " + errnoText(errno));
-  if (!S_ISREG(st.st_mode)) return fail(Read::Corrupt, std::string("not a regular file: ") + fileType(st.st_mode));
-  if (st.st_size > kMaxEntryBytes)
-    return fail(Read::Corrupt, "larger than any entry (" + std::to_string(st.st_size) + " bytes)");
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::read(fd.get(), bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
+  const BoundedRead read = read_bounded(fd.get(), kMaxEntryBytes);
+  switch (read.status) {
+    case BoundedRead::Status::Read:
+      break;
+    case BoundedRead::Status::CannotStat:
+      return fail(Read::Missing, "cannot stat it: " + errnoText(read.error));
+    case BoundedRead::Status::NotRegular:
+      return fail(Read::Corrupt, std::string("not a regular file: ") + fileType(read.mode));
+    case BoundedRead::Status::TooLarge:
+      return fail(Read::Corrupt, "larger than any entry (" + std::to_string(read.size) + " bytes)");
   }
-  bytes.resize(done);
-  if (std::string why = parse(bytes, key, out); !why.empty()) return fail(Read::Corrupt, std::move(why));
+  if (std::string why = parse(read.bytes, key, out); !why.empty()) return fail(Read::Corrupt, std::move(why));
   if (touch) ::futimens(fd.get(), nullptr);
   return Read::Ok;
 }
