@@ -11,6 +11,7 @@
 
 #include "context_impl.h"
 #include "launcher.h"
+#include "run_arguments.h"  // is_device_memory
 #include "twell/error.h"
 
 namespace twell {
@@ -138,10 +139,7 @@ void permute_neurons(Context& context, Stream stream, const FfnSpec& spec, std::
       if (reinterpret_cast<uintptr_t>(ptr) % 2 != 0) bad(fmt::format("{}.{}: expected a 2-byte aligned pointer, got {}", side, j.name, ptr));
       if (ld < j.cols || ld > (int64_t{1} << 36))
         bad(fmt::format("{}.ld for {}: expected a row stride in {}..2^36 elements (0 = dense), got {}", side, j.name, j.cols, ld));
-      unsigned int type = 0;
-      const CUresult r = d.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(ptr));
-      if (r != CUDA_SUCCESS || (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED))
-        bad(fmt::format("{}.{}: expected device memory, got {}", side, j.name, ptr));
+      if (!is_device_memory(ptr)) bad(fmt::format("{}.{}: expected device memory, got {}", side, j.name, ptr));
     }
     const auto span_of = [&](const void* p, int64_t ld) {
       const auto b = reinterpret_cast<uintptr_t>(p);

@@ -12,19 +12,33 @@
 
 namespace twell {
 
+std::string pointer_problem(const char* name, const void* p, int alignment) {
+  if (p == nullptr) return fmt::format("{}: expected a device pointer, got null", name);
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0)
+    return fmt::format("{}: expected a {}-byte aligned device pointer, got {}", name, alignment, p);
+  return {};
+}
+
+bool is_device_memory(const void* p) {
+  unsigned int type = 0;
+  const CUresult r = detail::Driver::get().cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                                                  reinterpret_cast<CUdeviceptr>(p));
+  return r == CUDA_SUCCESS && (type == CU_MEMORYTYPE_DEVICE || type == CU_MEMORYTYPE_UNIFIED);
+}
+
 void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors& t, int64_t tokens, int64_t max_tokens,
                          bool needs_output) {
   auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
   if (tokens < 0 || tokens > max_tokens) bad(fmt::format("tokens: expected 0..{} (the plan's max_tokens), got {}", max_tokens, tokens));
-  const detail::Driver& d = detail::Driver::get();
   auto check_ptr = [&](const char* name, const void* p) {
-    if (p == nullptr) bad(fmt::format("{}: expected a device pointer, got null", name));
-    if (reinterpret_cast<uintptr_t>(p) % 2 != 0) bad(fmt::format("{}: expected a 2-byte aligned device pointer, got {}", name, p));
-    unsigned int memory_type = 0;
-    const CUresult r = d.cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p));
-    if (r != CUDA_SUCCESS || (memory_type != CU_MEMORYTYPE_DEVICE && memory_type != CU_MEMORYTYPE_UNIFIED))
+    if (std::string problem = pointer_problem(name, p, 2); !problem.empty()) bad(problem);
+    if (!is_device_memory(p)) {
+      unsigned int memory_type = 0;  // which of the two the message says
+      const CUresult r = detail::Driver::get().cuPointerGetAttribute(&memory_type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                                                                      reinterpret_cast<CUdeviceptr>(p));
       bad(fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {} which is {}", name, p,
                       r != CUDA_SUCCESS ? "not known to CUDA (host memory?)" : "host memory"));
+    }
   };
   auto check_ld = [&](const char* name, int64_t ld, int64_t row) {
     if (ld != 0 && ld < row) bad(fmt::format("{}: expected a row stride >= {} elements (or 0 = dense), got {}", name, row, ld));

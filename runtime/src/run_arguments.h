@@ -1,11 +1,19 @@
 // The argument checks of FfnPlan::run and DenseFfn::run (run_arguments.cpp).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "twell/plan.h"
 #include "twell/spec.h"
 
 namespace twell {
+
+// The pointer checks every entry point shares (each words its own errors around them):
+// "<name>: expected a device pointer, got null" or "<name>: expected a <alignment>-byte aligned device
+// pointer, got <p>" where p is null or misaligned, else "".
+std::string pointer_problem(const char* name, const void* p, int alignment);
+// Whether CUDA knows `p` as device (or unified) memory (cuPointerGetAttribute); needs a current context.
+bool is_device_memory(const void* p);
 
 // Throws Error(InvalidArgument), prefixed by `who` and naming the argument: null or misaligned
 // pointers, pointers that are not device memory, strides shorter than the row, token counts out of

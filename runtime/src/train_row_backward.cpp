@@ -8,6 +8,7 @@
 
 #include "context_impl.h"
 #include "launcher.h"
+#include "run_arguments.h"  // pointer_problem, is_device_memory
 #include "twell/device/params.h"
 #include "twell/error.h"
 #include "twell/kernels/validate.h"  // canonical_spec, validate_spec
@@ -46,9 +47,7 @@ void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spe
     if (ld != 0 && (ld < row || ld > (int64_t{1} << 36)))
       bad(fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense), got {}", name, row, ld));
   auto need = [&](const char* name, const void* p, int bytes) {
-    if (p == nullptr) bad(fmt::format("{}: expected a device pointer, got null", name));
-    if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
-      bad(fmt::format("{}: expected a {}-byte aligned device pointer, got {}", name, bytes, p));
+    if (std::string problem = pointer_problem(name, p, bytes); !problem.empty()) bad(problem);
   };
   need("t.x", t.x, 2);
   need("t.w_gate", t.w_gate, 2);
@@ -80,13 +79,8 @@ void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spe
   const std::shared_ptr<Context::Impl> ctx = context_impl(context);
   if (!ctx->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, ctx->no_gpu_reason));
   ctx->make_current();
-  const detail::Driver& d = detail::Driver::get();
   auto device = [&](const char* name, const void* p) {
-    if (p == nullptr) return;
-    unsigned int type = 0;
-    const CUresult r =
-        d.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p));
-    if (r != CUDA_SUCCESS || (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED))
+    if (p != nullptr && !is_device_memory(p))
       bad(fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {}", name, p));
   };
   for (const auto& [name, p] :
@@ -115,6 +109,7 @@ void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spe
   }
 
   auto cu = reinterpret_cast<CUstream>(stream);
+  const detail::Driver& d = detail::Driver::get();
   detail::check(d.cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.grad_overflow_count), 0, 1, cu),
                 "train_row_backward: cuMemsetD32Async(grad_overflow_count)");
   if (tokens == 0) return;

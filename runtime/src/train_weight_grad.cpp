@@ -9,6 +9,7 @@
 
 #include "context_impl.h"
 #include "launcher.h"
+#include "run_arguments.h"  // pointer_problem, is_device_memory
 #include "twell/device/params.h"
 #include "twell/error.h"
 #include "twell/kernels/validate.h"  // canonical_spec, validate_spec
@@ -36,9 +37,7 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
       bad(fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense), got {}", name, K, ld));
   const int out_bytes = t.output_dtype ? 2 : 4;
   auto need = [&](const char* name, const void* p, int bytes) {
-    if (p == nullptr) bad(fmt::format("{}: expected a device pointer, got null", name));
-    if (reinterpret_cast<uintptr_t>(p) % bytes != 0)
-      bad(fmt::format("{}: expected a {}-byte aligned device pointer, got {}", name, bytes, p));
+    if (std::string problem = pointer_problem(name, p, bytes); !problem.empty()) bad(problem);
   };
   need("t.x", t.x, 2);
   need("t.dy", t.dy, 2);
@@ -84,7 +83,6 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
   const std::shared_ptr<Context::Impl> ctx = context_impl(context);
   if (!ctx->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, ctx->no_gpu_reason));
   ctx->make_current();
-  const detail::Driver& d = detail::Driver::get();
   for (const auto& [name, p] :
        {std::pair{"t.x", t.x}, std::pair{"t.dy", t.dy}, std::pair{"t.twell", static_cast<const void*>(t.twell)},
         std::pair{"t.entry_grad", static_cast<const void*>(t.entry_grad)},
@@ -92,11 +90,7 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
         std::pair{"t.dw_gate", static_cast<const void*>(t.dw_gate)},
         std::pair{"t.dw_up", static_cast<const void*>(t.dw_up)},
         std::pair{"t.dw_down", static_cast<const void*>(t.dw_down)}}) {
-    if (p == nullptr) continue;
-    unsigned int type = 0;
-    const CUresult r =
-        d.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(p));
-    if (r != CUDA_SUCCESS || (type != CU_MEMORYTYPE_DEVICE && type != CU_MEMORYTYPE_UNIFIED))
+    if (p != nullptr && !is_device_memory(p))
       bad(fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {}", name, p));
   }
 
