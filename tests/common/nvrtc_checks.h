@@ -9,6 +9,7 @@
 
 #include "NvrtcCompiler.h"
 #include "twell/compiler/Generate.h"
+#include "twell/kernels/validate.h"
 
 namespace twell::testing {
 
@@ -32,6 +33,13 @@ inline void expect_compiles_without_spills(const compiler::KernelSource& k, cons
       detail::compileCuda(k.source, k.name + ".cu", arch, /*want_cubin=*/true, {"--ptxas-options=-v"});
   EXPECT_FALSE(out.cubin.empty()) << what;
   expect_no_spills(out.log, what);
+}
+
+// `k` passes its contract for `target` (validate_kernel), then compiles as above.
+inline void expect_valid_and_compiles_without_spills(const compiler::KernelSource& k, const Target& target,
+                                                     const std::string& what) {
+  ASSERT_EQ(kernels::validate_kernel(k, target), "") << what;
+  expect_compiles_without_spills(k, target.arch(), what);
 }
 
 }  // namespace twell::testing

@@ -15,12 +15,15 @@ inline Context context_without_disk_cache() {
   return Context(o);
 }
 
-// d_model 512, d_ff 1408 (5.5 tiles of 256), the other fields the defaults: quick to generate and compile.
-inline FfnSpec spec_512x1408() {
+// A spec of this shape, the other fields the defaults.
+inline FfnSpec ffn_spec(int64_t d_model, int64_t d_ff) {
   FfnSpec s;
-  s.d_model = 512;
-  s.d_ff = 1408;
+  s.d_model = d_model;
+  s.d_ff = d_ff;
   return s;
 }
+
+// d_model 512, d_ff 1408 (5.5 tiles of 256): quick to generate and compile.
+inline FfnSpec spec_512x1408() { return ffn_spec(512, 1408); }
 
 }  // namespace twell::testing

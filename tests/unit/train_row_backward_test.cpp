@@ -10,6 +10,7 @@
 #include "EmitTraining.h"
 #include "NvrtcCompiler.h"
 #include "nvrtc_checks.h"
+#include "plan_setup.h"
 #include "kernel_request.h"
 #include "twell/compiler/Generate.h"
 #include "twell/context.h"
@@ -23,23 +24,12 @@ namespace {
 using namespace twell;
 using compiler::KernelKind;
 
-FfnSpec spec_of(int64_t d_model, int64_t d_ff) {
-  FfnSpec s;
-  s.d_model = d_model;
-  s.d_ff = d_ff;
-  return s;
-}
-
-// `k` passes its contract, then compiles to a cubin through NVRTC with ptxas -v without spills.
-void expect_compiles(const compiler::KernelSource& k, const Target& target, const std::string& what) {
-  ASSERT_EQ(kernels::validate_kernel(k, target), "") << what;
-  twell::testing::expect_compiles_without_spills(k, target.arch(), what);
-}
+using twell::testing::expect_valid_and_compiles_without_spills;
 
 TEST(TrainRowBackward, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
   for (Target target : {Target{90, true}, Target{80, false}})
     for (auto [d_model, d_ff] : {std::pair{2048, 5632}, std::pair{520, 1408}}) {
-      const FfnSpec s = spec_of(d_model, d_ff);
+      const FfnSpec s = twell::testing::ffn_spec(d_model, d_ff);
       const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainRowBackward, s, target);
       EXPECT_EQ(k.kind, KernelKind::TrainRowBackward);
       EXPECT_EQ(k.name,
@@ -50,7 +40,7 @@ TEST(TrainRowBackward, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
       const compiler::GeneratedFfn forward = compiler::generateFfn(s, target);
       EXPECT_EQ(k.mainloop, forward.kernels[0].mainloop);
       EXPECT_EQ(k.operand_alignment, 8);
-      expect_compiles(k, target, fmt::format("{} on {}", k.name, target.arch()));
+      expect_valid_and_compiles_without_spills(k, target, fmt::format("{} on {}", k.name, target.arch()));
     }
 }
 
@@ -71,7 +61,7 @@ TEST(TrainRowBackward, VariantsCompile) {
                         Case{{80, false}, 520, 1408, Activation::ReLU, false, DType::FP16, 64, 3},
                         Case{{80, false}, 100, 300, Activation::SiLU, true, DType::BF16, 32, 2},
                         Case{{90, true}, 4100, 1000, Activation::ReLU, true, DType::BF16, 1024, 255}}) {
-    FfnSpec s = spec_of(c.d_model, c.d_ff);
+    FfnSpec s = twell::testing::ffn_spec(c.d_model, c.d_ff);
     s.activation = c.act;
     s.threshold = c.act == Activation::SiLU ? 0.05f : 0.0f;
     s.gated = c.gated;
@@ -84,12 +74,12 @@ TEST(TrainRowBackward, VariantsCompile) {
     if (c.d_model % 8 != 0) {
       EXPECT_EQ(k.mainloop, kernels::GateMainloop::Fma) << "d_model " << c.d_model;
     }
-    expect_compiles(k, c.target, fmt::format("{} on {}", k.name, c.target.arch()));
+    expect_valid_and_compiles_without_spills(k, c.target, fmt::format("{} on {}", k.name, c.target.arch()));
   }
 }
 
 TEST(TrainRowBackward, LaunchGeometryAndRequestKey) {
-  FfnSpec s = spec_of(520, 1408);
+  FfnSpec s = twell::testing::ffn_spec(520, 1408);
   s.activation = Activation::SiLU;
   s.threshold = 0.1f;
   s.tile_n = 128;
@@ -129,16 +119,16 @@ void expect_generate_error(const FfnSpec& s, const std::string& field) {
 }
 
 TEST(TrainRowBackward, BadSpecsNameTheField) {
-  FfnSpec s = spec_of(20000, 1408);
+  FfnSpec s = twell::testing::ffn_spec(20000, 1408);
   expect_generate_error(s, "spec.d_model");
-  s = spec_of(0, 1408);
+  s = twell::testing::ffn_spec(0, 1408);
   expect_generate_error(s, "spec.d_model");
-  s = spec_of(512, 0);
+  s = twell::testing::ffn_spec(512, 0);
   expect_generate_error(s, "spec.d_ff");
-  s = spec_of(512, 1408);
+  s = twell::testing::ffn_spec(512, 1408);
   s.tile_n = 48;
   expect_generate_error(s, "spec.tile_n");
-  s = spec_of(512, 1408);
+  s = twell::testing::ffn_spec(512, 1408);
   s.activation = Activation::SiLU;
   s.threshold = 0.0f;
   expect_generate_error(s, "spec.threshold");
@@ -147,7 +137,7 @@ TEST(TrainRowBackward, BadSpecsNameTheField) {
 // train_row_backward's checks run before it needs a GPU: each bad argument is named.
 struct Arguments {
   FfnSpec spec = [] {
-    FfnSpec s = spec_of(512, 1408);
+    FfnSpec s = twell::testing::ffn_spec(512, 1408);
     s.down_layout = WeightLayout::InOut;
     return s;
   }();

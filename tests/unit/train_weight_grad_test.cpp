@@ -10,6 +10,7 @@
 #include "EmitTraining.h"
 #include "NvrtcCompiler.h"
 #include "nvrtc_checks.h"
+#include "plan_setup.h"
 #include "kernel_request.h"
 #include "twell/compiler/Generate.h"
 #include "twell/context.h"
@@ -23,23 +24,12 @@ namespace {
 using namespace twell;
 using compiler::KernelKind;
 
-FfnSpec spec_of(int64_t d_model, int64_t d_ff) {
-  FfnSpec s;
-  s.d_model = d_model;
-  s.d_ff = d_ff;
-  return s;
-}
-
-// `k` passes its contract, then compiles to a cubin through NVRTC with ptxas -v without spills.
-void expect_compiles(const compiler::KernelSource& k, const Target& target, const std::string& what) {
-  ASSERT_EQ(kernels::validate_kernel(k, target), "") << what;
-  twell::testing::expect_compiles_without_spills(k, target.arch(), what);
-}
+using twell::testing::expect_valid_and_compiles_without_spills;
 
 TEST(TrainWeightGrad, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
   for (Target target : {Target{90, true}, Target{80, false}})
     for (auto [d_model, d_ff] : {std::pair{2048, 5632}, std::pair{520, 1408}}) {
-      const FfnSpec s = spec_of(d_model, d_ff);
+      const FfnSpec s = twell::testing::ffn_spec(d_model, d_ff);
       const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainWeightGrad, s, target);
       EXPECT_EQ(k.kind, KernelKind::TrainWeightGrad);
       EXPECT_EQ(k.name, fmt::format("twell_train_weight_grad_k{}_n{}_t256_s31_bf16_gated1", d_model, d_ff));
@@ -47,7 +37,7 @@ TEST(TrainWeightGrad, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
       EXPECT_EQ(k.smem_bytes, 57344);
       EXPECT_EQ(k.operand_alignment, 1);
       EXPECT_TRUE(k.down_in_out);
-      expect_compiles(k, target, fmt::format("{} on {}", k.name, target.arch()));
+      expect_valid_and_compiles_without_spills(k, target, fmt::format("{} on {}", k.name, target.arch()));
     }
 }
 
@@ -65,7 +55,7 @@ TEST(TrainWeightGrad, VariantsCompile) {
        {Case{{90, true}, 2048, 5632, false, DType::BF16, 256, 31},
         Case{{80, false}, 520, 1408, true, DType::FP16, 64, 3}, Case{{80, false}, 100, 300, true, DType::BF16, 32, 2},
         Case{{90, true}, 4100, 1000, false, DType::FP16, 1024, 1024}}) {
-    FfnSpec s = spec_of(c.d_model, c.d_ff);
+    FfnSpec s = twell::testing::ffn_spec(c.d_model, c.d_ff);
     s.gated = c.gated;
     s.dtype = c.dtype;
     s.tile_n = c.tile_n;
@@ -73,12 +63,12 @@ TEST(TrainWeightGrad, VariantsCompile) {
     const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainWeightGrad, s, c.target);
     EXPECT_EQ(k.gated, c.gated);
     EXPECT_EQ(k.smem_bytes, c.gated ? 57344 : 40960);
-    expect_compiles(k, c.target, fmt::format("{} on {}", k.name, c.target.arch()));
+    expect_valid_and_compiles_without_spills(k, c.target, fmt::format("{} on {}", k.name, c.target.arch()));
   }
 }
 
 TEST(TrainWeightGrad, LaunchGeometryAndRequestKey) {
-  FfnSpec s = spec_of(520, 1408);
+  FfnSpec s = twell::testing::ffn_spec(520, 1408);
   s.activation = Activation::SiLU;
   s.threshold = 0.1f;
   s.tile_n = 128;
@@ -95,7 +85,7 @@ TEST(TrainWeightGrad, LaunchGeometryAndRequestKey) {
   }
   // The paper's shape: 22 tiles x 16 slices, 8 chunks.
   const compiler::KernelSource paper =
-      compiler::generateAuxiliary(KernelKind::TrainWeightGrad, spec_of(2048, 5632), Target{80, false});
+      compiler::generateAuxiliary(KernelKind::TrainWeightGrad, twell::testing::ffn_spec(2048, 5632), Target{80, false});
   const kernels::LaunchConfig c = kernels::launch_config(paper, kernels::LaunchShape{16384, 0, 0}, {});
   EXPECT_EQ(c.grid_x, 352u);
   EXPECT_EQ(c.grid_y, 8u);
@@ -133,20 +123,20 @@ void expect_generate_error(const FfnSpec& s, const std::string& field) {
 }
 
 TEST(TrainWeightGrad, BadSpecsNameTheField) {
-  expect_generate_error(spec_of(70000, 1408), "spec.d_model");
-  expect_generate_error(spec_of(0, 1408), "spec.d_model");
-  expect_generate_error(spec_of(512, 0), "spec.d_ff");
-  FfnSpec s = spec_of(512, 1408);
+  expect_generate_error(twell::testing::ffn_spec(70000, 1408), "spec.d_model");
+  expect_generate_error(twell::testing::ffn_spec(0, 1408), "spec.d_model");
+  expect_generate_error(twell::testing::ffn_spec(512, 0), "spec.d_ff");
+  FfnSpec s = twell::testing::ffn_spec(512, 1408);
   s.tile_n = 48;
   expect_generate_error(s, "spec.tile_n");
-  s = spec_of(512, 1408);
+  s = twell::testing::ffn_spec(512, 1408);
   s.slots = 300;
   expect_generate_error(s, "spec.slots");
 }
 
 // train_weight_grad's checks run before it needs a GPU: each bad argument is named.
 struct Arguments {
-  FfnSpec spec = spec_of(512, 1408);
+  FfnSpec spec = twell::testing::ffn_spec(512, 1408);
   TrainWeightGradTensors t = [] {
     TrainWeightGradTensors t;
     // Fake, well-aligned addresses far apart: the checks below never dereference them.
