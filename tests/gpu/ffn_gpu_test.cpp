@@ -1062,8 +1062,7 @@ std::vector<uint16_t> twell_values(const TwellMatrix& m) {
 // values and y the same bits (the decode kernels repeat the gate's k16 chain and the row consumer's
 // sums), both near the CPU reference, no output element left poisoned. Rows sit in a strided x and y
 // whose padding is poisoned (NaN in x, 0xFFFF in y) and checked untouched.
-void check_decode(const RandomFfn& f, PlanOptions options, const std::string& what) {
-  Context& ctx = context();
+void check_decode(const RandomFfn& f, PlanOptions options, const std::string& what, Context& ctx = context()) {
   StreamHandle stream(ctx);
   const int64_t K = f.spec.d_model, ld = K + 8;
   PlanOptions large = options;
@@ -1194,6 +1193,15 @@ TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
   plain.d_model = 512;
   plain.gated = false;
   check_decode(make_random_ffn(plain, 9, 0.02, 80), sparse(), "non-gated, 9 tokens");
+  // The portable feature set (sm_80 PTX: the fused kernel's cp.async form, the mma_sync gates), run on
+  // this device through the driver's JIT: the same bits as its own large-M kernels.
+  ContextOptions portable_options;
+  portable_options.target = Target{80, false};
+  Context portable(portable_options);
+  for (int64_t tokens : {1, 4, 16})
+    check_decode(make_random_ffn(paper, tokens, 0.005, 95 + tokens), sparse(), fmt::format("sm_80 code, paper shape 0.5%, {} tokens", tokens),
+                 portable);
+  check_decode(make_random_ffn(odd_spec(), 3, 0.2, 99), sparse(), "sm_80 code, d_model 520, 20%, 3 tokens", portable);
   PlanOptions split = sparse();
   split.dense_neurons = 256;
   check_decode(make_random_ffn(paper, 12, 0.01, 90), split, "paper shape with 256 dense neurons, 12 tokens");
