@@ -117,6 +117,10 @@ void BM_TrainRowBackward(benchmark::State& state, int path) {
       w.dw_gate = dwg.data();
       w.dw_up = dwu.data();
       w.dw_down = dwd.data();
+      DeviceMemory workspace(ctx, train_weight_grad_workspace_bytes(spec)),
+          list(ctx, train_weight_grad_list_bytes(spec, m, grad_capacity));
+      w.workspace = workspace.data();
+      w.entry_list = list.data();
       ms = time_on_stream(stream.get(), [&] { train_weight_grad(ctx, stream.get(), spec, w, m, grad_capacity); }, 1, 7);
     }
     uint64_t nnz = 0;

@@ -7,7 +7,8 @@
 #include <tuple>
 #include <utility>
 
-#include "context_impl.h"
+#include "context_impl.h"  // operand_aligned
+#include "driver.h"
 #include "launcher.h"
 #include "run_arguments.h"  // pointer_problem, is_device_memory
 #include "twell/device/params.h"
@@ -16,6 +17,17 @@
 #include "twell/training.h"
 
 namespace twell {
+namespace {
+
+// The TwELL tile width and slots the kernel reads (the generator's defaults where the spec leaves them).
+TwellLayout layout_of(const FfnSpec& spec) {
+  TwellLayout l;
+  l.tile_n = spec.tile_n.value_or(kernels::kDefaultTileN);
+  l.slots = spec.slots.value_or(kernels::kDefaultSlots);
+  return l;
+}
+
+}  // namespace
 
 void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec, const TrainWeightGradTensors& t,
                        int64_t tokens, uint32_t grad_capacity) {
@@ -28,8 +40,14 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
     bad(fmt::format("spec.d_model: expected 1..{}, got {}", T::kMaxDModel, spec.d_model));
   if (spec.d_ff < 1 || spec.d_ff > (int64_t{1} << 24))
     bad(fmt::format("spec.d_ff: expected 1..16777216, got {}", spec.d_ff));
-  if (tokens < 0 || tokens > (int64_t{1} << 40)) bad(fmt::format("tokens: expected 0..2^40, got {}", tokens));
+  if (tokens < 0 || tokens > INT32_MAX) bad(fmt::format("tokens: expected 0..2^31 - 1, got {}", tokens));
   const int64_t K = spec.d_model, N = spec.d_ff;
+  const TwellLayout layout = layout_of(spec);
+  const int64_t list_entries = T::listEntries(tokens, layout.words_per_row(N), grad_capacity, layout.tile_n);
+  if (list_entries >= (int64_t{1} << 32))
+    bad(fmt::format("tokens: the entry list would hold {} entries (tokens * words per row {} + grad_capacity {} * "
+                    "tile_n {}); expected fewer than 2^32: split the call's rows",
+                    list_entries, layout.words_per_row(N), grad_capacity, layout.tile_n));
   for (const auto& [name, ld] :
        {std::pair{"t.ld_x", t.ld_x}, std::pair{"t.ld_dy", t.ld_dy}, std::pair{"t.ld_dw_gate", t.ld_dw_gate},
         std::pair{"t.ld_dw_up", t.ld_dw_up}, std::pair{"t.ld_dw_down", t.ld_dw_down}})
@@ -51,6 +69,8 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
     bad(fmt::format("t.dw_up: a non-gated spec has no up weight; expected nullptr and ld_dw_up 0, got {} and {}",
                     t.dw_up, t.ld_dw_up));
   need("t.dw_down", t.dw_down, out_bytes);
+  need("t.workspace", t.workspace, 16);
+  need("t.entry_list", t.entry_list, 8);
   const int64_t ldx = t.ld_x ? t.ld_x : K, lddy = t.ld_dy ? t.ld_dy : K;
   const int64_t ldg = t.ld_dw_gate ? t.ld_dw_gate : K, ldu = t.ld_dw_up ? t.ld_dw_up : K,
                 ldd = t.ld_dw_down ? t.ld_dw_down : K;
@@ -63,6 +83,39 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
       {"t.dw_gate", t.dw_gate, ldg}, {"t.dw_up", t.dw_up, ldu}, {"t.dw_down", t.dw_down, ldd}};
   const std::tuple<const char*, const void*, int64_t, int64_t, int> inputs[] = {{"t.x", t.x, tokens, ldx, 2},
                                                                                 {"t.dy", t.dy, tokens, lddy, 2}};
+  const int align = static_cast<int>(T::operandAlignment(K));  // the kernel's contract (validate.h)
+  for (const auto& [name, p, ld_name, ld] :
+       {std::tuple{"t.x", t.x, "t.ld_x", ldx}, std::tuple{"t.dy", t.dy, "t.ld_dy", lddy}}) {
+    if (operand_aligned(p, ld, align)) continue;
+    if (reinterpret_cast<uintptr_t>(p) % (2 * align) != 0)
+      bad(fmt::format(
+          "{}: expected a {}-byte aligned device pointer (the kernel loads {}-element chunks at d_model {}), got {}",
+          name, 2 * align, align, K, p));
+    bad(fmt::format("{}: expected a row stride that is a multiple of {} elements, got {}", ld_name, align, ld));
+  }
+  // The workspace and the entry list (byte ranges) must not overlap each other, an output or an input.
+  const int64_t workspace_bytes = train_weight_grad_workspace_bytes(spec), list_bytes = list_entries * 8;
+  const std::tuple<const char*, const void*, int64_t> scratch[] = {{"t.workspace", t.workspace, workspace_bytes},
+                                                                    {"t.entry_list", t.entry_list, list_bytes}};
+  const auto bytes_of = [](const void* p, int64_t n) {
+    const auto b = reinterpret_cast<uintptr_t>(p);
+    return std::pair{b, b + static_cast<uintptr_t>(n)};
+  };
+  for (size_t i = 0; i < std::size(scratch); ++i) {
+    const auto& [name, p, n] = scratch[i];
+    const auto [b, e] = bytes_of(p, n);
+    auto overlaps = [&, b = b, e = e](std::pair<uintptr_t, uintptr_t> r) { return b < r.second && r.first < e; };
+    if (i == 1 && overlaps(bytes_of(t.workspace, workspace_bytes))) bad("t.entry_list: must not overlap t.workspace");
+    for (const auto& [other, q, ld] : outputs)
+      if (q != nullptr && overlaps(span(q, N, ld, out_bytes))) bad(fmt::format("{}: must not overlap {}", name, other));
+    for (const auto& [input, q, rows, ld, bytes] : inputs)
+      if (tokens > 0 && overlaps(span(q, rows, ld, bytes))) bad(fmt::format("{}: must not overlap {}", name, input));
+    for (const auto& [input, q, n_in] :
+         {std::tuple{"t.twell", static_cast<const void*>(t.twell), tokens * layout.words_per_row(N) * 4},
+          std::tuple{"t.entry_grad", static_cast<const void*>(t.entry_grad), entry_grad_floats(layout, N, tokens) * 4},
+          std::tuple{"t.backup_grad", static_cast<const void*>(t.backup_grad), backup_grad_floats(layout, grad_capacity) * 4}})
+      if (q != nullptr && n_in > 0 && overlaps(bytes_of(q, n_in))) bad(fmt::format("{}: must not overlap {}", name, input));
+  }
   for (size_t i = 0; i < std::size(outputs); ++i) {
     const auto& [name, p, ld] = outputs[i];
     if (p == nullptr) continue;
@@ -89,7 +142,8 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
         std::pair{"t.backup_grad", static_cast<const void*>(t.backup_grad)},
         std::pair{"t.dw_gate", static_cast<const void*>(t.dw_gate)},
         std::pair{"t.dw_up", static_cast<const void*>(t.dw_up)},
-        std::pair{"t.dw_down", static_cast<const void*>(t.dw_down)}}) {
+        std::pair{"t.dw_down", static_cast<const void*>(t.dw_down)}, std::pair{"t.workspace", static_cast<const void*>(t.workspace)},
+        std::pair{"t.entry_list", static_cast<const void*>(t.entry_list)}}) {
     if (p != nullptr && !is_device_memory(p))
       bad(fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {}", name, p));
   }
@@ -110,10 +164,29 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
   p.ld_dw_gate = ldg;
   p.ld_dw_up = ldu;
   p.ld_dw_down = ldd;
+  p.workspace = static_cast<uint32_t*>(t.workspace);
+  p.entry_list = static_cast<uint32_t*>(t.entry_list);
   p.grad_capacity = grad_capacity;
   p.output_dtype = t.output_dtype ? 1u : 0u;
+  auto cu = reinterpret_cast<CUstream>(stream);
+  // The grid barrier's words and the tile flags start at zero (the rest is written before it is read).
+  detail::check(detail::Driver::get().cuMemsetD32Async(reinterpret_cast<CUdeviceptr>(t.workspace), 0,
+                                                       static_cast<size_t>(T::clearedWords(N, layout.tile_n)), cu),
+                "train_weight_grad: cuMemsetD32Async(workspace)");
   void* args[1] = {&p};
-  detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, reinterpret_cast<CUstream>(stream), who);
+  detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
+}
+
+int64_t train_weight_grad_workspace_bytes(const FfnSpec& user_spec) {
+  const FfnSpec spec = kernels::canonical_spec(user_spec);
+  return kernels::TrainWeightGradConstraints::workspaceWords(spec.d_ff, layout_of(spec).tile_n) * 4;
+}
+
+int64_t train_weight_grad_list_bytes(const FfnSpec& user_spec, int64_t tokens, uint32_t grad_capacity) {
+  const FfnSpec spec = kernels::canonical_spec(user_spec);
+  const TwellLayout layout = layout_of(spec);
+  return kernels::TrainWeightGradConstraints::listEntries(std::max<int64_t>(tokens, 0), layout.words_per_row(spec.d_ff),
+                                                         grad_capacity, layout.tile_n) * 8;
 }
 
 }  // namespace twell

@@ -136,7 +136,12 @@ GpuWeightGrad run_weight_grad(const RandomFfn& f, const TwellMatrix& m, const st
   DeviceMemory x(ctx, f.x.size() * 2 + 16), dyd(ctx, dy.size() * 2 + 16),
       words(ctx, std::max<size_t>(4, m.words.size() * 4)),
       entry(ctx, std::max<size_t>(16, g.entry_grad.size() * 4)), bgrad(ctx, std::max<size_t>(16, g.backup_grad.size() * 4)),
-      dwg(ctx, outputs * out_bytes), dwu(ctx, outputs * out_bytes), dwd(ctx, outputs * out_bytes);
+      dwg(ctx, outputs * out_bytes), dwu(ctx, outputs * out_bytes), dwd(ctx, outputs * out_bytes),
+      workspace(ctx, static_cast<size_t>(train_weight_grad_workspace_bytes(s))),
+      list(ctx, std::max<size_t>(8, static_cast<size_t>(train_weight_grad_list_bytes(s, f.tokens, grad_capacity))));
+  // Scratch of any contents: poisoned, as a reused buffer would be.
+  workspace.fill(0xFF);
+  list.fill(0xFF);
   x.upload(f.x);
   dyd.upload(dy);
   if (!m.words.empty()) words.upload(m.words);
@@ -155,8 +160,19 @@ GpuWeightGrad run_weight_grad(const RandomFfn& f, const TwellMatrix& m, const st
   t.dw_up = s.gated ? dwu.data() : nullptr;
   t.dw_down = dwd.data();
   t.output_dtype = output_dtype;
+  t.workspace = workspace.data();
+  t.entry_list = list.data();
+  // Twice on the same scratch (the second finds the first's barrier, counts and list): the same bits.
   train_weight_grad(ctx, stream.get(), s, t, f.tokens, grad_capacity);
   stream.synchronize();
+  const auto first = dwg.download_vector<uint8_t>(outputs * out_bytes);
+  const auto first_down = dwd.download_vector<uint8_t>(outputs * out_bytes);
+  dwg.fill(0xFF);
+  dwd.fill(0xFF);
+  train_weight_grad(ctx, stream.get(), s, t, f.tokens, grad_capacity);
+  stream.synchronize();
+  EXPECT_TRUE(first == dwg.download_vector<uint8_t>(outputs * out_bytes)) << "a second call on the same scratch gives another dWg";
+  EXPECT_TRUE(first_down == dwd.download_vector<uint8_t>(outputs * out_bytes)) << "a second call on the same scratch gives another dWd";
   GpuWeightGrad out;
   if (output_dtype) {
     out.dw_gate16 = dwg.download_vector<uint16_t>(outputs);

@@ -1,7 +1,8 @@
 // The training weight gradients (KernelKind::TrainWeightGrad) without a GPU: the generated source
 // compiles with NVRTC for sm_90a and sm_80 at the paper's shape and an odd one (and variants) without
 // spills; its description passes its contract and a broken one does not; its launch geometry, name and
-// request key; bad specs and bad arguments of train_weight_grad are errors naming the field or argument.
+// request key; bad specs and bad arguments of train_weight_grad are errors naming the field or argument;
+// the scratch sizes.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -34,8 +35,8 @@ TEST(TrainWeightGrad, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
       EXPECT_EQ(k.kind, KernelKind::TrainWeightGrad);
       EXPECT_EQ(k.name, fmt::format("twell_train_weight_grad_k{}_n{}_t256_s31_bf16_gated1", d_model, d_ff));
       EXPECT_NE(k.source.find(fmt::format("static constexpr int d_model = {};", d_model)), std::string::npos);
-      EXPECT_EQ(k.smem_bytes, 57344);
-      EXPECT_EQ(k.operand_alignment, 1);
+      EXPECT_EQ(k.smem_bytes, (d_ff + 16 * 256) * 4);  // a counter per neuron, a mask per warp and tile column
+      EXPECT_EQ(k.operand_alignment, 8);                  // both d_models are multiples of 8: 16-byte row loads
       EXPECT_TRUE(k.down_in_out);
       expect_valid_and_compiles_without_spills(k, target, fmt::format("{} on {}", k.name, target.arch()));
     }
@@ -62,7 +63,8 @@ TEST(TrainWeightGrad, VariantsCompile) {
     s.slots = c.slots;
     const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainWeightGrad, s, c.target);
     EXPECT_EQ(k.gated, c.gated);
-    EXPECT_EQ(k.smem_bytes, c.gated ? 57344 : 40960);
+    EXPECT_EQ(k.smem_bytes, ((c.d_ff + 3) / 4 * 4 + 16 * c.tile_n) * 4);
+    EXPECT_EQ(k.operand_alignment, c.d_model % 8 == 0 ? 8 : 1);
     expect_valid_and_compiles_without_spills(k, c.target, fmt::format("{} on {}", k.name, c.target.arch()));
   }
 }
@@ -74,21 +76,18 @@ TEST(TrainWeightGrad, LaunchGeometryAndRequestKey) {
   s.tile_n = 128;
   s.slots = 15;
   const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainWeightGrad, s, Target{90, true});
-  // 11 tiles of 128 = 88 slices of 16 neurons; 520 columns = 3 chunks of 256; M does not change it.
-  for (int64_t tokens : {0, 1, 100000}) {
-    const kernels::LaunchConfig c =
-        kernels::launch_config(k, kernels::LaunchShape{tokens, 0, 0}, kernels::Occupancy{132, 1, 0});
-    EXPECT_EQ(c.grid_x, 88u);
-    EXPECT_EQ(c.grid_y, 3u);
-    EXPECT_EQ(c.block_x, 256u);
-    EXPECT_EQ(c.shared_bytes, 57344u);
-  }
-  // The paper's shape: 22 tiles x 16 slices, 8 chunks.
-  const compiler::KernelSource paper =
-      compiler::generateAuxiliary(KernelKind::TrainWeightGrad, twell::testing::ffn_spec(2048, 5632), Target{80, false});
-  const kernels::LaunchConfig c = kernels::launch_config(paper, kernels::LaunchShape{16384, 0, 0}, {});
-  EXPECT_EQ(c.grid_x, 352u);
-  EXPECT_EQ(c.grid_y, 8u);
+  // One cooperative CTA of 512 threads per SM (at most 256), whatever M; shared memory: 1408 counters
+  // and 16 warps' masks of 128 columns.
+  for (int64_t tokens : {0, 1, 100000})
+    for (auto [sms, ctas] : {std::pair{132, 132u}, std::pair{300, 256u}, std::pair{1, 1u}}) {
+      const kernels::LaunchConfig c =
+          kernels::launch_config(k, kernels::LaunchShape{tokens, 0, 0}, kernels::Occupancy{sms, 1, 0});
+      EXPECT_EQ(c.grid_x, ctas);
+      EXPECT_EQ(c.grid_y, 1u);
+      EXPECT_EQ(c.block_x, 512u);
+      EXPECT_TRUE(c.cooperative);
+      EXPECT_EQ(c.shared_bytes, (1408u + 16u * 128u) * 4u);
+    }
   EXPECT_EQ(k.name, "twell_train_weight_grad_k520_n1408_t128_s15_bf16_gated1");
   EXPECT_EQ(detail::auxiliary_request(KernelKind::TrainWeightGrad, s, Target{90, true}),
             "aux train_weight_grad target=sm_90a d_model=520 d_ff=1408 gated=1 dtype=bf16 tile_n=128 slots=15");
@@ -103,7 +102,10 @@ TEST(TrainWeightGrad, LaunchGeometryAndRequestKey) {
   for (auto [field, breaks] : std::initializer_list<std::pair<const char*, void (*)(compiler::KernelSource&)>>{
            {"threads", [](compiler::KernelSource& b) { b.threads = 128; }},
            {"smem_bytes", [](compiler::KernelSource& b) { b.smem_bytes = 40960; }},
-           {"grid_y", [](compiler::KernelSource& b) { b.grid_y = 1; }},
+           {"grid_y", [](compiler::KernelSource& b) { b.grid_y = 2; }},
+           {"d_ff", [](compiler::KernelSource& b) { b.d_ff = 60000; }},
+           {"operand_alignment", [](compiler::KernelSource& b) { b.operand_alignment = 1; }},
+           {"dependent_launch", [](compiler::KernelSource& b) { b.dependent_launch = true; }},
            {"down_in_out", [](compiler::KernelSource& b) { b.down_in_out = false; }},
            {"mainloop", [](compiler::KernelSource& b) { b.mainloop = kernels::GateMainloop::Fma; }}}) {
     compiler::KernelSource broken = k;
@@ -126,6 +128,7 @@ TEST(TrainWeightGrad, BadSpecsNameTheField) {
   expect_generate_error(twell::testing::ffn_spec(70000, 1408), "spec.d_model");
   expect_generate_error(twell::testing::ffn_spec(0, 1408), "spec.d_model");
   expect_generate_error(twell::testing::ffn_spec(512, 0), "spec.d_ff");
+  expect_generate_error(twell::testing::ffn_spec(512, 60000), "spec.d_ff");  // past the neuron counters' shared memory
   FfnSpec s = twell::testing::ffn_spec(512, 1408);
   s.tile_n = 48;
   expect_generate_error(s, "spec.tile_n");
@@ -148,6 +151,8 @@ struct Arguments {
     t.dw_gate = reinterpret_cast<void*>(0x60000000);
     t.dw_up = reinterpret_cast<void*>(0x70000000);
     t.dw_down = reinterpret_cast<void*>(0x80000000);
+    t.workspace = reinterpret_cast<void*>(0x90000000);
+    t.entry_list = reinterpret_cast<void*>(0xA0000000);
     return t;
   }();
   int64_t tokens = 16;
@@ -195,6 +200,18 @@ TEST(TrainWeightGrad, BadArgumentsNameTheArgument) {
   expect_argument_error(with([](Arguments& a) { a.t.ld_dw_up = 100; }), "t.ld_dw_up");
   expect_argument_error(with([](Arguments& a) { a.t.ld_x = 511; }), "t.ld_x");
   expect_argument_error(with([](Arguments& a) { a.tokens = -1; }), "tokens");
+  expect_argument_error(with([](Arguments& a) { a.tokens = int64_t{1} << 31; }), "tokens");
+  expect_argument_error(with([](Arguments& a) { a.tokens = int64_t{1} << 30; }), "tokens");  // 2^32 list entries or more
+  // d_model 512: x and dy are read 8 values per 16-byte load.
+  expect_argument_error(with([](Arguments& a) { a.t.x = reinterpret_cast<const void*>(0x10000008); }), "t.x");
+  expect_argument_error(with([](Arguments& a) { a.t.ld_dy = 516; }), "t.ld_dy");
+  expect_argument_error(with([](Arguments& a) { a.t.workspace = nullptr; }), "t.workspace");
+  expect_argument_error(with([](Arguments& a) { a.t.workspace = reinterpret_cast<void*>(0x90000004); }), "t.workspace");
+  expect_argument_error(with([](Arguments& a) { a.t.entry_list = reinterpret_cast<void*>(0xA0000004); }), "t.entry_list");
+  expect_argument_error(with([](Arguments& a) { a.t.entry_list = a.t.dw_up; }), "t.entry_list");
+  expect_argument_error(with([](Arguments& a) { a.t.workspace = const_cast<void*>(a.t.x); }), "t.workspace");
+  expect_argument_error(with([](Arguments& a) { a.t.entry_list = reinterpret_cast<char*>(0x90000000) + 1024; }), "t.entry_list");
+  expect_argument_error(with([](Arguments& a) { a.t.workspace = const_cast<float*>(a.t.entry_grad) + 64; }), "t.workspace");
   // dWd over dWg's rows, dWg over dy.
   expect_argument_error(with([](Arguments& a) { a.t.dw_down = static_cast<char*>(a.t.dw_gate) + 4096; }), "t.dw_down");
   expect_argument_error(with([](Arguments& a) { a.t.dw_gate = const_cast<void*>(a.t.dy); }), "t.dw_gate");
@@ -215,6 +232,15 @@ TEST(TrainWeightGrad, BadArgumentsNameTheArgument) {
       EXPECT_EQ(e.code(), ErrorCode::NoDevice) << e.what();
     }
   }
+}
+
+TEST(TrainWeightGrad, ScratchSizes) {
+  const FfnSpec paper = twell::testing::ffn_spec(2048, 5632);
+  // 22 tiles: barrier and flags (28 words), starts (5633, to 5660), counts 5632 x 256.
+  EXPECT_EQ(train_weight_grad_workspace_bytes(paper), (28 + 5636 + 5632 * 256) * 4);
+  // 704 words per row (22 tiles x 32) and 256 quads per grad row, 8 bytes each.
+  EXPECT_EQ(train_weight_grad_list_bytes(paper, 16384, 100), (16384 * 704 + 100 * 256) * 8);
+  EXPECT_EQ(train_weight_grad_list_bytes(paper, 0, 0), 0);
 }
 
 }  // namespace

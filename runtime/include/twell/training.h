@@ -29,9 +29,9 @@
 // order, so on the same dg, du, h they are the reference's bit for bit (tests/gpu/train_gpu_test.cpp,
 // exact-sum data); against the reference on random data they differ only through the row backward's
 // per-entry rounding (dg, du, h within a few fp32 ulps: tests hold the norm-wise relative error under
-// 1e-2). Bitwise deterministic (no atomics, no split of the tokens). dWd is written in the in_out
-// layout, [d_ff, d_model] (the rows of dWd^T, the layout train_row_backward reads Wd in); transpose it
-// for an nn.Linear Wd ([d_model, d_ff]).
+// 1e-2). Bitwise deterministic (the entries are sorted by neuron with integer counts; no float atomics).
+// dWd is written in the in_out layout, [d_ff, d_model] (the rows of dWd^T, the layout
+// train_row_backward reads Wd in); transpose it for an nn.Linear Wd ([d_model, d_ff]).
 #pragma once
 #include <cstdint>
 
@@ -123,26 +123,43 @@ struct TrainWeightGradTensors {
   void* dw_down = nullptr;  // dL/dWd in the in_out layout: row j is dWd^T_j = sum_t h_tj dy_t
   // false: fp32 outputs; true: spec.dtype outputs, each rounded once from the fp32 sum.
   bool output_dtype = false;
+  // Scratch, any contents, written by the call; one call at a time per buffer (stream order):
+  // workspace: train_weight_grad_workspace_bytes(spec) bytes, 16-byte aligned (the grid barrier and tile
+  //   flags, which the call clears on the stream first, each neuron's start in the list, per-SM counts);
+  void* workspace = nullptr;
+  // entry_list: train_weight_grad_list_bytes(spec, tokens, grad_capacity) bytes, 8-byte aligned: the
+  //   entries sorted by neuron, 8 bytes each, room for one per TwELL word and backup_grad quad (so it
+  //   never overflows, at any density).
+  void* entry_list = nullptr;
   int64_t ld_x = 0, ld_dy = 0, ld_dw_gate = 0, ld_dw_up = 0, ld_dw_down = 0;
 };
 
-// The weight gradients (above) of `tokens` rows (0 <= tokens < 2^40; 0 writes zeros), stream-ordered,
-// no host synchronization, no workspace (the kernel, KernelKind::TrainWeightGrad, keeps its partial
-// sums in shared memory). Run it after train_row_backward on the same stream with the same spec,
-// tokens and TwELL matrix; grad_capacity is the one train_row_backward had. Its grid is
-// (ceil(d_ff / tile_n) * tile_n / 16, ceil(d_model / 256)) CTAs of 256 threads, each walking all the
-// tokens. `spec` as for train_row_backward (tile_n and slots the TwELL matrix's); its activation and
-// threshold do not matter, and any down_layout is taken (dWd is in_out regardless).
+// The weight gradients (above) of `tokens` rows (0 <= tokens < 2^31, and fewer than 2^32 list entries;
+// 0 writes zeros), stream-ordered, no host synchronization. Run it after train_row_backward on the same
+// stream with the same spec, tokens and TwELL matrix; grad_capacity is the one train_row_backward had.
+// The kernel (KernelKind::TrainWeightGrad, train/weight_grad.cuh) is one persistent CTA of 512 threads
+// per SM, launched cooperatively: it sorts the entries by neuron (a stable counting sort into
+// entry_list), then one warp per (neuron, 256 columns) sums that neuron's tokens' x and dy rows.
+// `spec` as for train_row_backward (tile_n and slots the TwELL matrix's); its activation and threshold
+// do not matter, and any down_layout is taken (dWd is in_out regardless). d_ff is bounded by the
+// kernel's shared memory (a counter per neuron: about 56000 at tile_n 256 on sm_90).
 // If train_row_backward's grad_overflow_count ended above its room (grad_capacity - backup_capacity),
 // some quads were not stored: the outputs of every neuron whose tile met such a tile-row are NaN (never
 // silently wrong); grow backup_grad and run both again.
-// Alignment: x and dy 2 bytes (and their strides any), the TwELL words 4 bytes, entry_grad and
-// backup_grad 16 bytes, the outputs 4 bytes (fp32) or 2 (output_dtype). The outputs must not overlap
-// each other or any input.
+// Alignment: with d_model % 8 == 0, x and dy 16 bytes and their strides multiples of 8 elements (16-byte
+// loads), else 2 bytes and any stride; the TwELL words 4 bytes, entry_grad and backup_grad 16 bytes,
+// the outputs 4 bytes (fp32) or 2 (output_dtype), workspace 16, entry_list 8. The outputs, workspace
+// and entry_list must not overlap each other or any input.
 // Throws Error(InvalidArgument) naming the argument (the spec field, a null, misaligned or non-device
-// pointer, a short stride, a token count out of range, overlapping outputs), Error(NoDevice) without a
+// pointer, a short stride, a token count out of range, overlapping buffers), Error(NoDevice) without a
 // GPU, Error(NotFound) with no bundle holding the kernel and no JIT, Error(Compile), Error(Cuda).
 void train_weight_grad(Context& context, Stream stream, const FfnSpec& spec, const TrainWeightGradTensors& t,
                        int64_t tokens, uint32_t grad_capacity);
+
+// The scratch sizes of train_weight_grad, in bytes: the workspace (from d_ff and tile_n: 1 KiB per neuron
+// plus a little; 5.8 MB at d_ff 5632) and the entry list (8 bytes per TwELL word of `tokens` rows and per
+// backup_grad quad: (tokens * words_per_row + grad_capacity * tile_n) * 8).
+int64_t train_weight_grad_workspace_bytes(const FfnSpec& spec);
+int64_t train_weight_grad_list_bytes(const FfnSpec& spec, int64_t tokens, uint32_t grad_capacity);
 
 }  // namespace twell

@@ -22,7 +22,7 @@ namespace twell::device {
 // The version of this header's host/device ABI (the structs below and the kernels' argument lists).
 // Ahead-of-time bundles record it per kernel (manifest.json "params_version"); the runtime refuses a
 // kernel built against another version. Bump it with any change to a struct or an argument list.
-constexpr uint32_t kParamsVersion = 3;  // 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
+constexpr uint32_t kParamsVersion = 4;  // 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
 
 // Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
 // recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
@@ -161,8 +161,8 @@ struct TrainRowBackwardParams {
 // (t ascending over the tokens that activate j, one fma per term from +0: reference_training_backward's
 // order), each [N, K] row-major (dw_down is Wd's gradient in the in_out layout, the rows of dWd^T).
 // Outputs are fp32, or the 16-bit dtype where output_dtype is 1 (rounded once from the fp32 sum). A
-// neuron slice that meets an overflowing tile-row without a grad row (kBackupMissing in entry_grad, or
-// a row >= grad_capacity) has no gradients to sum: its outputs are written as NaN.
+// tile that meets an overflowing tile-row without a grad row (kBackupMissing in entry_grad, or a row
+// >= grad_capacity) has no gradients to sum: its neurons' outputs are written as NaN.
 struct TrainWeightGradParams {
   const uint16_t* x;          // [M, K] row stride ldx
   const uint16_t* dy;         // [M, K] row stride lddy
@@ -172,6 +172,12 @@ struct TrainWeightGradParams {
   void* dw_gate;              // [N, K] row stride ld_dw_gate (elements of the output type)
   void* dw_up;                // [N, K] row stride ld_dw_up; null for a non-gated kernel
   void* dw_down;              // [N, K] (in_out: dWd^T) row stride ld_dw_down
+  // shared_memory::TrainWeightGradWorkspace::words(tiles, N) words; its first cleared(tiles) zero
+  uint32_t* workspace;
+  // The entries sorted by neuron, word pairs {token, quad}: quad < M * words_per_row is entry_grad's quad at that
+  // word, else backup_grad's quad (quad - M * words_per_row). Room for every word of the TwELL matrix
+  // and of backup_grad (M * words_per_row + grad_capacity * tile_n < 2^32 entries).
+  uint32_t* entry_list;
   int64_t m;
   int64_t ldx;
   int64_t lddy;

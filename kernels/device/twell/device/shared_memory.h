@@ -115,17 +115,29 @@ TWELL_HOST_DEVICE constexpr long long decode_fused_streamers(long long smem_byte
   return s < 0 ? 0 : s > kDecodeFusedWarps ? kDecodeFusedWarps : s;
 }
 
-// The training weight gradients (train/weight_grad.cuh): the fp32 accumulators of a CTA's neuron slice
-// (kTrainWeightGradSlice neurons) x kTrainWeightGradColumns columns, one matrix per gradient (dWg, dWd,
-// and dWu where gated), then the list of a batch's entries (kTrainWeightGradTokensPerWarp tokens per
-// warp, at most a slice of entries each), 16 bytes per entry.
-constexpr long long kTrainWeightGradSlice = 16, kTrainWeightGradColumns = 256, kTrainWeightGradWarps = 8,
-                    kTrainWeightGradTokensPerWarp = 4;
-constexpr long long train_weight_grad_list_entries() {
-  return kTrainWeightGradWarps * kTrainWeightGradTokensPerWarp * kTrainWeightGradSlice;
+// The training weight gradients (train/weight_grad.cuh): a CTA of kTrainWeightGradWarps warps, one per
+// SM (at most kTrainWeightGradMaxCtas, cooperative); each phase-4 warp sums kTrainWeightGradColumns
+// columns of one neuron. Dynamic shared memory: a counter per neuron (rounded up to 4 words), then a
+// column mask per warp and tile column.
+constexpr long long kTrainWeightGradWarps = 16, kTrainWeightGradColumns = 256, kTrainWeightGradMaxCtas = 256;
+TWELL_HOST_DEVICE constexpr long long train_weight_grad_counters(long long d_ff) { return (d_ff + 3) / 4 * 4; }
+TWELL_HOST_DEVICE constexpr long long train_weight_grad_bytes(long long d_ff, long long tile_n) {
+  return (train_weight_grad_counters(d_ff) + kTrainWeightGradWarps * tile_n) * 4;
 }
-constexpr long long train_weight_grad_bytes(bool gated) {
-  return (gated ? 3 : 2) * kTrainWeightGradSlice * kTrainWeightGradColumns * 4 + train_weight_grad_list_entries() * 16;
-}
+// Its global workspace, in 32-bit words (TrainWeightGradParams::workspace): the grid barrier's two
+// words, a flag per TwELL tile (both zero at launch: the runtime clears kCleared(tiles) words on the
+// stream first), each neuron's start in the sorted list ([d_ff + 1]), and the per-range counts
+// ([d_ff][CTAs], for up to kTrainWeightGradMaxCtas CTAs).
+struct TrainWeightGradWorkspace {
+  static constexpr long long kBarrier = 0, kFlags = 4;
+  TWELL_HOST_DEVICE static constexpr long long cleared(long long tiles) { return (kFlags + tiles + 3) / 4 * 4; }
+  TWELL_HOST_DEVICE static constexpr long long starts(long long tiles) { return cleared(tiles); }
+  TWELL_HOST_DEVICE static constexpr long long counts(long long tiles, long long d_ff) {
+    return (starts(tiles) + d_ff + 1 + 3) / 4 * 4;
+  }
+  TWELL_HOST_DEVICE static constexpr long long words(long long tiles, long long d_ff) {
+    return counts(tiles, d_ff) + d_ff * kTrainWeightGradMaxCtas;
+  }
+};
 
 }  // namespace twell::device::shared_memory

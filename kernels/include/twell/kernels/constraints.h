@@ -229,35 +229,43 @@ struct TrainRowBackwardConstraints {
   }
 };
 
-// The training weight gradients (KernelKind::TrainWeightGrad; train/weight_grad.cuh): a CTA of 256
-// threads owns kSliceNeurons neurons of one TwELL tile and kColumns columns of d_model (one per thread),
-// so the grid is (tiles x tile_n / kSliceNeurons, ceil(d_model / kColumns)), independent of M. It walks
-// every token in ascending order, 32 at a time: each warp gathers the entries of 4 tokens that fall in
-// the slice (from the TwELL words and the row backward's quads, or an overflowing tile-row's grad row)
-// into a list in shared memory, then every thread adds the list's terms to its column of the slice's
-// fp32 accumulators in dynamic shared memory (sharedBytes: 56 KiB gated, 40 KiB non-gated; below every
-// target's opt-in limit, GatedDownKernelConstraints::maxDynamicSharedBytes). Each output element is one
-// thread's, its terms in token order: the reference's sums, bit for bit on the same per-entry values.
-// x and dy are read one 16-bit value per thread (operand alignment 1), entry_grad and backup_grad in
-// 16-byte quads.
+// The training weight gradients (KernelKind::TrainWeightGrad; train/weight_grad.cuh): one persistent
+// CTA of kThreads per SM (at most kMaxCtas), launched cooperatively (its four phases meet at grid
+// barriers), so the grid depends on the device, not on M. Dynamic shared memory (sharedBytes): a
+// counter per neuron and a column mask per warp and tile column, 4 bytes each; d_ff is bounded by it
+// (maxDFF: about 56000 neurons at tile_n 256 where the target allows 227 KiB). Workspace
+// (workspaceWords, 4-byte words): the barrier, tile flags, neuron starts and the [d_ff][kMaxCtas] range
+// counts; the entry list holds a word pair per TwELL word and backup_grad quad (listEntries).
+// x and dy are read 8 values per 16-byte load where d_model % 8 == 0 (operand alignment 8), else
+// one 16-bit value per load.
 struct TrainWeightGradConstraints {
-  static constexpr int64_t kThreads = 256;
-  static constexpr int64_t kSliceNeurons = smem::kTrainWeightGradSlice;
+  static constexpr int64_t kThreads = smem::kTrainWeightGradWarps * 32;
   static constexpr int64_t kColumns = smem::kTrainWeightGradColumns;
+  static constexpr int64_t kMaxCtas = smem::kTrainWeightGradMaxCtas;
   static constexpr int64_t kMaxDModel = 65536;
-  static_assert(kColumns == kThreads && smem::kTrainWeightGradWarps * 32 == kThreads, "one column per thread");
-  static constexpr int64_t sharedBytes(bool gated) { return smem::train_weight_grad_bytes(gated); }
+  static constexpr int64_t sharedBytes(int64_t dFF, int64_t tileN) { return smem::train_weight_grad_bytes(dFF, tileN); }
+  // The largest d_ff whose shared memory fits `limitBytes` (the target's, maxDynamicSharedBytes).
+  static constexpr int64_t maxDFF(int64_t tileN, int64_t limitBytes) {
+    return limitBytes / 4 - smem::kTrainWeightGradWarps * tileN - 3;
+  }
   static constexpr bool allowed(int64_t dModel, int64_t dFF) {
     return dModel >= 1 && dModel <= kMaxDModel && dFF >= 1 && dFF <= (int64_t{1} << 24);
   }
-  // The CTAs along d_ff (grid.x): every tile's slices, the last tile's past d_ff included (they write nothing).
-  static constexpr int64_t neuronSlices(int64_t dFF, int64_t tileN) {
-    return tileN <= 0 ? 0 : (dFF + tileN - 1) / tileN * (tileN / kSliceNeurons);
+  static constexpr int64_t ctas(int64_t smCount) { return smCount < kMaxCtas ? smCount : kMaxCtas; }
+  static constexpr int64_t tiles(int64_t dFF, int64_t tileN) { return tileN <= 0 ? 0 : (dFF + tileN - 1) / tileN; }
+  static constexpr int64_t workspaceWords(int64_t dFF, int64_t tileN) {
+    return smem::TrainWeightGradWorkspace::words(tiles(dFF, tileN), dFF);
   }
-  static constexpr int64_t columnChunks(int64_t dModel) { return (dModel + kColumns - 1) / kColumns; }
+  // The words the runtime zeroes on the stream before each launch (the barrier and the tile flags).
+  static constexpr int64_t clearedWords(int64_t dFF, int64_t tileN) {
+    return smem::TrainWeightGradWorkspace::cleared(tiles(dFF, tileN));
+  }
+  static constexpr int64_t listEntries(int64_t tokens, int64_t wordsPerRow, int64_t gradCapacity, int64_t tileN) {
+    return tokens * wordsPerRow + gradCapacity * tileN;
+  }
+  static constexpr int64_t operandAlignment(int64_t dModel) { return dModel % 8 == 0 ? 8 : 1; }
 };
-static_assert(TrainWeightGradConstraints::sharedBytes(true) == 57344 &&
-              TrainWeightGradConstraints::sharedBytes(false) == 40960);
+static_assert(TrainWeightGradConstraints::sharedBytes(5632, 256) == 5632 * 4 + 16 * 256 * 4);
 
 // The ranges #twell.config accepts (ConfigAttr::verify), checked before any arithmetic on the fields.
 // They are wide enough for any kernel configuration (a CTA has at most 1024 threads) and small enough

@@ -71,8 +71,7 @@ constexpr uint32_t persistent_grid_x(const KernelSource& k, int64_t tokens, cons
 //   NeuronPermute    min(ceil(rows * cols / threads), 16 per SM) CTAs (grid-stride loop)
 //   DenseGatedMul    min(ceil(rows * cols / threads), 65535) CTAs (grid-stride loop)
 //   TrainRowBackward tokens CTAs (one per token row)
-//   TrainWeightGrad  (neuron slices of 16, column chunks of 256): independent of tokens; dynamic
-//                    shared memory smem_bytes
+//   TrainWeightGrad  one CTA per SM (at most kMaxCtas), cooperative; dynamic shared memory smem_bytes
 constexpr LaunchConfig launch_config(const KernelSource& k, const LaunchShape& shape, const Occupancy& o) {
   LaunchConfig c;
   c.block_x = static_cast<uint32_t>(k.threads);
@@ -128,8 +127,8 @@ constexpr LaunchConfig launch_config(const KernelSource& k, const LaunchShape& s
       c.grid_x = static_cast<uint32_t>(shape.tokens);
       break;
     case KernelKind::TrainWeightGrad:
-      c.grid_x = static_cast<uint32_t>(TrainWeightGradConstraints::neuronSlices(k.d_ff, k.tile_n));
-      c.grid_y = static_cast<uint32_t>(TrainWeightGradConstraints::columnChunks(k.d_model));
+      c.grid_x = static_cast<uint32_t>(TrainWeightGradConstraints::ctas(o.sm_count));
+      c.cooperative = true;
       break;
   }
   return c;

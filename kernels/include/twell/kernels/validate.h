@@ -166,17 +166,19 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
     case KernelKind::TrainWeightGrad: {
       using T = TrainWeightGradConstraints;
       if (!shape.empty()) return shape;
+      const int64_t limit = GatedDownKernelConstraints::maxDynamicSharedBytes(target.sm);
       return first({T::allowed(k.d_model, k.d_ff) ? std::string() : "d_model: expected 1.." + std::to_string(T::kMaxDModel) + ", found " + std::to_string(k.d_model),
-                    k.tile_n % T::kSliceNeurons == 0 ? std::string() : "tile_n: expected a multiple of the neuron slice (16)",
-                    expect("threads", T::kThreads, k.threads, "one column per thread"), expect("cta_m", 1, k.cta_m, "as the auxiliary kernels: the grid does not depend on tokens"),
-                    expect("grid_y", T::columnChunks(k.d_model), k.grid_y, "the d_model column chunks"),
+                    k.d_ff <= T::maxDFF(k.tile_n, limit) ? std::string() : "d_ff: expected at most " + std::to_string(T::maxDFF(k.tile_n, limit)) + " (a shared-memory counter per neuron), found " + std::to_string(k.d_ff),
+                    expect("threads", T::kThreads, k.threads, "the persistent CTA"), expect("cta_m", 1, k.cta_m, "as the auxiliary kernels: the grid does not depend on tokens"),
+                    expect("grid_y", 1, k.grid_y, "a one-dimensional grid"),
                     expect("cluster_m", 1, k.cluster_m, "no clusters"),
-                    expect("smem_bytes", T::sharedBytes(k.gated), k.smem_bytes, "the slice's accumulators and entry list"),
-                    k.smem_bytes <= GatedDownKernelConstraints::maxDynamicSharedBytes(target.sm) ? std::string() : "smem_bytes: more than the target allows",
-                    expect("operand_alignment", 1, k.operand_alignment, "2-byte loads of x and dy"),
+                    expect("smem_bytes", T::sharedBytes(k.d_ff, k.tile_n), k.smem_bytes, "the neuron counters and column masks"),
+                    k.smem_bytes <= limit ? std::string() : "smem_bytes: more than the target allows",
+                    expect("operand_alignment", T::operandAlignment(k.d_model), k.operand_alignment, "its row loads"),
                     k.mainloop == GateMainloop::None ? std::string() : "mainloop: expected none (no gate arithmetic is repeated)",
                     k.down_in_out ? std::string() : "down_in_out: expected the in_out dWd (rows of dWd^T)",
-                    k.persistent || k.tma_persistent ? "persistent: expected a grid over slices and columns" : ""});
+                    k.persistent || k.tma_persistent ? "persistent: expected the cooperative grid (not the gates' persistent forms)" : "",
+                    k.dependent_launch ? "dependent_launch: expected false (train_weight_grad does not wait for the kernel before it)" : ""});
     }
   }
   return "kind: not a twell kernel kind";

@@ -22,45 +22,12 @@
 // four kernels are as fast (v38), because fewer groups of Wg fit beside more rows of x.
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
+#include "twell/device/primitives/grid_sync.cuh"
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #include "twell/device/primitives/hopper_primitives.cuh"
 #endif
 
 namespace twell::device {
-
-// The grid barrier of a kernel whose CTAs are all resident (a cooperative launch): arrivals are
-// counted; the last resets the count and advances the generation the others wait on, so the words
-// are ready for the next call without a memset (a CUDA graph replays the kernel alone).
-__device__ __forceinline__ void decode_fused_grid_barrier(uint32_t* barrier) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    volatile uint32_t* generation = barrier + 1;
-    const uint32_t seen = *generation;
-    __threadfence();  // this CTA's writes (lists, counts) before its arrival
-    if (atomicAdd(barrier, 1u) == gridDim.x - 1) {
-      *reinterpret_cast<volatile uint32_t*>(barrier) = 0u;
-      __threadfence();
-      atomicAdd(barrier + 1, 1u);
-    } else {
-      while (*generation == seen) __nanosleep(64);
-    }
-    __threadfence();  // the others' writes before this CTA's reads
-  }
-  __syncthreads();
-}
-
-// Words other CTAs of this kernel wrote before the grid barrier, through L2 (ld.global.cg: a
-// non-coherent L1 line might hold them stale).
-__device__ __forceinline__ uint32_t load_l2_u32(const uint32_t* ptr) {
-  uint32_t v;
-  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(ptr));
-  return v;
-}
-__device__ __forceinline__ uint2 load_l2_pair(const uint32_t* ptr) {
-  uint2 v;
-  asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
-  return v;
-}
 
 // Phase 1 for an x tile of XR rows (8, 16 or 32), then the grid barrier, then phase 2 (above).
 template <class Config, int XR>
@@ -313,7 +280,7 @@ __device__ __forceinline__ void decode_fused_rows(const GatedDownParams& p, cons
     if (lane == 0) b.counts[c * 32 + t] = count;
   }
 
-  decode_fused_grid_barrier(b.barrier);
+  grid_barrier(b.barrier);
 
   // ---- phase 2: COLS output columns per CTA and pass ----
   // Shared memory, reused: the (CTA, token) offsets [P + 1][32] (exclusive, per token), the tokens'

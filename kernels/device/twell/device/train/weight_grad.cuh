@@ -4,18 +4,32 @@
 //   dWg[j, k] = sum_t dg_tj x_tk,  dWu[j, k] = sum_t du_tj x_tk,  dWd^T[j, k] = sum_t h_tj dy_tk
 // over the tokens t that activate neuron j, in fp32.
 //
-// No transpose of the support: the TwELL tiles already group neurons. A CTA owns a slice of
-// kTrainWeightGradSlice neurons of one tile and kTrainWeightGradColumns columns of d_model (one per
-// thread), and walks every token in ascending order, a batch of 32 at a time: each warp gathers the
-// slice's entries of 4 consecutive tokens (a tile-row within its slots: the words whose column falls in
-// the slice, with their quads from entry_grad; an overflowing one: the active columns of its grad row,
-// a != 0) into its segment of a list in shared memory, in token then column order; then every thread
-// walks the whole list and adds each entry's terms to its column of the slice's fp32 accumulators
-// (shared memory, [matrix][neuron][column]: conflict-free). Every output element is one thread's, and
-// gets one fma per active token from +0 in token order: reference_training_backward's summation, so on
-// the same per-entry values the outputs are the reference's bit for bit, and bitwise deterministic (no
-// atomics, no split of the tokens).
+// Each neuron's gradient rows are a sum over its tokens only, so the kernel first sorts the entries by
+// neuron (a stable counting sort, the transposed structure of design/TRAINING.md), then gives every
+// (neuron, 256 columns) to one warp, which gathers its tokens' x and dy rows. One persistent kernel,
+// one CTA per SM, launched cooperatively, four phases between grid barriers (primitives/grid_sync.cuh):
+//   1. count: CTA c of P owns the token range [c M / P, (c + 1) M / P); it counts each neuron's entries
+//      there (shared-memory counters) and writes counts[j][c]. Tile-rows that overflowed without a
+//      grad row mark their tile (flags).
+//   2. one warp per neuron: the exclusive prefix of counts[j][0..P) in place, and the neuron's total;
+//      then CTA 0 scans the totals into starts[0..N] (starts[N]: all entries).
+//   3. fill: CTA c walks its range again and writes each entry {token, quad} to
+//      list[starts[j] + counts[j][c] + rank], rank the number of its range's earlier tokens that
+//      activate j: a warp takes one tile for 32 tokens at a time (lane = token), marks the columns each
+//      lane's tile-row holds in a per-warp mask, and ranks by the lanes below it in that column's mask.
+//      So each neuron's list is its tokens ascending, whatever the grid.
+//   4. one warp per (neuron, 256 columns): one fmaf per entry and output from +0, in list order, x and
+//      dy read 8 columns per lane (16-byte loads where d_model % 8 == 0), 4 entries in flight.
+// Every output is the sum reference_training_backward makes, in its order (tokens ascending, one fma
+// per term): on the same per-entry values, its bits; and the same bits run after run (no float atomics:
+// the only atomics count integers). A tile that met an overflowing tile-row without a grad row
+// (kBackupMissing, or a row >= grad_capacity) has no gradients to sum: its neurons' outputs are NaN.
+//
+// Cost (bench/README.md v39): the bytes of a gather are each entry's x and dy rows (2 * d_model * 2
+// bytes per entry), about the forward's consumer reads; a neuron that many tokens activate is one
+// warp's long loop (the hot/cold split's dense neurons take those).
 #pragma once
+#include "twell/device/primitives/grid_sync.cuh"
 #include "twell/device/primitives/numerics.cuh"
 #include "twell/device/shared_memory.h"
 
@@ -30,129 +44,220 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
   constexpr int SLOTS = Config::slots;
   constexpr bool GATED = Config::gated;
   constexpr int THREADS = Config::threads;
-  constexpr int SLICE = static_cast<int>(shared_memory::kTrainWeightGradSlice);
-  constexpr int COLUMNS = static_cast<int>(shared_memory::kTrainWeightGradColumns);
-  constexpr int WARPS = static_cast<int>(shared_memory::kTrainWeightGradWarps);
-  constexpr int TOKENS_PER_WARP = static_cast<int>(shared_memory::kTrainWeightGradTokensPerWarp);
-  constexpr int BATCH = WARPS * TOKENS_PER_WARP;
-  constexpr int SEGMENT = TOKENS_PER_WARP * SLICE;  // a warp's entries: at most a slice per token
+  constexpr int WARPS = THREADS / 32;
   constexpr int TILES = (N + TILE_N - 1) / TILE_N;
   constexpr int WORDS_PER_ROW = TILES * (SLOTS + 1);
-  constexpr int SLICES_PER_TILE = TILE_N / SLICE;
-  constexpr int MATRICES = GATED ? 3 : 2;
-  constexpr int MATRIX = SLICE * COLUMNS;  // floats of one gradient's accumulators
-  static_assert(THREADS == COLUMNS && WARPS * 32 == THREADS, "one column per thread, 8 warps");
-  static_assert(TILE_N % SLICE == 0 && SLICE <= 32, "whole slices of a tile, one lane per slice neuron");
-  static_assert(BATCH * 256 < (1 << 23) && SLICE <= 256, "an entry's token and column fit its tag's mantissa");
+  constexpr int COLUMNS = static_cast<int>(shared_memory::kTrainWeightGradColumns);  // a warp's item
+  constexpr int CHUNKS = (K + COLUMNS - 1) / COLUMNS;
+  constexpr bool VEC = K % 8 == 0;  // 16-byte loads of x and dy (the runtime checks their alignment)
+  constexpr int UNROLL = 4;
+  static_assert(THREADS == static_cast<int>(shared_memory::kTrainWeightGradWarps) * 32, "the contract's CTA");
+  static_assert(COLUMNS == 256, "8 columns per lane");
 
-  // Accumulators: 0 dWg, 1 dWd^T, 2 dWu (gated); then the batch's list of quads {dg, du, h, tag}, the tag
-  // a float in [1, 2) whose mantissa is (token in the batch) << 8 | (neuron in the slice) (a normal
-  // number: no denormal handling can touch it).
-  constexpr uint32_t kTagOne = 0x3F800000u;
   extern __shared__ __align__(16) unsigned char shared[];
-  float* acc = reinterpret_cast<float*>(shared);
-  float4* list = reinterpret_cast<float4*>(shared + static_cast<long long>(MATRICES) * MATRIX * 4);
-  __shared__ int segment_count[WARPS];
-  __shared__ int missing;  // an overflowing tile-row of this tile had no grad row
+  uint32_t* local = reinterpret_cast<uint32_t*>(shared);  // [N]: counts (phase 1), next positions (phase 3)
+  uint32_t* colmask = local + shared_memory::train_weight_grad_counters(N);  // [WARPS][TILE_N]
+  __shared__ uint32_t warp_sums[WARPS];
 
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int tile = static_cast<int>(blockIdx.x) / SLICES_PER_TILE;
-  const int s0 = static_cast<int>(blockIdx.x) % SLICES_PER_TILE * SLICE;  // the slice's first column in the tile
-  const int n0 = tile * TILE_N;
-  const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
-  const int k = static_cast<int>(blockIdx.y) * COLUMNS + tid;  // this thread's column of d_model
+  using W = shared_memory::TrainWeightGradWorkspace;
+  uint32_t* barrier = p.workspace + W::kBarrier;
+  uint32_t* flags = p.workspace + W::kFlags;
+  uint32_t* starts = p.workspace + W::starts(TILES);
+  uint32_t* counts = p.workspace + W::counts(TILES, N);  // [N][P]
 
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int P = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
+  const long long t_begin = p.m * c / P, t_end = p.m * (c + 1) / P;
+  const long long quad_base = p.m * WORDS_PER_ROW;  // list quads from here on are backup_grad's
+
+  // Every entry of one lane's tile-row (token t, tile): f(column, quad). The walk of phases 1 and 3.
+  auto for_each_entry = [&](long long t, int tile, int valid_n, auto&& f) {
+    const long long word0 = t * WORDS_PER_ROW + static_cast<long long>(tile) * (SLOTS + 1);
+    const uint32_t nnz = p.twell[word0];
+    if (nnz == 0) return;
+    if (nnz <= SLOTS) {
+      for (uint32_t e = 0; e < nnz; ++e) {
+        const int column = static_cast<int>(p.twell[word0 + 1 + e] & 0xFFFFu);
+        if (column < valid_n) f(column, static_cast<uint32_t>(word0 + 1 + e));
+      }
+      return;
+    }
+    const uint32_t b = __float_as_uint(p.entry_grad[4 * (word0 + 1)]);
+    if (b == kBackupMissing || b >= p.grad_capacity) {
+      flags[tile] = 1u;  // every writer stores the same word
+      return;
+    }
+    const long long row = static_cast<long long>(b) * TILE_N;
+    for (int column = 0; column < valid_n; ++column)
+      if (p.backup_grad[4 * (row + column) + 3] != 0.0f) f(column, static_cast<uint32_t>(quad_base + row + column));
+  };
+
+  // Phase 1: this range's entries per neuron.
+  for (int j = tid; j < N; j += THREADS) local[j] = 0u;
+  for (int i = tid; i < WARPS * TILE_N; i += THREADS) colmask[i] = 0u;
+  __syncthreads();
+  for (int tile = warp; tile < TILES; tile += WARPS) {
+    const int valid_n = N - tile * TILE_N < TILE_N ? N - tile * TILE_N : TILE_N;
+    for (long long t = t_begin + lane; t < t_end; t += 32)
+      for_each_entry(t, tile, valid_n, [&](int column, uint32_t) { atomicAdd(&local[tile * TILE_N + column], 1u); });
+  }
+  __syncthreads();
+  for (int j = tid; j < N; j += THREADS) counts[static_cast<long long>(j) * P + c] = local[j];
+  grid_barrier(barrier);
+
+  // Phase 2: per neuron, the exclusive prefix over the ranges and the total.
+  const int gwarp = c * WARPS + warp, gwarps = P * WARPS;
+  for (int j = gwarp; j < N; j += gwarps) {
+    uint32_t carry = 0;
+    for (int r0 = 0; r0 < P; r0 += 32) {
+      const int r = r0 + lane;
+      const uint32_t v = r < P ? load_l2_u32(counts + static_cast<long long>(j) * P + r) : 0u;
+      uint32_t inclusive = v;
 #pragma unroll
-  for (int i = 0; i < MATRICES * SLICE; ++i) acc[i * COLUMNS + tid] = 0.0f;
-  if (tid == 0) missing = 0;
-  __syncthreads();  // before any warp may set it
+      for (int o = 1; o < 32; o *= 2) {
+        const uint32_t n = __shfl_up_sync(0xFFFFFFFFu, inclusive, o);
+        if (lane >= o) inclusive += n;
+      }
+      if (r < P) counts[static_cast<long long>(j) * P + r] = carry + inclusive - v;
+      carry += __shfl_sync(0xFFFFFFFFu, inclusive, 31);
+    }
+    if (lane == 0) starts[j] = carry;
+  }
+  grid_barrier(barrier);
 
-  if (s0 < valid_n) {  // uniform: slices past d_ff (the last tile's) have nothing to sum or write
-    for (long long t0 = 0; t0 < p.m; t0 += BATCH) {
-      int count = 0;  // entries in this warp's segment; uniform across the warp
-      for (int q = 0; q < TOKENS_PER_WARP; ++q) {
-        const int tl = warp * TOKENS_PER_WARP + q;
-        const long long t = t0 + tl;
-        if (t >= p.m) break;
-        const long long word0 = t * WORDS_PER_ROW + static_cast<long long>(tile) * (SLOTS + 1);
-        const uint32_t nnz = p.twell[word0];
-        if (nnz == 0) continue;
-        if (nnz <= SLOTS) {
-          for (int e0 = 0; e0 < static_cast<int>(nnz); e0 += 32) {
-            const int e = e0 + lane;
-            // The entry's column in the slice; unsigned, so columns before the slice wrap past it.
-            const uint32_t c = e < static_cast<int>(nnz)
-                                   ? (p.twell[word0 + 1 + e] & 0xFFFFu) - static_cast<uint32_t>(s0)
-                                   : 0xFFFFFFFFu;
-            const bool in = c < static_cast<uint32_t>(SLICE);
-            const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, in);
-            if (in) {
-              float4 v = *reinterpret_cast<const float4*>(p.entry_grad + 4 * (word0 + 1 + e));
-              v.w = __uint_as_float(kTagOne | static_cast<uint32_t>(tl) << 8 | c);
-              list[warp * SEGMENT + count + __popc(ballot & lanemask_lt())] = v;
-            }
-            count += __popc(ballot);
-          }
-          continue;
-        }
-        // Overflowing: its grad row b (word 1's quad), whose inactive columns are zero quads (a = 0).
-        const uint32_t b = __float_as_uint(p.entry_grad[4 * (word0 + 1)]);
-        if (b == kBackupMissing || b >= p.grad_capacity) {
-          if (lane == 0) missing = 1;
-          continue;
-        }
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (lane < SLICE && s0 + lane < valid_n)
-          v = *reinterpret_cast<const float4*>(p.backup_grad + 4 * (static_cast<long long>(b) * TILE_N + s0 + lane));
-        const bool in = lane < SLICE && v.w != 0.0f;
-        const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, in);
-        if (in) {
-          v.w = __uint_as_float(kTagOne | static_cast<uint32_t>(tl) << 8 | static_cast<uint32_t>(lane));
-          list[warp * SEGMENT + count + __popc(ballot & lanemask_lt())] = v;
-        }
-        count += __popc(ballot);
-      }
-      if (lane == 0) segment_count[warp] = count;
-      __syncthreads();  // the list is complete
-      if (k < K) {
-        int current = -1;  // the token whose x and dy values are loaded
-        float xv = 0.0f, dyv = 0.0f;
-        for (int w = 0; w < WARPS; ++w) {
-          const int n = segment_count[w];
-          for (int e = 0; e < n; ++e) {
-            const float4 v = list[w * SEGMENT + e];
-            const uint32_t tag = __float_as_uint(v.w) & 0x7FFFFFu;
-            const int tl = static_cast<int>(tag >> 8);
-            if (tl != current) {
-              current = tl;
-              xv = Value::to_float(p.x[(t0 + tl) * p.ldx + k]);
-              dyv = Value::to_float(p.dy[(t0 + tl) * p.lddy + k]);
-            }
-            float* a = acc + static_cast<int>(tag & 0xFFu) * COLUMNS + tid;
-            a[0] = fmaf(v.x, xv, a[0]);
-            a[MATRIX] = fmaf(v.z, dyv, a[MATRIX]);
-            if constexpr (GATED) a[2 * MATRIX] = fmaf(v.y, xv, a[2 * MATRIX]);
-          }
+  // Phase 2b: CTA 0 turns the totals into starts (each thread a run of consecutive neurons).
+  if (c == 0) {
+    constexpr int PER = (N + THREADS - 1) / THREADS;
+    const int j0 = tid * PER;
+    uint32_t sum = 0;
+    for (int j = j0; j < j0 + PER && j < N; ++j) sum += load_l2_u32(starts + j);
+    uint32_t inclusive = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const uint32_t n = __shfl_up_sync(0xFFFFFFFFu, inclusive, o);
+      if (lane >= o) inclusive += n;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    uint32_t before = inclusive - sum;
+    for (int w = 0; w < warp; ++w) before += warp_sums[w];
+    for (int j = j0; j < j0 + PER && j < N; ++j) {
+      const uint32_t total = load_l2_u32(starts + j);
+      starts[j] = before;
+      before += total;
+    }
+    if (tid == THREADS - 1) starts[N] = before;
+  }
+  grid_barrier(barrier);
+
+  // Phase 3: the entries into their places, tokens ascending within each neuron.
+  for (int j = tid; j < N; j += THREADS)
+    local[j] = load_l2_u32(starts + j) + load_l2_u32(counts + static_cast<long long>(j) * P + c);
+  __syncthreads();
+  uint32_t* mask = colmask + warp * TILE_N;
+  for (int tile = warp; tile < TILES; tile += WARPS) {
+    const int valid_n = N - tile * TILE_N < TILE_N ? N - tile * TILE_N : TILE_N;
+    uint32_t* next = local + tile * TILE_N;
+    for (long long t0 = t_begin; t0 < t_end; t0 += 32) {
+      const long long t = t0 + lane;
+      const bool mine = t < t_end;
+      if (mine) for_each_entry(t, tile, valid_n, [&](int column, uint32_t) { atomicOr(&mask[column], 1u << lane); });
+      __syncwarp();
+      if (mine)
+        for_each_entry(t, tile, valid_n, [&](int column, uint32_t quad) {
+          const uint32_t at = next[column] + static_cast<uint32_t>(__popc(mask[column] & lanemask_lt()));
+          *reinterpret_cast<uint2*>(p.entry_list + 2 * static_cast<long long>(at)) = make_uint2(static_cast<uint32_t>(t), quad);
+        });
+      __syncwarp();
+      for (int column = lane; column < valid_n; column += 32) {
+        const uint32_t m = mask[column];
+        if (m != 0u) {
+          next[column] += static_cast<uint32_t>(__popc(m));
+          mask[column] = 0u;
         }
       }
-      __syncthreads();  // the list may be overwritten
+      __syncwarp();
     }
   }
-  __syncthreads();  // `missing` is final
-  if (k >= K) return;
-  const bool poison = missing != 0;
-  for (int j = 0; j < SLICE && s0 + j < valid_n; ++j) {
-    const long long n = n0 + s0 + j;
-    for (int m = 0; m < MATRICES; ++m) {
-      const float value = poison ? __uint_as_float(0x7FC00000u) : acc[(m * SLICE + j) * COLUMNS + tid];
-      void* base = m == 0 ? p.dw_gate : m == 1 ? p.dw_down : p.dw_up;
-      const long long ld = m == 0 ? p.ld_dw_gate : m == 1 ? p.ld_dw_down : p.ld_dw_up;
-      if (p.output_dtype)
-        static_cast<uint16_t*>(base)[n * ld + k] = Value::from_float(value);
-      else
-        static_cast<float*>(base)[n * ld + k] = value;
+  grid_barrier(barrier);
+
+  // Phase 4: per (neuron, 256 columns), the sums over the neuron's list.
+  auto column_of = [&](int chunk, int i) { return VEC ? chunk * COLUMNS + lane * 8 + i : chunk * COLUMNS + lane + 32 * i; };
+  auto load8 = [&](const uint16_t* row, int chunk, float (&v)[8]) {
+    if constexpr (VEC) {
+      const int k0 = column_of(chunk, 0);
+      if (k0 < K) {
+        const uint4 w = *reinterpret_cast<const uint4*>(row + k0);
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[2 * i] = Value::to_float(static_cast<uint16_t>(words[i] & 0xFFFFu));
+          v[2 * i + 1] = Value::to_float(static_cast<uint16_t>(words[i] >> 16));
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = column_of(chunk, i) < K ? Value::to_float(row[column_of(chunk, i)]) : 0.0f;
+    }
+  };
+  for (long long item = gwarp; item < static_cast<long long>(N) * CHUNKS; item += gwarps) {
+    const int j = static_cast<int>(item / CHUNKS), chunk = static_cast<int>(item % CHUNKS);
+    const uint32_t begin = load_l2_u32(starts + j), end = load_l2_u32(starts + j + 1);
+    const bool poison = load_l2_u32(flags + j / TILE_N) != 0u;
+    float ag[8], au[8], ad[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ag[i] = au[i] = ad[i] = 0.0f;
+    for (uint32_t e0 = poison ? end : begin; e0 < end; e0 += 32) {
+      const int n = end - e0 < 32u ? static_cast<int>(end - e0) : 32;
+      uint32_t token = 0;
+      float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (lane < n) {
+        const uint2 entry = load_l2_pair(p.entry_list + 2 * static_cast<long long>(e0 + lane));
+        token = entry.x;
+        q = entry.y < quad_base ? *reinterpret_cast<const float4*>(p.entry_grad + 4 * static_cast<long long>(entry.y))
+                                : *reinterpret_cast<const float4*>(p.backup_grad + 4 * (entry.y - quad_base));
+      }
+      for (int k0 = 0; k0 < n; k0 += UNROLL) {
+        float xv[UNROLL][8], dyv[UNROLL][8], dg[UNROLL], du[UNROLL], h[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int k = k0 + u < n ? k0 + u : n - 1;  // past n: a repeat, not summed
+          const long long t = __shfl_sync(0xFFFFFFFFu, token, k);
+          dg[u] = __shfl_sync(0xFFFFFFFFu, q.x, k);
+          du[u] = __shfl_sync(0xFFFFFFFFu, q.y, k);
+          h[u] = __shfl_sync(0xFFFFFFFFu, q.z, k);
+          load8(p.x + t * p.ldx, chunk, xv[u]);
+          load8(p.dy + t * p.lddy, chunk, dyv[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          if (k0 + u >= n) break;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            ag[i] = fmaf(dg[u], xv[u][i], ag[i]);
+            if constexpr (GATED) au[i] = fmaf(du[u], xv[u][i], au[i]);
+            ad[i] = fmaf(h[u], dyv[u][i], ad[i]);
+          }
+        }
+      }
+    }
+    const float nan = __uint_as_float(0x7FC00000u);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int k = column_of(chunk, i);
+      if (k >= K) continue;
+      const float values[3] = {poison ? nan : ag[i], poison ? nan : ad[i], poison ? nan : au[i]};
+      for (int mtx = 0; mtx < (GATED ? 3 : 2); ++mtx) {
+        void* base = mtx == 0 ? p.dw_gate : mtx == 1 ? p.dw_down : p.dw_up;
+        const long long at = static_cast<long long>(j) * (mtx == 0 ? p.ld_dw_gate : mtx == 1 ? p.ld_dw_down : p.ld_dw_up) + k;
+        if (p.output_dtype)
+          static_cast<uint16_t*>(base)[at] = Value::from_float(values[mtx]);
+        else
+          static_cast<float*>(base)[at] = values[mtx];
+      }
     }
   }
 }
