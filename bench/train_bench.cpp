@@ -136,7 +136,8 @@ void BM_TrainRowBackward(benchmark::State& state, int path) {
 }
 
 void Args(benchmark::internal::Benchmark* b) {
-  for (int permille : {5, 10, 20, 50}) b->Args({16384, permille});
+  for (int64_t m : {16384, 65536})
+    for (int permille : {5, 10, 20, 50}) b->Args({m, permille});
   b->ArgNames({"M", "density_permille"})->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
 }
 

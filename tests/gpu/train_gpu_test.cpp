@@ -397,6 +397,10 @@ TEST(GpuTrainRowBackward, PaperShape) {
   s.down_layout = WeightLayout::InOut;
   check_case(make_random_ffn(s, 300, 0.02, 11), 256, 2e-5f, "paper shape, 2%");
   check_case(make_random_ffn(s, 64, 0.005, 12), 256, 0.0f, "paper shape, 0.5%, no L1 term");
+  // 9000 rows at 5% (about 450 tokens per neuron, each SM's range 68 rows): long, many-range lists.
+  FfnSpec narrow = s;
+  narrow.d_ff = 256;
+  check_case(make_random_ffn(narrow, 9000, 0.05, 13), 256, 2e-5f, "d_model 2048, d_ff 256, 9000 rows, 5%");
 }
 
 // Row 0 all zero (no active neuron: dx = +0), row 1 all active (x = (-1, 0, ...) makes every g the
