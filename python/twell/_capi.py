@@ -67,6 +67,7 @@ class PlanOptions(ctypes.Structure):
         ("use_tuning", ctypes.c_int),
         ("tuning_workload", ctypes.c_char_p),
         ("tuning_dir", ctypes.c_char_p),
+        ("decode_fused_max_tokens", ctypes.c_int64),
     ]
 
 

@@ -73,12 +73,14 @@ class FfnSpec:
 class PlanOptions:
     """twell/plan.h PlanOptions: dispatch "auto" | "sparse" | "dense"; dense_neurons: the hot/cold
     split (a multiple of 64 below d_ff); decode_max_tokens: 0..64, the decode kernels' cut-off;
+    decode_fused_max_tokens: 0..8, the cut-off of the one fused decode kernel (0: never);
     backup_capacity: -1 for the default; use_tuning: layouts from the tuning database (Context.tune)
     where the spec leaves them unset, tuning_workload: which tuned workload ("": the newest),
     tuning_dir: the database ("": $TWELL_TUNING_DIR, else beside the kernel cache)."""
     dispatch: str = "auto"
     dense_neurons: int = 0
     decode_max_tokens: int = 64
+    decode_fused_max_tokens: int = 4
     backup_capacity: int = -1
     use_tuning: bool = True
     tuning_workload: str = ""
@@ -92,6 +94,7 @@ class PlanOptions:
                 raise InvalidArgumentError(f"twell.PlanOptions: {name}: expected a string, got {getattr(self, name)!r}")
         _int("PlanOptions", "dense_neurons", self.dense_neurons, 0, _INT64[1])
         _int("PlanOptions", "decode_max_tokens", self.decode_max_tokens, 0, _INT64[1])
+        _int("PlanOptions", "decode_fused_max_tokens", self.decode_fused_max_tokens, 0, _INT64[1])
         _int("PlanOptions", "backup_capacity", self.backup_capacity, -1, 2 ** 32 - 1)
 
     def _struct(self) -> _capi.PlanOptions:
@@ -99,6 +102,7 @@ class PlanOptions:
         lib().twell_plan_options_init(ctypes.byref(o))
         o.dispatch = _capi.choice(_capi.DISPATCHES, self.dispatch, "dispatch")
         o.dense_neurons, o.decode_max_tokens, o.backup_capacity = self.dense_neurons, self.decode_max_tokens, self.backup_capacity
+        o.decode_fused_max_tokens = self.decode_fused_max_tokens
         o.use_tuning = int(self.use_tuning)
         o.tuning_workload = os.fsencode(self.tuning_workload) if self.tuning_workload else None
         o.tuning_dir = os.fsencode(self.tuning_dir) if self.tuning_dir else None

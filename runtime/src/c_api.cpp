@@ -215,6 +215,7 @@ void twell_plan_options_init(twell_plan_options* o) {
   o->dense_neurons = defaults.dense_neurons;
   o->decode_max_tokens = defaults.decode_max_tokens;
   o->use_tuning = 1;
+  o->decode_fused_max_tokens = defaults.decode_fused_max_tokens;
 }
 
 twell_status_t twell_context_create(const twell_context_options* options, twell_context_t* context) {
@@ -356,6 +357,7 @@ twell_status_t twell_plan_create(twell_context_t context, const twell_ffn_spec* 
     o.dispatch = enum_value<twell::Dispatch>(options->dispatch, 0, 2, fn, "options->dispatch");
     o.dense_neurons = options->dense_neurons;
     o.decode_max_tokens = options->decode_max_tokens;
+    o.decode_fused_max_tokens = options->decode_fused_max_tokens;
     o.tuning = options->use_tuning ? twell::PlanOptions::Tuning::Use : twell::PlanOptions::Tuning::Ignore;
     if (options->tuning_workload != nullptr) o.tuning_workload = options->tuning_workload;
     if (options->tuning_dir != nullptr) o.tuning_dir = options->tuning_dir;
