@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <tuple>
 #include <utility>
@@ -44,10 +45,15 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
   const int64_t K = spec.d_model, N = spec.d_ff;
   const TwellLayout layout = layout_of(spec);
   const int64_t list_entries = T::listEntries(tokens, layout.words_per_row(N), grad_capacity, layout.tile_n);
-  if (list_entries >= (int64_t{1} << 32))
-    bad(fmt::format("tokens: the entry list would hold {} entries (tokens * words per row {} + grad_capacity {} * "
-                    "tile_n {}); expected fewer than 2^32: split the call's rows",
-                    list_entries, layout.words_per_row(N), grad_capacity, layout.tile_n));
+  if (list_entries >= (int64_t{1} << 32)) {
+    // Name what must change: grad_capacity where its rows alone reach 2^32 entries, else tokens.
+    const bool rows_alone = int64_t{grad_capacity} * layout.tile_n >= (int64_t{1} << 32);
+    bad(fmt::format(
+        "{}: the entry list would hold {} entries (tokens {} * words per row {} + grad_capacity {} * "
+        "tile_n {}); expected fewer than 2^32: {}",
+        rows_alone ? "grad_capacity" : "tokens", list_entries, tokens, layout.words_per_row(N), grad_capacity,
+        layout.tile_n, rows_alone ? "at most 2^32 / tile_n - 1 grad rows" : "split the call's rows"));
+  }
   for (const auto& [name, ld] :
        {std::pair{"t.ld_x", t.ld_x}, std::pair{"t.ld_dy", t.ld_dy}, std::pair{"t.ld_dw_gate", t.ld_dw_gate},
         std::pair{"t.ld_dw_up", t.ld_dw_up}, std::pair{"t.ld_dw_down", t.ld_dw_down}})
@@ -70,19 +76,10 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
                     t.dw_up, t.ld_dw_up));
   need("t.dw_down", t.dw_down, out_bytes);
   need("t.workspace", t.workspace, 16);
-  need("t.entry_list", t.entry_list, 8);
+  if (list_entries > 0) need("t.entry_list", t.entry_list, 8);  // 0 bytes: cudaMalloc may give null
   const int64_t ldx = t.ld_x ? t.ld_x : K, lddy = t.ld_dy ? t.ld_dy : K;
   const int64_t ldg = t.ld_dw_gate ? t.ld_dw_gate : K, ldu = t.ld_dw_up ? t.ld_dw_up : K,
                 ldd = t.ld_dw_down ? t.ld_dw_down : K;
-  // [begin, end) bytes of a row-major matrix.
-  const auto span = [&](const void* p, int64_t rows, int64_t ld, int bytes) {
-    const auto b = reinterpret_cast<uintptr_t>(p);
-    return std::pair{b, b + static_cast<uintptr_t>(((std::max<int64_t>(rows, 1) - 1) * ld + K) * bytes)};
-  };
-  const std::tuple<const char*, const void*, int64_t> outputs[] = {
-      {"t.dw_gate", t.dw_gate, ldg}, {"t.dw_up", t.dw_up, ldu}, {"t.dw_down", t.dw_down, ldd}};
-  const std::tuple<const char*, const void*, int64_t, int64_t, int> inputs[] = {{"t.x", t.x, tokens, ldx, 2},
-                                                                                {"t.dy", t.dy, tokens, lddy, 2}};
   const int align = static_cast<int>(T::operandAlignment(K));  // the kernel's contract (validate.h)
   for (const auto& [name, p, ld_name, ld] :
        {std::tuple{"t.x", t.x, "t.ld_x", ldx}, std::tuple{"t.dy", t.dy, "t.ld_dy", lddy}}) {
@@ -93,44 +90,43 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
           name, 2 * align, align, K, p));
     bad(fmt::format("{}: expected a row stride that is a multiple of {} elements, got {}", ld_name, align, ld));
   }
-  // The workspace and the entry list (byte ranges) must not overlap each other, an output or an input.
-  const int64_t workspace_bytes = train_weight_grad_workspace_bytes(spec), list_bytes = list_entries * 8;
-  const std::tuple<const char*, const void*, int64_t> scratch[] = {{"t.workspace", t.workspace, workspace_bytes},
-                                                                    {"t.entry_list", t.entry_list, list_bytes}};
-  const auto bytes_of = [](const void* p, int64_t n) {
-    const auto b = reinterpret_cast<uintptr_t>(p);
-    return std::pair{b, b + static_cast<uintptr_t>(n)};
+
+  // The byte range [begin, end) of every buffer the kernel touches (empty where it touches none: x and
+  // dy without tokens, a null dw_up). Ends saturate at the top of the address space: rows of 2^36
+  // elements over 2^31 tokens would wrap 64 bits (no allocation is that large, but the check must not
+  // wrap and miss an overlap).
+  struct Range {
+    const char* name;
+    uintptr_t begin, end;
   };
-  for (size_t i = 0; i < std::size(scratch); ++i) {
-    const auto& [name, p, n] = scratch[i];
-    const auto [b, e] = bytes_of(p, n);
-    auto overlaps = [&, b = b, e = e](std::pair<uintptr_t, uintptr_t> r) { return b < r.second && r.first < e; };
-    if (i == 1 && overlaps(bytes_of(t.workspace, workspace_bytes))) bad("t.entry_list: must not overlap t.workspace");
-    for (const auto& [other, q, ld] : outputs)
-      if (q != nullptr && overlaps(span(q, N, ld, out_bytes))) bad(fmt::format("{}: must not overlap {}", name, other));
-    for (const auto& [input, q, rows, ld, bytes] : inputs)
-      if (tokens > 0 && overlaps(span(q, rows, ld, bytes))) bad(fmt::format("{}: must not overlap {}", name, input));
-    for (const auto& [input, q, n_in] :
-         {std::tuple{"t.twell", static_cast<const void*>(t.twell), tokens * layout.words_per_row(N) * 4},
-          std::tuple{"t.entry_grad", static_cast<const void*>(t.entry_grad), entry_grad_floats(layout, N, tokens) * 4},
-          std::tuple{"t.backup_grad", static_cast<const void*>(t.backup_grad), backup_grad_floats(layout, grad_capacity) * 4}})
-      if (q != nullptr && n_in > 0 && overlaps(bytes_of(q, n_in))) bad(fmt::format("{}: must not overlap {}", name, input));
-  }
-  for (size_t i = 0; i < std::size(outputs); ++i) {
-    const auto& [name, p, ld] = outputs[i];
-    if (p == nullptr) continue;
-    const auto [b, e] = span(p, N, ld, out_bytes);
-    for (size_t o = 0; o < i; ++o) {
-      const auto& [other, q, ldq] = outputs[o];
-      if (q == nullptr) continue;
-      const auto [qb, qe] = span(q, N, ldq, out_bytes);
-      if (b < qe && qb < e) bad(fmt::format("{}: must not overlap {}", name, other));
-    }
-    for (const auto& [input, q, rows, ldq, bytes] : inputs) {
-      const auto [qb, qe] = span(q, rows, ldq, bytes);
-      if (tokens > 0 && b < qe && qb < e)
-        bad(fmt::format("{}: must not overlap {} (the kernel reads it)", name, input));
-    }
+  const auto bytes_range = [](const char* name, const void* p, int64_t bytes) {
+    const auto b = reinterpret_cast<uintptr_t>(p);
+    return Range{name, b, p == nullptr || bytes <= 0 ? b : b + std::min<uintptr_t>(bytes, UINTPTR_MAX - b)};
+  };
+  // A row-major [rows, K] matrix with row stride ld: ((rows - 1) * ld + K) elements.
+  const auto matrix_range = [&](const char* name, const void* p, int64_t rows, int64_t ld, int element_bytes) {
+    if (rows <= 0) return bytes_range(name, p, 0);
+    if (rows - 1 > (int64_t{1} << 56) / ld) return bytes_range(name, p, INT64_MAX);
+    return bytes_range(name, p, ((rows - 1) * ld + K) * element_bytes);
+  };
+  const int64_t workspace_bytes = train_weight_grad_workspace_bytes(spec), list_bytes = list_entries * 8;
+  const Range inputs[] = {matrix_range("t.x", t.x, tokens, ldx, 2), matrix_range("t.dy", t.dy, tokens, lddy, 2),
+                          bytes_range("t.twell", t.twell, tokens * layout.words_per_row(N) * 4),
+                          bytes_range("t.entry_grad", t.entry_grad, entry_grad_floats(layout, N, tokens) * 4),
+                          bytes_range("t.backup_grad", t.backup_grad, backup_grad_floats(layout, grad_capacity) * 4)};
+  // Written by the kernel: none may overlap an input or another of them.
+  const Range written[] = {
+      matrix_range("t.dw_gate", t.dw_gate, N, ldg, out_bytes), matrix_range("t.dw_up", t.dw_up, N, ldu, out_bytes),
+      matrix_range("t.dw_down", t.dw_down, N, ldd, out_bytes), bytes_range("t.workspace", t.workspace, workspace_bytes),
+      bytes_range("t.entry_list", t.entry_list, list_bytes)};
+  const auto check_apart = [&](const Range& w, const Range& other) {
+    if (w.begin < other.end && other.begin < w.end)
+      bad(fmt::format("{}: must not overlap {}: expected disjoint byte ranges, got [{:#x}, {:#x}) and [{:#x}, {:#x})",
+                      w.name, other.name, w.begin, w.end, other.begin, other.end));
+  };
+  for (size_t i = 0; i < std::size(written); ++i) {
+    for (size_t o = 0; o < i; ++o) check_apart(written[i], written[o]);
+    for (const Range& input : inputs) check_apart(written[i], input);
   }
 
   const std::shared_ptr<Context::Impl> ctx = context_impl(context);
@@ -142,7 +138,8 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
         std::pair{"t.backup_grad", static_cast<const void*>(t.backup_grad)},
         std::pair{"t.dw_gate", static_cast<const void*>(t.dw_gate)},
         std::pair{"t.dw_up", static_cast<const void*>(t.dw_up)},
-        std::pair{"t.dw_down", static_cast<const void*>(t.dw_down)}, std::pair{"t.workspace", static_cast<const void*>(t.workspace)},
+        std::pair{"t.dw_down", static_cast<const void*>(t.dw_down)},
+        std::pair{"t.workspace", static_cast<const void*>(t.workspace)},
         std::pair{"t.entry_list", static_cast<const void*>(t.entry_list)}}) {
     if (p != nullptr && !is_device_memory(p))
       bad(fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {}", name, p));
@@ -186,7 +183,8 @@ int64_t train_weight_grad_list_bytes(const FfnSpec& user_spec, int64_t tokens, u
   const FfnSpec spec = kernels::canonical_spec(user_spec);
   const TwellLayout layout = layout_of(spec);
   return kernels::TrainWeightGradConstraints::listEntries(std::max<int64_t>(tokens, 0), layout.words_per_row(spec.d_ff),
-                                                         grad_capacity, layout.tile_n) * 8;
+                                                          grad_capacity, layout.tile_n) *
+         8;
 }
 
 }  // namespace twell
