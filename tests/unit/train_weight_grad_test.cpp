@@ -448,11 +448,9 @@ TEST(TrainWeightGrad, OddDModelNonGatedAndOutputTypes) {
 // The contract's d_ff limit (maxDFF) must leave room for the kernel's static shared memory: the
 // launch's dynamic bytes plus what ptxas reports ("N bytes smem") must fit the target's opt-in limit,
 // or cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) refuses the kernel at the largest d_ffs.
-// Disabled: it fails today. weight_grad.cuh's static warp_sums[16] (64 bytes) is not in sharedBytes or
-// maxDFF, so at tile_n 256 on sm_90 the d_ffs 54001..54013 pass the contract and then are refused at
-// load time (232448 dynamic + 64 static > 232448); likewise at every tile_n and target. Enable it with
-// the kernel-side fix (warp_sums in the dynamic layout, or maxDFF less the static bytes).
-TEST(TrainWeightGrad, DISABLED_SharedMemoryAtTheLargestDffFitsTheTarget) {
+// maxDFF keeps TrainWeightGradConstraints::kStaticReserve for the static bytes (found by the review:
+// without it the d_ffs 54001..54013 at tile_n 256 on sm_90 passed the contract and failed at load time).
+TEST(TrainWeightGrad, SharedMemoryAtTheLargestDffFitsTheTarget) {
   using T = kernels::TrainWeightGradConstraints;
   for (auto [target, tile_n] : {std::pair{Target{90, true}, 256}, std::pair{Target{80, false}, 1024}}) {
     const int64_t limit = kernels::GatedDownKernelConstraints::maxDynamicSharedBytes(target.sm);

@@ -142,7 +142,7 @@ struct TrainWeightGradTensors {
 // entry_list), then one warp per (neuron, 256 columns) sums that neuron's tokens' x and dy rows.
 // `spec` as for train_row_backward (tile_n and slots the TwELL matrix's); its activation and threshold
 // do not matter, and any down_layout is taken (dWd is in_out regardless). d_ff is bounded by the
-// kernel's shared memory (a counter per neuron: about 56000 at tile_n 256 on sm_90).
+// kernel's shared memory (a counter per neuron: 53952 at tile_n 256 on sm_90).
 // If train_row_backward's grad_overflow_count ended above its room (grad_capacity - backup_capacity),
 // some quads were not stored: the outputs of every neuron whose tile met such a tile-row are NaN (never
 // silently wrong); grow backup_grad and run both again.

@@ -233,7 +233,7 @@ struct TrainRowBackwardConstraints {
 // CTA of kThreads per SM (at most kMaxCtas), launched cooperatively (its four phases meet at grid
 // barriers), so the grid depends on the device, not on M. Dynamic shared memory (sharedBytes): a
 // counter per neuron and a column mask per warp and tile column, 4 bytes each; d_ff is bounded by it
-// (maxDFF: about 56000 neurons at tile_n 256 where the target allows 227 KiB). Workspace
+// (maxDFF: 53952 neurons at tile_n 256 where the target allows 227 KiB). Workspace
 // (workspaceWords, 4-byte words): the barrier, tile flags, neuron starts and the [d_ff][kMaxCtas] range
 // counts; the entry list holds a word pair per TwELL word and backup_grad quad (listEntries).
 // x and dy are read 8 values per 16-byte load where d_model % 8 == 0 (operand alignment 8), else
@@ -244,9 +244,13 @@ struct TrainWeightGradConstraints {
   static constexpr int64_t kMaxCtas = smem::kTrainWeightGradMaxCtas;
   static constexpr int64_t kMaxDModel = 65536;
   static constexpr int64_t sharedBytes(int64_t dFF, int64_t tileN) { return smem::train_weight_grad_bytes(dFF, tileN); }
-  // The largest d_ff whose shared memory fits `limitBytes` (the target's, maxDynamicSharedBytes).
+  // The kernel's static shared memory (its scan's per-warp sums: 64 bytes) stays under this reserve,
+  // which the per-block limit must also hold beside the dynamic bytes.
+  static constexpr int64_t kStaticReserve = 256;
+  // The largest d_ff whose shared memory fits `limitBytes` (the target's per-block limit,
+  // maxDynamicSharedBytes), static reserve included; the counters are whole groups of 4.
   static constexpr int64_t maxDFF(int64_t tileN, int64_t limitBytes) {
-    return limitBytes / 4 - smem::kTrainWeightGradWarps * tileN - 3;
+    return ((limitBytes - kStaticReserve) / 4 - smem::kTrainWeightGradWarps * tileN) / 4 * 4;
   }
   static constexpr bool allowed(int64_t dModel, int64_t dFF) {
     return dModel >= 1 && dModel <= kMaxDModel && dFF >= 1 && dFF <= (int64_t{1} << 24);
@@ -266,6 +270,8 @@ struct TrainWeightGradConstraints {
   static constexpr int64_t operandAlignment(int64_t dModel) { return dModel % 8 == 0 ? 8 : 1; }
 };
 static_assert(TrainWeightGradConstraints::sharedBytes(5632, 256) == 5632 * 4 + 16 * 256 * 4);
+static_assert(TrainWeightGradConstraints::maxDFF(256, 227 * 1024) == 53952 &&
+              TrainWeightGradConstraints::sharedBytes(53952, 256) + TrainWeightGradConstraints::kStaticReserve <= 227 * 1024);
 
 // The ranges #twell.config accepts (ConfigAttr::verify), checked before any arithmetic on the fields.
 // They are wide enough for any kernel configuration (a CTA has at most 1024 threads) and small enough

@@ -210,12 +210,13 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
     float ag[8], au[8], ad[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) ag[i] = au[i] = ad[i] = 0.0f;
-    for (uint32_t e0 = poison ? end : begin; e0 < end; e0 += 32) {
-      const int n = end - e0 < 32u ? static_cast<int>(end - e0) : 32;
+    // 64-bit positions: e0 + 32 cannot wrap past a list that ends near 2^32.
+    for (long long e0 = poison ? end : begin; e0 < end; e0 += 32) {
+      const int n = end - e0 < 32 ? static_cast<int>(end - e0) : 32;
       uint32_t token = 0;
       float4 q = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (lane < n) {
-        const uint2 entry = load_l2_pair(p.entry_list + 2 * static_cast<long long>(e0 + lane));
+        const uint2 entry = load_l2_pair(p.entry_list + 2 * (e0 + lane));
         token = entry.x;
         q = entry.y < quad_base ? *reinterpret_cast<const float4*>(p.entry_grad + 4 * static_cast<long long>(entry.y))
                                 : *reinterpret_cast<const float4*>(p.backup_grad + 4 * (entry.y - quad_base));
