@@ -53,6 +53,13 @@ int main(void) {
   twell_ffn_spec_init(&spec);
   spec.d_model = 512;
   spec.d_ff = 1408;
+  twell_plan_options plan_options;
+  twell_plan_options_init(&plan_options);
+  EXPECT(plan_options.decode_fused_max_tokens == 4, "decode_fused_max_tokens defaults to PlanOptions' 4");
+  plan_options.decode_fused_max_tokens = 9;
+  EXPECT(twell_plan_create(context, &spec, 256, &plan_options, &plan) == TWELL_ERROR_INVALID_ARGUMENT && plan == NULL,
+         "decode_fused_max_tokens 9 (past the fused kernel's 8 rows)");
+  EXPECT(strstr(twell_last_error(), "decode_fused_max_tokens") != NULL, "the message names decode_fused_max_tokens");
   twell_dense_t dense = NULL;
   EXPECT(twell_dense_create(context, &spec, 256, (twell_dense_kernels_t)(TWELL_DENSE_CUBLASLT_TUNED + 1), &dense) ==
              TWELL_ERROR_INVALID_ARGUMENT && dense == NULL, "a dense-kernels value past the enum");
