@@ -9,6 +9,7 @@
 #include "reference_numerics.h"
 #include "twell/error.h"
 #include "twell/half.h"
+#include "twell/kernels/kernel.h"  // kDefaultTileN, kDefaultSlots
 
 namespace twell {
 using reference_detail::check_size;
@@ -19,8 +20,8 @@ using reference_detail::widen;
 
 TwellLayout layout_for(const FfnSpec& s) {
   TwellLayout l;
-  l.tile_n = s.tile_n.value_or(256);
-  l.slots = s.slots.value_or(31);
+  l.tile_n = s.tile_n.value_or(kernels::kDefaultTileN);
+  l.slots = s.slots.value_or(kernels::kDefaultSlots);
   l.value = s.dtype;
   l.activation = s.activation;
   l.threshold = s.threshold;

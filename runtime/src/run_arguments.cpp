@@ -75,6 +75,14 @@ void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors&
   if (tokens > 0 && xb < ye && yb < xe) bad("y: must not overlap x (the consumer reads x while writing y)");
 }
 
+std::string operand_alignment_problem(const char* name, const void* p, const char* ld_name, int64_t ld, int elements,
+                                      const std::string& why) {
+  if (p == nullptr || operand_aligned(p, ld, elements)) return "";
+  if (reinterpret_cast<uintptr_t>(p) % (2 * elements) != 0)
+    return fmt::format("{}: expected a {}-byte aligned device pointer ({}), got {}", name, 2 * elements, why, p);
+  return fmt::format("{}: expected a row stride that is a multiple of {} elements, got {}", ld_name, elements, ld);
+}
+
 // The tensor-core main loop moves 16-byte chunks of x and Wg rows (cp.async), and its consumer reads
 // x, Wu and Wd^T rows 16 bytes at a time: the generated kernels say how aligned (in elements) those
 // operands and their row strides must be.
@@ -83,14 +91,10 @@ void check_operand_alignment(const FfnPlan::Impl& p, const FfnTensors& t, bool g
   for (const auto* k : {p.gate.get(), p.consumer.get()}) need = std::max(need, k->source.operand_alignment);
   if (need == 1) return;
   const FfnSpec& s = p.spec;
+  const std::string why = fmt::format("the generated kernels load {}-element chunks", need);
   auto check = [&](const char* name, const void* ptr, const char* ld_name, int64_t ld) {
-    if (operand_aligned(ptr, ld, need)) return;
-    if (reinterpret_cast<uintptr_t>(ptr) % (2 * need) != 0)
-      throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::run: {}: expected a {}-byte aligned device pointer (the "
-                                                          "generated kernels load {}-element chunks), got {}", name, 2 * need, need, ptr));
-    if (ld % need != 0)
-      throw Error(ErrorCode::InvalidArgument, fmt::format("FfnPlan::run: {}: expected a row stride that is a multiple of {} elements, "
-                                                          "got {}", ld_name, need, ld));
+    if (std::string problem = operand_alignment_problem(name, ptr, ld_name, ld, need, why); !problem.empty())
+      throw Error(ErrorCode::InvalidArgument, "FfnPlan::run: " + problem);
   };
   check("x", t.x, "ld_x", t.ld_x ? t.ld_x : s.d_model);
   check("w_gate", t.w_gate, "ld_gate", t.ld_gate ? t.ld_gate : s.d_model);

@@ -14,6 +14,12 @@ namespace twell {
 std::string pointer_problem(const char* name, const void* p, int alignment);
 // Whether CUDA knows `p` as device (or unified) memory (cuPointerGetAttribute); needs a current context.
 bool is_device_memory(const void* p);
+// The operand alignment a generated kernel's loads need (KernelSource::operand_alignment, in 16-bit
+// elements): "" where p (null included: checked elsewhere) and its row stride ld are multiples of
+// `elements`, else "<name>: expected a <2 elements>-byte aligned device pointer (<why>), got <p>" or
+// "<ld_name>: expected a row stride that is a multiple of <elements> elements, got <ld>".
+std::string operand_alignment_problem(const char* name, const void* p, const char* ld_name, int64_t ld, int elements,
+                                      const std::string& why);
 
 // Throws Error(InvalidArgument), prefixed by `who` and naming the argument: null or misaligned
 // pointers, pointers that are not device memory, strides shorter than the row, token counts out of

@@ -94,18 +94,14 @@ void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spe
 
   const std::shared_ptr<LoadedKernel> kernel = ctx->auxiliary(kernels::KernelKind::TrainRowBackward, spec, who);
   const int align = kernel->source.operand_alignment;
+  const std::string why = fmt::format("the kernel loads {}-element chunks at d_model {}", align, K);
   for (const auto& [name, p, ld_name, ld] :
        {std::tuple{"t.x", t.x, "t.ld_x", ldx}, std::tuple{"t.w_gate", t.w_gate, "t.ld_gate", t.ld_gate ? t.ld_gate : K},
         std::tuple{"t.w_up", t.w_up, "t.ld_up", t.ld_up ? t.ld_up : K},
         std::tuple{"t.w_down", t.w_down, "t.ld_down", t.ld_down ? t.ld_down : K},
         std::tuple{"t.dy", t.dy, "t.ld_dy", lddy},
         std::tuple{"t.dx", static_cast<const void*>(t.dx), "t.ld_dx", lddx}}) {
-    if (p == nullptr || operand_aligned(p, ld, align)) continue;
-    if (reinterpret_cast<uintptr_t>(p) % (2 * align) != 0)
-      bad(fmt::format(
-          "{}: expected a {}-byte aligned device pointer (the kernel loads {}-element chunks at d_model {}), got {}",
-          name, 2 * align, align, K, p));
-    bad(fmt::format("{}: expected a row stride that is a multiple of {} elements, got {}", ld_name, align, ld));
+    if (std::string problem = operand_alignment_problem(name, p, ld_name, ld, align, why); !problem.empty()) bad(problem);
   }
 
   auto cu = reinterpret_cast<CUstream>(stream);

@@ -8,27 +8,17 @@
 #include <tuple>
 #include <utility>
 
-#include "context_impl.h"  // operand_aligned
+#include "context_impl.h"
 #include "driver.h"
 #include "launcher.h"
 #include "run_arguments.h"  // pointer_problem, is_device_memory
 #include "twell/device/params.h"
 #include "twell/error.h"
 #include "twell/kernels/validate.h"  // canonical_spec, validate_spec
+#include "twell/reference.h"         // layout_for
 #include "twell/training.h"
 
 namespace twell {
-namespace {
-
-// The TwELL tile width and slots the kernel reads (the generator's defaults where the spec leaves them).
-TwellLayout layout_of(const FfnSpec& spec) {
-  TwellLayout l;
-  l.tile_n = spec.tile_n.value_or(kernels::kDefaultTileN);
-  l.slots = spec.slots.value_or(kernels::kDefaultSlots);
-  return l;
-}
-
-}  // namespace
 
 void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec, const TrainWeightGradTensors& t,
                        int64_t tokens, uint32_t grad_capacity) {
@@ -43,7 +33,7 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
     bad(fmt::format("spec.d_ff: expected 1..16777216, got {}", spec.d_ff));
   if (tokens < 0 || tokens > INT32_MAX) bad(fmt::format("tokens: expected 0..2^31 - 1, got {}", tokens));
   const int64_t K = spec.d_model, N = spec.d_ff;
-  const TwellLayout layout = layout_of(spec);
+  const TwellLayout layout = layout_for(spec);
   const int64_t list_entries = T::listEntries(tokens, layout.words_per_row(N), grad_capacity, layout.tile_n);
   if (list_entries >= (int64_t{1} << 32)) {
     // Name what must change: grad_capacity where its rows alone reach 2^32 entries, else tokens.
@@ -81,14 +71,10 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
   const int64_t ldg = t.ld_dw_gate ? t.ld_dw_gate : K, ldu = t.ld_dw_up ? t.ld_dw_up : K,
                 ldd = t.ld_dw_down ? t.ld_dw_down : K;
   const int align = static_cast<int>(T::operandAlignment(K));  // the kernel's contract (validate.h)
+  const std::string why = fmt::format("the kernel loads {}-element chunks at d_model {}", align, K);
   for (const auto& [name, p, ld_name, ld] :
        {std::tuple{"t.x", t.x, "t.ld_x", ldx}, std::tuple{"t.dy", t.dy, "t.ld_dy", lddy}}) {
-    if (operand_aligned(p, ld, align)) continue;
-    if (reinterpret_cast<uintptr_t>(p) % (2 * align) != 0)
-      bad(fmt::format(
-          "{}: expected a {}-byte aligned device pointer (the kernel loads {}-element chunks at d_model {}), got {}",
-          name, 2 * align, align, K, p));
-    bad(fmt::format("{}: expected a row stride that is a multiple of {} elements, got {}", ld_name, align, ld));
+    if (std::string problem = operand_alignment_problem(name, p, ld_name, ld, align, why); !problem.empty()) bad(problem);
   }
 
   // The byte range [begin, end) of every buffer the kernel touches (empty where it touches none: x and
@@ -176,12 +162,12 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
 
 int64_t train_weight_grad_workspace_bytes(const FfnSpec& user_spec) {
   const FfnSpec spec = kernels::canonical_spec(user_spec);
-  return kernels::TrainWeightGradConstraints::workspaceWords(spec.d_ff, layout_of(spec).tile_n) * 4;
+  return kernels::TrainWeightGradConstraints::workspaceWords(spec.d_ff, layout_for(spec).tile_n) * 4;
 }
 
 int64_t train_weight_grad_list_bytes(const FfnSpec& user_spec, int64_t tokens, uint32_t grad_capacity) {
   const FfnSpec spec = kernels::canonical_spec(user_spec);
-  const TwellLayout layout = layout_of(spec);
+  const TwellLayout layout = layout_for(spec);
   return kernels::TrainWeightGradConstraints::listEntries(std::max<int64_t>(tokens, 0), layout.words_per_row(spec.d_ff),
                                                           grad_capacity, layout.tile_n) *
          8;
