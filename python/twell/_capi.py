@@ -14,7 +14,7 @@ import threading
 
 from ._errors import InvalidArgumentError, error_for_status
 
-C_API_VERSION = 2  # TWELL_C_API_VERSION this module was written for
+C_API_VERSION = 3  # TWELL_C_API_VERSION this module was written for
 
 # Enum values of c_api.h.
 DTYPES = {"bf16": 0, "fp16": 1}
@@ -86,6 +86,19 @@ class FfnTensors(ctypes.Structure):
     ]
 
 
+class FfnGradients(ctypes.Structure):
+    _fields_ = [
+        ("dx", ctypes.c_void_p),
+        ("dw_gate", ctypes.c_void_p),
+        ("dw_up", ctypes.c_void_p),
+        ("dw_down", ctypes.c_void_p),
+        ("ld_dx", ctypes.c_int64),
+        ("ld_dw_gate", ctypes.c_int64),
+        ("ld_dw_up", ctypes.c_int64),
+        ("ld_dw_down", ctypes.c_int64),
+    ]
+
+
 class OverflowReport(ctypes.Structure):
     _fields_ = [
         ("overflowing_tile_rows", ctypes.c_uint32),
@@ -127,6 +140,14 @@ _SIGNATURES = {
     "twell_dense_create": (_STATUS, [_P, ctypes.POINTER(FfnSpec), _I64, ctypes.c_int, ctypes.POINTER(_P)]),
     "twell_dense_destroy": (_STATUS, [_P]),
     "twell_dense_run": (_STATUS, [_P, _P, ctypes.POINTER(FfnTensors), _I64]),
+    "twell_training_plan_create": (_STATUS, [_P, ctypes.POINTER(FfnSpec), _I64, _I64, ctypes.c_int, ctypes.POINTER(_P)]),
+    "twell_training_plan_destroy": (_STATUS, [_P]),
+    "twell_training_plan_describe": (_STATUS, [_P, ctypes.POINTER(ctypes.c_char_p)]),
+    "twell_training_state_create": (_STATUS, [_P, ctypes.POINTER(_P)]),
+    "twell_training_state_destroy": (_STATUS, [_P]),
+    "twell_training_forward": (_STATUS, [_P, _P, ctypes.POINTER(FfnTensors), _I64, _P, _P]),
+    "twell_training_backward": (_STATUS, [_P, _P, ctypes.POINTER(FfnTensors), _P, _I64, _I64, _P,
+                                          ctypes.POINTER(FfnGradients), ctypes.c_float, _I64, _P]),
 }
 
 _RUNTIME = "libtwell_runtime.so"

@@ -216,6 +216,11 @@ class Context:
         GEMM at the first run: the fastest dense baseline)."""
         return DenseFfn(self, spec, max_tokens, kernels)
 
+    def training_plan(self, spec: FfnSpec, max_tokens: int, backup_capacity: int | None = None,
+                      gradients_in_dtype: bool = False) -> "TrainingPlan":
+        """twell::FfnTrainingPlan (twell/training_plan.h): the training forward and backward of `spec`."""
+        return TrainingPlan(self, spec, max_tokens, backup_capacity, gradients_in_dtype)
+
 
 class Plan:
     """twell::FfnPlan. One plan's calls must be ordered (one stream, or synchronized)."""
@@ -305,6 +310,71 @@ class DenseFfn:
 
     def run_struct(self, stream: int, tensors: _capi.FfnTensors, tokens: int) -> None:
         check(lib().twell_dense_run(self._handle, stream, ctypes.byref(tensors), tokens))
+
+
+class TrainingState:
+    """twell::FfnTrainingState: what one forward keeps for its backward (the TwELL matrix of act(g))."""
+
+    def __init__(self, plan: "TrainingPlan"):
+        handle = ctypes.c_void_p()
+        check(lib().twell_training_state_create(plan._handle, ctypes.byref(handle)))
+        self._handle, self.plan = handle, plan
+
+    def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle is not None and _capi._lib is not None:
+            _capi._lib.twell_training_state_destroy(handle)
+            self._handle = None
+
+
+class TrainingPlan:
+    """twell::FfnTrainingPlan: forward(x -> y, each row's sum |h|) into a TrainingState, then backward
+    (dx, dWg, dWu, dWd^T). Pointers are device addresses as ints; one plan's calls must be ordered."""
+
+    def __init__(self, context: Context, spec: FfnSpec, max_tokens: int, backup_capacity: int | None,
+                 gradients_in_dtype: bool):
+        _int("Context.training_plan", "max_tokens", max_tokens, 1, _INT64[1])
+        if backup_capacity is not None:
+            _int("Context.training_plan", "backup_capacity", backup_capacity, 0, 2 ** 32 - 1)
+        if not isinstance(gradients_in_dtype, bool):
+            raise InvalidArgumentError(f"twell.Context.training_plan: gradients_in_dtype: expected a bool, got "
+                                       f"{gradients_in_dtype!r}")
+        handle = ctypes.c_void_p()
+        check(lib().twell_training_plan_create(context._handle, ctypes.byref(spec._struct()), max_tokens,
+                                               -1 if backup_capacity is None else backup_capacity,
+                                               int(gradients_in_dtype), ctypes.byref(handle)))
+        self._handle = handle
+        self.context, self.spec, self.max_tokens = context, spec, max_tokens
+        self._forward, self._backward = lib().twell_training_forward, lib().twell_training_backward
+
+    def __del__(self):
+        handle = getattr(self, "_handle", None)
+        if handle is not None and _capi._lib is not None:
+            _capi._lib.twell_training_plan_destroy(handle)
+            self._handle = None
+
+    def make_state(self) -> TrainingState:
+        return TrainingState(self)
+
+    def describe(self) -> dict:
+        p = ctypes.c_char_p()
+        check(lib().twell_training_plan_describe(self._handle, ctypes.byref(p)))
+        return json.loads(p.value.decode())
+
+    def forward_struct(self, stream: int, tensors: _capi.FfnTensors, tokens: int, state: TrainingState,
+                       row_l1: int | None) -> None:
+        """forward() with a prepared twell_ffn_tensors (twell.torch checks the arguments first)."""
+        status = self._forward(self._handle, stream, ctypes.byref(tensors), tokens, state._handle, row_l1)
+        if status:
+            check(status)
+
+    def backward_struct(self, stream: int, tensors: _capi.FfnTensors, dy: int, ld_dy: int, tokens: int,
+                        state: TrainingState, gradients: _capi.FfnGradients, l1_coefficient: float, l1_tokens: int,
+                        l1_weight: int | None) -> None:
+        status = self._backward(self._handle, stream, ctypes.byref(tensors), dy, ld_dy, tokens, state._handle,
+                                ctypes.byref(gradients), l1_coefficient, l1_tokens, l1_weight)
+        if status:
+            check(status)
 
 
 def tune(spec: FfnSpec, device: int = 0, **kwargs) -> dict:

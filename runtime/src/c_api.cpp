@@ -19,6 +19,7 @@
 #include "twell/layer_data.h"
 #include "twell/plan.h"
 #include "twell/safetensors.h"
+#include "twell/training_plan.h"
 #include "twell/tuning.h"
 
 #ifndef TWELL_VERSION
@@ -37,6 +38,15 @@ struct twell_plan {
 
 struct twell_dense {
   twell::DenseFfn dense;
+};
+
+struct twell_training_plan {
+  twell::FfnTrainingPlan plan;
+  std::string json;
+};
+
+struct twell_training_state {
+  twell::FfnTrainingState state;
 };
 
 namespace {
@@ -137,26 +147,35 @@ twell::FfnTensors to_tensors(const twell_ffn_tensors* t, const char* function) {
 
 twell::Stream to_stream(void* stream) { return static_cast<twell::Stream>(stream); }
 
-nlohmann::json describe(const twell::FfnPlan& plan) {
-  const twell::FfnSpec& s = plan.spec();
-  const twell::TwellLayout& l = plan.layout();
+nlohmann::json kernels_json(const std::vector<twell::KernelReport>& reports) {
   nlohmann::json kernels = nlohmann::json::array();
-  for (const twell::KernelReport& k : plan.kernels())
+  for (const twell::KernelReport& k : reports)
     kernels.push_back({{"name", k.name}, {"kind", k.kind}, {"cache", k.cache}, {"compile_ms", k.compile_ms},
                        {"load_ms", k.load_ms}, {"ptx_bytes", k.ptx_bytes}, {"cubin_bytes", k.cubin_bytes},
                        {"arch", k.arch}, {"consumer", k.consumer}, {"threads", k.threads}, {"cta_m", k.cta_m},
                        {"grid_y", k.grid_y}, {"tiles", k.tiles}, {"persistent", k.persistent},
                        {"cluster_m", k.cluster_m}});
-  return {{"spec",
-           {{"d_model", s.d_model}, {"d_ff", s.d_ff}, {"gated", s.gated}, {"activation", to_string(s.activation)},
-            {"threshold", s.threshold}, {"dtype", to_string(s.dtype)}, {"down_layout", to_string(s.down_layout)}}},
-          {"layout", {{"tile_n", l.tile_n}, {"slots", l.slots}, {"index_bits", l.index_bits}}},
+  return kernels;
+}
+
+nlohmann::json spec_json(const twell::FfnSpec& s) {
+  return {{"d_model", s.d_model}, {"d_ff", s.d_ff}, {"gated", s.gated}, {"activation", to_string(s.activation)},
+          {"threshold", s.threshold}, {"dtype", to_string(s.dtype)}, {"down_layout", to_string(s.down_layout)}};
+}
+
+nlohmann::json layout_json(const twell::TwellLayout& l) {
+  return {{"tile_n", l.tile_n}, {"slots", l.slots}, {"index_bits", l.index_bits}};
+}
+
+nlohmann::json describe(const twell::FfnPlan& plan) {
+  return {{"spec", spec_json(plan.spec())},
+          {"layout", layout_json(plan.layout())},
           {"target", plan.target().arch()},
           {"max_tokens", plan.max_tokens()},
           {"dense_neurons", plan.dense_neurons()},
           {"runnable", plan.runnable()},
           {"config_source", plan.config_source()},
-          {"kernels", kernels}};
+          {"kernels", kernels_json(plan.kernels())}};
 }
 
 }  // namespace
@@ -467,6 +486,88 @@ twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ff
   return guarded([&] {
     twell_dense& d = require(dense, "twell_dense_run", "dense");
     d.dense.run(to_stream(stream), to_tensors(tensors, "twell_dense_run"), tokens);
+  });
+}
+
+twell_status_t twell_training_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
+                                          int64_t backup_capacity, int gradients_in_dtype, twell_training_plan_t* plan) {
+  return guarded([&] {
+    constexpr const char* fn = "twell_training_plan_create";
+    twell_context& c = require(context, fn, "context");
+    require_out(plan, fn, "plan");
+    const twell::FfnSpec s = to_spec(spec, fn);
+    twell::TrainingPlanOptions o;
+    if (backup_capacity != -1) {
+      if (backup_capacity < 0 || backup_capacity > int64_t{UINT32_MAX})
+        invalid(fn, "backup_capacity", "-1 (the default) or 0..4294967295 tile-rows", std::to_string(backup_capacity));
+      o.backup_capacity = static_cast<uint32_t>(backup_capacity);
+    }
+    if (gradients_in_dtype != 0 && gradients_in_dtype != 1)
+      invalid(fn, "gradients_in_dtype", "0 (fp32 weight gradients) or 1 (the spec's dtype)", std::to_string(gradients_in_dtype));
+    o.gradients_in_dtype = gradients_in_dtype == 1;
+    *plan = new twell_training_plan{twell::FfnTrainingPlan::create(c.context, s, max_tokens, o), {}};
+  });
+}
+
+twell_status_t twell_training_plan_destroy(twell_training_plan_t plan) {
+  return guarded([&] { delete plan; });
+}
+
+twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const char** json) {
+  return guarded([&] {
+    twell_training_plan& p = require(plan, "twell_training_plan_describe", "plan");
+    require_out(json, "twell_training_plan_describe", "json");
+    p.json = nlohmann::json{{"spec", spec_json(p.plan.spec())},
+                            {"layout", layout_json(p.plan.layout())},
+                            {"max_tokens", p.plan.max_tokens()},
+                            {"runnable", p.plan.runnable()},
+                            {"kernels", kernels_json(p.plan.kernels())}}
+                 .dump();
+    *json = p.json.c_str();
+  });
+}
+
+twell_status_t twell_training_state_create(twell_training_plan_t plan, twell_training_state_t* state) {
+  return guarded([&] {
+    twell_training_plan& p = require(plan, "twell_training_state_create", "plan");
+    require_out(state, "twell_training_state_create", "state");
+    *state = new twell_training_state{p.plan.make_state()};
+  });
+}
+
+twell_status_t twell_training_state_destroy(twell_training_state_t state) {
+  return guarded([&] { delete state; });
+}
+
+twell_status_t twell_training_forward(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
+                                      int64_t tokens, twell_training_state_t state, float* row_l1) {
+  return guarded([&] {
+    constexpr const char* fn = "twell_training_forward";
+    twell_training_plan& p = require(plan, fn, "plan");
+    twell_training_state& s = require(state, fn, "state");
+    p.plan.forward(to_stream(stream), to_tensors(tensors, fn), tokens, s.state, row_l1);
+  });
+}
+
+twell_status_t twell_training_backward(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
+                                       const void* dy, int64_t ld_dy, int64_t tokens, twell_training_state_t state,
+                                       const twell_ffn_gradients* gradients, float lambda, int64_t l1_tokens,
+                                       const float* l1_weight) {
+  return guarded([&] {
+    constexpr const char* fn = "twell_training_backward";
+    twell_training_plan& p = require(plan, fn, "plan");
+    twell_training_state& s = require(state, fn, "state");
+    if (gradients == nullptr) invalid(fn, "gradients", "a pointer to a twell_ffn_gradients", "NULL");
+    twell::FfnGradients g;
+    g.dx = gradients->dx;
+    g.dw_gate = gradients->dw_gate;
+    g.dw_up = gradients->dw_up;
+    g.dw_down = gradients->dw_down;
+    g.ld_dx = gradients->ld_dx;
+    g.ld_dw_gate = gradients->ld_dw_gate;
+    g.ld_dw_up = gradients->ld_dw_up;
+    g.ld_dw_down = gradients->ld_dw_down;
+    p.plan.backward(to_stream(stream), to_tensors(tensors, fn), dy, ld_dy, tokens, s.state, g, lambda, l1_tokens, l1_weight);
   });
 }
 

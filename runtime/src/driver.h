@@ -43,6 +43,8 @@ namespace twell::detail {
   X(cuLaunchKernelEx)                                                                                \
   X(cuMemAlloc)                                                                                      \
   X(cuMemFree)                                                                                       \
+  X(cuMemAllocHost)                                                                                  \
+  X(cuMemFreeHost)                                                                                   \
   X(cuMemcpyHtoD)                                                                                    \
   X(cuMemcpyDtoH)                                                                                    \
   X(cuMemcpyHtoDAsync)                                                                               \

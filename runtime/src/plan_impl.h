@@ -78,6 +78,24 @@ struct FfnPlan::Impl {
   }
 };
 
+// Where one forward's TwELL matrix goes: the plan's own buffers (FfnPlan::run) or a training state's
+// (FfnTrainingPlan::forward, twell/training_plan.h).
+struct TwellBuffers {
+  uint32_t* twell;        // [tokens, words_per_row]
+  uint16_t* backup;       // [backup_capacity, tile_n]
+  CUdeviceptr counter;    // 2 uint32: the gate's overflow count, the warp-row consumer's row counter
+  uint32_t backup_capacity;
+  float* row_l1;          // null, or [tokens] (GatedDownParams::row_l1)
+};
+enum class LaunchStages { All, GateOnly, ConsumerOnly };
+
+// The launch sequence over the TwELL neurons (t: their slices, checked): memset(overflow counter) ->
+// [transpose Wd] -> gate_twell -> consumer (the row or token-block one, p.use_block), or the decode
+// kernels where allow_decode and the call is small enough. Returns whether decode_fused ran (no TwELL
+// matrix then). `who` names the caller in errors. (plan_launch.cpp)
+bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchStages stages, const TwellBuffers& m,
+                  bool allow_decode, CUstream cu, const char* who);
+
 // A default-constructed or moved-from plan has no Impl: every use is a clear error, not a crash.
 FfnPlan::Impl& checked_plan(const std::unique_ptr<FfnPlan::Impl>& impl, const char* what);
 

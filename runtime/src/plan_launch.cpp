@@ -15,8 +15,9 @@ namespace twell {
 namespace {
 // The decode kernels (decode.cuh) on `tokens` <= decode_max_tokens rows. The overflow counter is
 // zeroed before, as for the D2T. Up to 8 rows: decode_gate_small (no ring); else decode_gate, whose
-// ring is sized by the rows it holds (16 or 64; launch.h).
-void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDownParams& down, int64_t tokens, CUstream cu) {
+// ring is sized by the rows it holds (16 or 64; launch.h). Returns whether decode_fused ran (no TwELL
+// matrix then).
+bool launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDownParams& down, int64_t tokens, CUstream cu) {
   device::DecodeBuffers buffers{};
   buffers.act = reinterpret_cast<uint16_t*>(p.decode_act->get());
   buffers.tile_arrivals = reinterpret_cast<uint32_t*>(p.decode_arrivals->get());
@@ -35,13 +36,13 @@ void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDown
                                      reinterpret_cast<uint32_t*>(p.fused_barrier->get())};
     void* args[2] = {&down, &fused};
     detail::launch(*p.decode_fused, shape, args, cu, "FfnPlan::run");
-    p.last_path = "decode";
-    return;
+    return true;
   }
   const LoadedKernel& first = tokens <= p.decode_gate_small->source.cta_m ? *p.decode_gate_small : *p.decode_gate;
   detail::launch(first, shape, gate_args, cu, "FfnPlan::run");
   detail::launch(*p.decode_up, shape, down_args, cu, "FfnPlan::run");
   detail::launch(*p.decode_down, shape, down_args, cu, "FfnPlan::run");
+  return false;
 }
 }  // namespace
 
@@ -62,34 +63,47 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
   // cuBLASLt's algorithms for its operands) fails now, before y is written.
   if (stages == Stages::All && p.hot && tokens > 0) p.hot->prepare(neuron_slice(p.spec, user_tensors, 0), tokens);
   const FfnTensors t = p.dense_neurons > 0 ? neuron_slice(p.spec, user_tensors, p.dense_neurons) : user_tensors;
-  const detail::Driver& d = detail::Driver::get();
-  const FfnSpec& s = p.sparse_spec;
-  const bool in_out = s.down_layout == WeightLayout::InOut;
-  auto u16 = [](const void* ptr) { return static_cast<const uint16_t*>(ptr); };
   auto cu = reinterpret_cast<CUstream>(stream);
   if (p.wanted_capacity > p.backup_capacity && !consumer_only) {
     // last_overflow() synchronized the stream after the run that filled the old backup, and calls on
     // a plan are ordered, so no kernel still reads it.
     p.allocate_backup(p.wanted_capacity);
   }
-  if (!consumer_only) {
-    detail::check(d.cuMemsetD32Async(p.counter->get(), 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(overflow counter)");
-    p.matrix_capacity = p.backup_capacity;
-  }
+  if (!consumer_only) p.matrix_capacity = p.backup_capacity;
   p.last_tokens = tokens;
   p.last_path = "twell";
-  if (tokens == 0) return;
+  const TwellBuffers matrix{reinterpret_cast<uint32_t*>(p.twell->get()), reinterpret_cast<uint16_t*>(p.backup->get()),
+                            p.counter->get(), p.backup_capacity, nullptr};
+  const LaunchStages ls = gate_only ? LaunchStages::GateOnly : consumer_only ? LaunchStages::ConsumerOnly : LaunchStages::All;
+  if (launch_twell(p, t, tokens, ls, matrix, /*allow_decode=*/stages == Stages::All, cu, who)) p.last_path = "decode";
+}
+
+bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchStages stages, const TwellBuffers& m,
+                  bool allow_decode, CUstream cu, const char* who) {
+  const bool gate_only = stages == LaunchStages::GateOnly;
+  const bool consumer_only = stages == LaunchStages::ConsumerOnly;
+  const detail::Driver& d = detail::Driver::get();
+  const FfnSpec& s = p.sparse_spec;
+  const bool in_out = s.down_layout == WeightLayout::InOut;
+  auto u16 = [](const void* ptr) { return static_cast<const uint16_t*>(ptr); };
+  // The failure messages format `who` only when a call fails (per-call host time matters at decode).
+  auto check = [&](CUresult r, const char* what) {
+    if (r != CUDA_SUCCESS) [[unlikely]]
+      detail::throw_cuda_error(r, fmt::format("{}: {}", who, what).c_str());
+  };
+  if (!consumer_only) check(d.cuMemsetD32Async(m.counter, 0, 1, cu), "cuMemsetD32Async(overflow counter)");
+  if (tokens == 0) return false;
 
   device::GateParams gate{};
   gate.x = u16(t.x);
   gate.w_gate = u16(t.w_gate);
-  gate.twell = reinterpret_cast<uint32_t*>(p.twell->get());
-  gate.backup = reinterpret_cast<uint16_t*>(p.backup->get());
-  gate.overflow_count = reinterpret_cast<uint32_t*>(p.counter->get());
+  gate.twell = m.twell;
+  gate.backup = m.backup;
+  gate.overflow_count = reinterpret_cast<uint32_t*>(m.counter);
   gate.m = tokens;
   gate.ldx = t.ld_x ? t.ld_x : s.d_model;
   gate.ldw = t.ld_gate ? t.ld_gate : s.d_model;
-  gate.backup_capacity = p.backup_capacity;
+  gate.backup_capacity = m.backup_capacity;
 
   device::GatedDownParams down{};
   down.x = gate.x;
@@ -99,17 +113,17 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
   down.twell = gate.twell;
   down.backup = gate.backup;
   down.y = static_cast<uint16_t*>(t.y);
-  down.row_counter = reinterpret_cast<uint32_t*>(p.counter->get() + 4);
+  down.row_counter = reinterpret_cast<uint32_t*>(m.counter + 4);
   down.m = tokens;
   down.ldx = gate.ldx;
   down.ldwg = gate.ldw;
   down.ldwu = t.ld_up ? t.ld_up : s.d_model;
   down.ldwd = t.ld_down ? t.ld_down : (in_out ? s.d_model : s.d_ff);
   down.ldy = t.ld_y ? t.ld_y : s.d_model;
-  down.backup_capacity = p.backup_capacity;
-  if (stages == Stages::All && !p.use_block && p.decode_gate && tokens <= p.decode_max_tokens) {
-    launch_decode(p, gate, down, tokens, cu);  // reads w_down as given: no transpose
-    return;
+  down.backup_capacity = m.backup_capacity;
+  down.row_l1 = m.row_l1;
+  if (allow_decode && !p.use_block && p.decode_gate && tokens <= p.decode_max_tokens) {
+    return launch_decode(p, gate, down, tokens, cu);  // reads w_down as given: no transpose
   }
   if (p.transpose && !gate_only) {
     device::TransposeParams tp{u16(t.w_down), reinterpret_cast<uint16_t*>(p.w_down_t->get()), s.d_model, s.d_ff, down.ldwd, s.d_model};
@@ -121,10 +135,11 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
   if (!consumer_only) {
     const kernels::KernelSource& src = p.gate->source;
     if (src.tma_persistent) {
-      detail::encode_tma_map(gate.x_map, s.dtype, gate.x, tokens, s.d_model, gate.ldx, src.cta_m, src.cta_k, "FfnPlan::run: cuTensorMapEncodeTiled(x)");
+      detail::encode_tma_map(gate.x_map, s.dtype, gate.x, tokens, s.d_model, gate.ldx, src.cta_m, src.cta_k,
+                             "cuTensorMapEncodeTiled(x)");
       // A cluster's CTAs each load tile_n / cluster_m rows of the w_gate tile and multicast them.
       detail::encode_tma_map(gate.w_map, s.dtype, gate.w_gate, s.d_ff, s.d_model, gate.ldw, p.layout.tile_n / src.cluster_m, src.cta_k,
-                             "FfnPlan::run: cuTensorMapEncodeTiled(w_gate)");
+                             "cuTensorMapEncodeTiled(w_gate)");
     }
     void* args[1] = {&gate};
     detail::launch(*p.gate, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
@@ -133,10 +148,11 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
     // The token-block consumer in place of the row consumer when run() chose it.
     const LoadedKernel& k = p.use_block ? *p.block_consumer : *p.consumer;
     if (k.source.persistent)  // the warps claim rows from 0
-      detail::check(d.cuMemsetD32Async(p.counter->get() + 4, 0, 1, cu), "FfnPlan::run: cuMemsetD32Async(row counter)");
+      check(d.cuMemsetD32Async(m.counter + 4, 0, 1, cu), "cuMemsetD32Async(row counter)");
     void* args[1] = {&down};
     detail::launch(k, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
   }
+  return false;
 }
 
 }  // namespace twell

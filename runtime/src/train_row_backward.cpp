@@ -13,12 +13,14 @@
 #include "twell/error.h"
 #include "twell/kernels/validate.h"  // canonical_spec, validate_spec
 #include "twell/training.h"
+#include "training_impl.h"
 
 namespace twell {
 
-void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spec, const TrainRowBackwardTensors& t,
-                        int64_t tokens, uint32_t backup_capacity, uint32_t grad_capacity, float lambda,
-                        int64_t l1_tokens) {
+namespace detail {
+void train_row_backward(const std::shared_ptr<Context::Impl>& ctx, Stream stream, const FfnSpec& user_spec,
+                        const TrainRowBackwardTensors& t, int64_t tokens, uint32_t backup_capacity,
+                        uint32_t grad_capacity, float lambda, int64_t l1_tokens) {
   constexpr const char* who = "train_row_backward";
   auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
   const FfnSpec spec = kernels::canonical_spec(user_spec);
@@ -64,6 +66,9 @@ void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spe
   need("t.entry_grad", t.entry_grad, 16);
   if (grad_capacity > 0) need("t.backup_grad", t.backup_grad, 16);
   need("t.grad_overflow_count", t.grad_overflow_count, 4);
+  if (t.l1_weight != nullptr && reinterpret_cast<uintptr_t>(t.l1_weight) % 4 != 0)
+    bad(fmt::format("t.l1_weight: expected a 4-byte aligned device fp32 (or nullptr), got {}",
+                    static_cast<const void*>(t.l1_weight)));
   const int64_t ldx = t.ld_x ? t.ld_x : K, lddy = t.ld_dy ? t.ld_dy : K, lddx = t.ld_dx ? t.ld_dx : K;
   const auto span = [&](const void* p, int64_t ld) {
     const auto b = reinterpret_cast<uintptr_t>(p);
@@ -76,7 +81,6 @@ void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spe
       bad(fmt::format("t.dx: must not overlap {} (the kernel reads it while writing dx)", name));
   }
 
-  const std::shared_ptr<Context::Impl> ctx = context_impl(context);
   if (!ctx->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, ctx->no_gpu_reason));
   ctx->make_current();
   auto device = [&](const char* name, const void* p) {
@@ -89,7 +93,8 @@ void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spe
         std::pair{"t.backup", t.backup}, std::pair{"t.dy", t.dy}, std::pair{"t.dx", static_cast<const void*>(t.dx)},
         std::pair{"t.entry_grad", static_cast<const void*>(t.entry_grad)},
         std::pair{"t.backup_grad", static_cast<const void*>(t.backup_grad)},
-        std::pair{"t.grad_overflow_count", static_cast<const void*>(t.grad_overflow_count)}})
+        std::pair{"t.grad_overflow_count", static_cast<const void*>(t.grad_overflow_count)},
+        std::pair{"t.l1_weight", static_cast<const void*>(t.l1_weight)}})
     device(name, p);
 
   const std::shared_ptr<LoadedKernel> kernel = ctx->auxiliary(kernels::KernelKind::TrainRowBackward, spec, who);
@@ -134,8 +139,18 @@ void train_row_backward(Context& context, Stream stream, const FfnSpec& user_spe
   // The reference's c = fp32(lambda / M), the division in double.
   p.l1_scale = static_cast<float>(static_cast<double>(lambda) / static_cast<double>(m_l1));
   p.apply_l1 = lambda != 0.0f ? 1u : 0u;
+  p.l1_weight = t.l1_weight;
   void* args[1] = {&p};
   detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
+}
+
+}  // namespace detail
+
+void train_row_backward(Context& context, Stream stream, const FfnSpec& spec, const TrainRowBackwardTensors& t,
+                        int64_t tokens, uint32_t backup_capacity, uint32_t grad_capacity, float lambda,
+                        int64_t l1_tokens) {
+  detail::train_row_backward(context_impl(context), stream, spec, t, tokens, backup_capacity, grad_capacity, lambda,
+                             l1_tokens);
 }
 
 }  // namespace twell

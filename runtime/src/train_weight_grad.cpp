@@ -17,11 +17,13 @@
 #include "twell/kernels/validate.h"  // canonical_spec, validate_spec
 #include "twell/reference.h"         // layout_for
 #include "twell/training.h"
+#include "training_impl.h"
 
 namespace twell {
 
-void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec, const TrainWeightGradTensors& t,
-                       int64_t tokens, uint32_t grad_capacity) {
+namespace detail {
+void train_weight_grad(const std::shared_ptr<Context::Impl>& ctx, Stream stream, const FfnSpec& user_spec,
+                       const TrainWeightGradTensors& t, int64_t tokens, uint32_t grad_capacity) {
   constexpr const char* who = "train_weight_grad";
   auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
   const FfnSpec spec = kernels::canonical_spec(user_spec);
@@ -115,7 +117,6 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
     for (const Range& input : inputs) check_apart(written[i], input);
   }
 
-  const std::shared_ptr<Context::Impl> ctx = context_impl(context);
   if (!ctx->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, ctx->no_gpu_reason));
   ctx->make_current();
   for (const auto& [name, p] :
@@ -158,6 +159,13 @@ void train_weight_grad(Context& context, Stream stream, const FfnSpec& user_spec
                 "train_weight_grad: cuMemsetD32Async(workspace)");
   void* args[1] = {&p};
   detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
+}
+
+}  // namespace detail
+
+void train_weight_grad(Context& context, Stream stream, const FfnSpec& spec, const TrainWeightGradTensors& t,
+                       int64_t tokens, uint32_t grad_capacity) {
+  detail::train_weight_grad(context_impl(context), stream, spec, t, tokens, grad_capacity);
 }
 
 int64_t train_weight_grad_workspace_bytes(const FfnSpec& user_spec) {

@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-#define TWELL_C_API_VERSION 2 /* 2: twell_plan_options gained the tuning fields, twell_context_tune */
+#define TWELL_C_API_VERSION 3 /* 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
 
 typedef enum twell_status {
   TWELL_SUCCESS = 0,
@@ -67,6 +67,8 @@ typedef enum twell_jit_policy { TWELL_JIT_IF_LINKED = 0, TWELL_JIT_NEVER = 1 } t
 typedef struct twell_context* twell_context_t;
 typedef struct twell_plan* twell_plan_t;
 typedef struct twell_dense* twell_dense_t;
+typedef struct twell_training_plan* twell_training_plan_t;
+typedef struct twell_training_state* twell_training_state_t;
 
 /* ContextOptions (twell/context.h). */
 typedef struct twell_context_options {
@@ -120,6 +122,16 @@ typedef struct twell_ffn_tensors {
   void* y;            /* [tokens, d_model] */
   int64_t ld_x, ld_gate, ld_up, ld_down, ld_y;
 } twell_ffn_tensors;
+
+/* FfnGradients (twell/training_plan.h): the backward's outputs, device pointers; strides in elements (0: dense).
+ * dw_down is dWd in the in_out layout ([d_ff, d_model], dWd^T) whatever the spec's down_layout. */
+typedef struct twell_ffn_gradients {
+  void* dx;      /* [tokens, d_model] spec dtype */
+  void* dw_gate; /* [d_ff, d_model] fp32 (or the spec dtype: gradients_in_dtype) */
+  void* dw_up;   /* [d_ff, d_model]; NULL for a non-gated spec */
+  void* dw_down; /* [d_ff, d_model]: dWd^T */
+  int64_t ld_dx, ld_dw_gate, ld_dw_up, ld_dw_down;
+} twell_ffn_gradients;
 
 typedef struct twell_overflow_report {
   uint32_t overflowing_tile_rows;
@@ -194,6 +206,26 @@ twell_status_t twell_dense_create(twell_context_t context, const twell_ffn_spec*
                                   twell_dense_kernels_t kernels, twell_dense_t* dense);
 twell_status_t twell_dense_destroy(twell_dense_t dense); /* NULL is a no-op */
 twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ffn_tensors* tensors, int64_t tokens);
+
+/* Training (twell::FfnTrainingPlan, twell/training_plan.h): the forward keeps the TwELL matrix of
+ * act(g) in a state; the backward returns dx, dWg, dWu, dWd^T. backup_capacity -1: the default. */
+twell_status_t twell_training_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
+                                          int64_t backup_capacity, int gradients_in_dtype, twell_training_plan_t* plan);
+twell_status_t twell_training_plan_destroy(twell_training_plan_t plan); /* NULL is a no-op */
+/* The plan as JSON (its spec, layout, max_tokens and kernels, as twell_plan_describe); owned by the plan. */
+twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const char** json);
+twell_status_t twell_training_state_create(twell_training_plan_t plan, twell_training_state_t* state);
+twell_status_t twell_training_state_destroy(twell_training_state_t state); /* NULL is a no-op */
+/* y (tensors->y) and, where row_l1 is not NULL, each row's sum |h| ([tokens] fp32 device memory: the L1
+ * term is their sum / tokens); the TwELL matrix goes into `state`. No host synchronization. */
+twell_status_t twell_training_forward(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
+                                      int64_t tokens, twell_training_state_t state, float* row_l1);
+/* The gradients of L(y) + lambda * l1 for dy (FfnTrainingPlan::backward): tensors as the forward's (y unused),
+ * l1_tokens 0: tokens; l1_weight NULL or a device fp32 that multiplies lambda. */
+twell_status_t twell_training_backward(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
+                                       const void* dy, int64_t ld_dy, int64_t tokens, twell_training_state_t state,
+                                       const twell_ffn_gradients* gradients, float lambda, int64_t l1_tokens,
+                                       const float* l1_weight);
 
 #ifdef __cplusplus
 }

@@ -201,6 +201,7 @@ class FfnPlan {
   enum class Stages { All, GateOnly, ConsumerOnly };
   void launch(Stream stream, const FfnTensors& t, int64_t tokens, Stages stages);
   friend class Context;
+  friend class FfnTrainingPlan;  // runs the plan's kernels into its training states (twell/training_plan.h)
   std::unique_ptr<Impl> impl_;
 };
 

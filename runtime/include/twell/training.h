@@ -76,6 +76,10 @@ struct TrainRowBackwardTensors {
   // ends above the room, some entries' quads were not stored (dx is right regardless): grow
   // backup_grad to backup_capacity + the count and run again (train_weight_grad needs every quad).
   uint32_t* grad_overflow_count = nullptr;
+  // Optional: one device fp32 w, 4-byte aligned, that multiplies the L1 coefficient (lambda / l1_tokens
+  // becomes fp32(lambda / l1_tokens) * w). Autograd passes the L1 term's upstream gradient here, so that
+  // no host synchronization reads it. nullptr: w = 1.
+  const float* l1_weight = nullptr;
   int64_t ld_x = 0, ld_gate = 0, ld_up = 0, ld_down = 0, ld_dy = 0, ld_dx = 0;
 };
 

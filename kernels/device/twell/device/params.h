@@ -22,7 +22,7 @@ namespace twell::device {
 // The version of this header's host/device ABI (the structs below and the kernels' argument lists).
 // Ahead-of-time bundles record it per kernel (manifest.json "params_version"); the runtime refuses a
 // kernel built against another version. Bump it with any change to a struct or an argument list.
-constexpr uint32_t kParamsVersion = 4;  // 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
+constexpr uint32_t kParamsVersion = 5;  // 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
 
 // Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
 // recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
@@ -77,6 +77,10 @@ struct GatedDownParams {
   int64_t ldy;
   uint32_t backup_capacity;
   uint32_t pad_;
+  // Null, or [M] fp32: the row consumers (cta_row, warp_row) write sum_j |h_j| of each row, over its
+  // active entries in their order (the training forward's L1 term, TRAINING.md: sum / tokens). The
+  // token-block and decode kernels do not write it (the training plan runs the row consumers only).
+  float* row_l1;
 };
 
 // The decode kernels' workspace (decode.cuh), beside the TwELL matrix and backup of GateParams /
@@ -152,6 +156,9 @@ struct TrainRowBackwardParams {
   uint32_t grad_capacity;     // rows of backup_grad (>= backup_capacity)
   float l1_scale;             // fp32(lambda / M), the L1 term's coefficient (TRAINING.md)
   uint32_t apply_l1;          // 1 where lambda != 0: dh += l1_scale * sign(h)
+  // Null, or one device fp32 w: the coefficient is then l1_scale * w (the L1 term's upstream gradient,
+  // PyTorch autograd's, read on the device: no host synchronization).
+  const float* l1_weight;
 };
 
 // The weight gradients of the training backward (train/weight_grad.cuh; twell/training.h): from the

@@ -59,6 +59,7 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
   float y[Y_PER_THREAD];
 #pragma unroll
   for (int q = 0; q < Y_PER_THREAD; ++q) y[q] = 0.0f;
+  float row_l1 = 0.0f;  // thread 0's sum of |h_j| (GatedDownParams::row_l1)
 
   // Up and down projections of the gathered entries [0, count); leaves the list free for reuse.
   auto project = [&](int count) {
@@ -71,6 +72,10 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
       }
       __syncthreads();  // every h_j is final
     }
+    // The row's L1 term (GatedDownParams::row_l1), in entry order by one thread: a few dozen adds
+    // per chunk at training densities, the same order as the warp-per-row consumer's.
+    if (p.row_l1 != nullptr && tid == 0)
+      for (int i = 0; i < count; ++i) row_l1 += fabsf(active_h[i]);
     int e = 0;
     if constexpr (kVector) {
       // Four neurons' Wd^T rows in flight before their FMAs (the loads, not the math, bound this
@@ -161,6 +166,7 @@ __device__ __forceinline__ void gated_down_cta(const GatedDownParams& p) {
     }
   }
   if (count > 0) project(count);
+  if (p.row_l1 != nullptr && tid == 0) p.row_l1[row] = row_l1;
 
 #pragma unroll
   for (int q = 0; q < Y_PER_THREAD; ++q) {
@@ -232,6 +238,8 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
   };
 
   float y[XS * 8];
+  // The row's sum of |h_j| in entry order (GatedDownParams::row_l1; every lane holds the same bits).
+  float row_l1 = 0.0f;
   // Active entries (column j of d_ff, activated gate value g), P at a time: the 16-byte loads of all P
   // Wu rows and Wd^T rows are issued before any math, so P neurons' L2 round trips overlap. y is then
   // updated entry by entry in order: the same sums as one at a time. Non-gated (h_j = g_j): only the
@@ -250,9 +258,11 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
         for (int i = 0; i < XS; ++i) d4[q][i] = in_k(i) ? load_keep_in_l2(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
       }
 #pragma unroll
-      for (int q = 0; q < P; ++q)
+      for (int q = 0; q < P; ++q) {
+        row_l1 += fabsf(g[q]);
 #pragma unroll
         for (int i = 0; i < XS; ++i) axpy8<Value>(&y[8 * i], g[q], d4[q][i]);
+      }
       return;
     }
     uint4 u4[P][XS], d4[P][XS];
@@ -272,6 +282,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
 #pragma unroll
       for (int i = 0; i < XS; ++i) u = dot8<Value>(*reinterpret_cast<const uint4*>(xs + 8 * lane + 256 * i), u4[q][i], u);
       const float h = g[q] * warp_sum(u);
+      row_l1 += fabsf(h);
 #pragma unroll
       for (int i = 0; i < XS; ++i) axpy8<Value>(&y[8 * i], h, d4[q][i]);
     }
@@ -321,6 +332,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
     __syncwarp();  // x is in shared memory for every lane
 #pragma unroll
     for (int i = 0; i < XS * 8; ++i) y[i] = 0.0f;
+    row_l1 = 0.0f;
 
     // Tiles are walked in windows of 32 (lane t holds tile window + t's header). The walk's position
     // is one register, pos = window * 64 + (b + 1) with b the last tile walked in the window (-1 at its
@@ -410,6 +422,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
       waiting = 0;
     }
 
+    if (p.row_l1 != nullptr && lane == 0) p.row_l1[row] = row_l1;
     uint16_t* out = p.y + static_cast<int64_t>(row) * p.ldy + 8 * lane;
 #pragma unroll
     for (int i = 0; i < XS; ++i) {

@@ -136,7 +136,9 @@ __device__ __forceinline__ void train_row_backward(const TrainRowBackwardParams&
         u = kVector ? warp_dot_16B<Value, K>(x, wu, lane) : warp_dot<Value, K>(x, wu, lane);
         h = a * u;
       }
-      if (p.apply_l1) dh = dh + p.l1_scale * sign_of(h);
+      // The L1 coefficient: l1_scale, times the device scalar l1_weight where given (autograd's
+      // gradient of the L1 term, read here rather than on the host: no synchronization).
+      if (p.apply_l1) dh = dh + (p.l1_weight != nullptr ? p.l1_scale * *p.l1_weight : p.l1_scale) * sign_of(h);
       const float slope = Config::activation == kSiLU ? active_slope[e] : 1.0f;
       const float du = Config::gated ? dh * a : 0.0f;
       const float dg = Config::gated ? (dh * u) * slope : dh * slope;

@@ -1,0 +1,134 @@
+// FfnTrainingPlan: one FFN layer shape's training step on the GPU, forward then backward (issue 15;
+// design/TRAINING.md), built from the inference kernels and the two training kernels (twell/training.h):
+//
+//   forward:  gate_twell (the GEMM with the TwELL epilogue) -> the row consumer, which writes y and each
+//             row's sum |h_j| (the L1 term: sum over rows / tokens). The TwELL matrix of a = act(g) stays
+//             in an FfnTrainingState for the backward (not the dense g, u or h a dense autograd keeps).
+//   backward: [transpose an nn.Linear Wd] -> train_row_backward (dh, u, du, dg per active entry, dx)
+//             -> train_weight_grad (dWg, dWu, dWd^T, sorted by neuron, fp32 sums in token order).
+//
+// Exact on every input: tile-rows that overflow their slots go to the state's backup or, where that is
+// full, are recomputed from x and Wg by the consumer and by the backward; the backward's per-entry
+// storage is sized from the forward's measured overflow count (read from pinned host memory that the
+// forward's own stream filled: by the time of the backward that copy has long finished, so the read
+// does not stall the stream). A forward that overflowed its state's backup makes later forwards' backups
+// larger (the capacity grows on demand; nothing is ever dropped).
+//
+// Numerics: y is FfnPlan::run's on the TwELL path with the row consumer (the same kernels, bit for bit);
+// the gradients are train_row_backward's and train_weight_grad's (twell/training.h: within 1e-2 of the
+// CPU reference, bitwise deterministic run to run). Not CUDA-graph capturable (the backward reads the
+// forward's overflow count on the host).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "twell/plan.h"
+#include "twell/spec.h"
+
+namespace twell {
+
+class Context;
+
+struct TrainingPlanOptions {
+  // Tile-rows of each state's overflow backup at first; unset: max_tokens * tiles / 16 (at least 256),
+  // as PlanOptions. Results are exact at any capacity; a forward that overflowed it grows the next ones'.
+  std::optional<uint32_t> backup_capacity;
+  // The weight gradients' type: fp32 (false), or spec.dtype, each rounded once from its fp32 sum (true).
+  bool gradients_in_dtype = false;
+  // Where the layout (tile_n, slots, gate cluster) comes from: PlanOptions::tuning and its fields.
+  PlanOptions::Tuning tuning = PlanOptions::Tuning::Use;
+  std::string tuning_workload;
+  std::string tuning_dir;
+};
+
+// What one forward keeps for its backward: the TwELL matrix of a = act(g) ([tokens, words_per_row]
+// uint32 words, and the backup [capacity, tile_n] of spec.dtype), the gate's overflow count, and the
+// pinned host word and event the backward reads it through. Made by FfnTrainingPlan::make_state; each
+// forward overwrites it (its device memory grows to the call's tokens and backup capacity), each
+// backward reads it. One per layer and micro-batch in flight. Movable, not copyable.
+class FfnTrainingState {
+ public:
+  FfnTrainingState();
+  ~FfnTrainingState();
+  FfnTrainingState(FfnTrainingState&&) noexcept;
+  FfnTrainingState& operator=(FfnTrainingState&&) noexcept;
+  int64_t tokens() const;       // rows of the last forward (-1 before any)
+  size_t device_bytes() const;  // the device memory it holds now
+  struct Impl;
+
+ private:
+  friend class FfnTrainingPlan;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The backward's outputs (device pointers; row strides in elements of the tensor's type, 0 = dense).
+// M = tokens, K = d_model, N = d_ff.
+struct FfnGradients {
+  void* dx = nullptr;       // [M, K] spec.dtype; must not overlap x or dy
+  void* dw_gate = nullptr;  // [N, K] dL/dWg (nn.Linear layout), fp32 or spec.dtype (gradients_in_dtype)
+  void* dw_up = nullptr;    // [N, K] dL/dWu; nullptr for a non-gated spec
+  // [N, K]: dL/dWd in the in_out layout, the rows of dWd^T, whatever spec.down_layout is (an nn.Linear
+  // Wd's gradient is its transpose: PyTorch takes .t()).
+  void* dw_down = nullptr;
+  int64_t ld_dx = 0, ld_dw_gate = 0, ld_dw_up = 0, ld_dw_down = 0;
+};
+
+class FfnTrainingPlan {
+ public:
+  // The plan of `spec` (gated or not, relu or silu, bf16 or fp16, either Wd layout) for calls of up to
+  // max_tokens rows: the inference plan's gate and row consumer (Context::plan's rules and errors) and the
+  // training kernels (twell/training.h's limits: d_model <= TrainRowBackwardConstraints::kMaxDModel, d_ff
+  // within train_weight_grad's shared memory). Throws Error(InvalidArgument) naming the spec field or
+  // option, Error(Compile), Error(NotFound) with no bundle holding a kernel and no JIT.
+  static FfnTrainingPlan create(Context& context, const FfnSpec& spec, int64_t max_tokens,
+                                const TrainingPlanOptions& options = {});
+  FfnTrainingPlan();
+  ~FfnTrainingPlan();
+  FfnTrainingPlan(FfnTrainingPlan&&) noexcept;
+  FfnTrainingPlan& operator=(FfnTrainingPlan&&) noexcept;
+
+  const FfnSpec& spec() const;
+  const TwellLayout& layout() const;
+  int64_t max_tokens() const;
+  const std::vector<KernelReport>& kernels() const;  // the forward's and the backward's
+  bool runnable() const;                             // false without a GPU
+
+  FfnTrainingState make_state() const;
+
+  // y = FFN(x) for `tokens` rows (0..max_tokens; tensors as FfnPlan::run's), stream-ordered, no host
+  // synchronization; the TwELL matrix goes into `state` (allocated or grown here: cuMemAlloc). row_l1:
+  // nullptr, or [tokens] fp32 device memory, 4-byte aligned: row t's sum of |h_tj| over its active
+  // entries in their order (fp32); the L1 term of TRAINING.md is their sum / tokens. Throws as
+  // FfnPlan::run (naming the argument), and Error(InvalidArgument) for a misaligned or non-device row_l1.
+  void forward(Stream stream, const FfnTensors& t, int64_t tokens, FfnTrainingState& state, float* row_l1 = nullptr);
+
+  // The gradients of L(y) + lambda * l1 for dy = dL/dy ([tokens, d_model] spec.dtype, row stride ld_dy,
+  // 0 = dense) after forward(state) with the same t (x and the weights, unchanged; y is not read) and
+  // tokens: dx (rounded to spec.dtype once), dWg, dWu, dWd^T (twell/training.h). lambda: finite, >= 0;
+  // the L1 term's coefficient is lambda / l1_tokens (l1_tokens 0: tokens; pass the whole batch's rows when
+  // a batch is split into several calls), times *l1_weight where l1_weight (a device fp32) is given.
+  // Gradients are written, not accumulated. Stream-ordered; waits on the host for the forward's overflow
+  // count (an event recorded by forward(), long complete in a training step). The plan's scratch
+  // (backward_scratch_bytes) is allocated on the first call and grown as needed (cuMemAlloc). Calls on
+  // one plan must be ordered (they share the scratch). Throws Error(InvalidArgument) naming the argument
+  // (a state without a forward or of another token count, a bad pointer, stride or overlap), Error(Cuda).
+  void backward(Stream stream, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens,
+                const FfnTrainingState& state, const FfnGradients& g, float lambda, int64_t l1_tokens = 0,
+                const float* l1_weight = nullptr);
+
+  // The backward's scratch for `tokens` rows and `grad_capacity` (the forward's backup capacity, or its
+  // overflow count if larger) in bytes: the per-entry quads (16 bytes per TwELL word and backup_grad
+  // element), train_weight_grad's workspace and entry list (8 bytes per TwELL word and backup element).
+  int64_t backward_scratch_bytes(int64_t tokens, uint32_t grad_capacity) const;
+  // A state's device bytes after a forward of `tokens` rows with backup capacity `capacity`.
+  int64_t state_bytes(int64_t tokens, uint32_t capacity) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace twell

@@ -1,0 +1,303 @@
+// FfnTrainingPlan (twell/training_plan.h): the inference plan's gate and row consumer writing into a
+// training state, then train_row_backward and train_weight_grad over it with the plan's scratch.
+#include "twell/training_plan.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "driver.h"
+#include "launcher.h"
+#include "plan_impl.h"
+#include "run_arguments.h"
+#include "training_impl.h"
+#include "twell/context.h"
+#include "twell/error.h"
+#include "twell/kernels/constraints.h"
+#include "twell/kernels/validate.h"
+
+namespace twell {
+
+namespace {
+[[noreturn]] void fail(const char* who, const std::string& message) {
+  throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, message));
+}
+
+// A device buffer of at least `bytes`, replaced (after the stream's earlier work, which may read the old
+// one) when smaller.
+void ensure(detail::DeviceBuffer& b, size_t bytes, CUstream cu, const char* who) {
+  if (b.bytes() >= std::max<size_t>(bytes, 1)) return;
+  if (b) detail::check(detail::Driver::get().cuStreamSynchronize(cu), fmt::format("{}: cuStreamSynchronize", who).c_str());
+  b.reset();
+  b = detail::DeviceBuffer(std::max<size_t>(bytes, 1));
+}
+}  // namespace
+
+struct FfnTrainingState::Impl {
+  std::shared_ptr<Context::Impl> context;
+  detail::DeviceBuffer twell, backup, counter;
+  uint32_t* pinned = nullptr;  // the forward's overflow count, copied on its stream
+  CUevent event = nullptr;     // recorded after that copy
+  int64_t tokens = -1;
+  uint32_t capacity = 0;       // the backup's tile-rows in the last forward
+  const void* plan = nullptr;  // the FfnTrainingPlan::Impl that made it
+
+  ~Impl() {
+    if (!context || !context->gpu) return;
+    context->make_current();
+    const detail::Driver& d = detail::Driver::get();
+    if (event) d.cuEventDestroy(event);
+    if (pinned) d.cuMemFreeHost(pinned);
+  }
+};
+
+FfnTrainingState::FfnTrainingState() = default;
+FfnTrainingState::~FfnTrainingState() = default;
+FfnTrainingState::FfnTrainingState(FfnTrainingState&&) noexcept = default;
+FfnTrainingState& FfnTrainingState::operator=(FfnTrainingState&&) noexcept = default;
+int64_t FfnTrainingState::tokens() const { return impl_ ? impl_->tokens : -1; }
+size_t FfnTrainingState::device_bytes() const {
+  return impl_ ? impl_->twell.bytes() + impl_->backup.bytes() + impl_->counter.bytes() : 0;
+}
+
+struct FfnTrainingPlan::Impl {
+  std::shared_ptr<Context::Impl> context;
+  FfnPlan forward;          // its kernels (gate, row consumer, Wd transpose); its own matrix is not used
+  FfnSpec kernel_spec;      // the training kernels' spec: the plan's layout, in_out Wd
+  TrainingPlanOptions options;
+  int64_t max_tokens = 0;
+  uint32_t capacity = 0;    // the next states' backup tile-rows (grows after an overflow)
+  std::vector<KernelReport> reports;
+  // The backward's scratch, shared by every state of the plan (calls are stream-ordered).
+  detail::DeviceBuffer entry_grad, backup_grad, workspace, entry_list, grad_overflow;
+};
+
+FfnTrainingPlan::FfnTrainingPlan() = default;
+FfnTrainingPlan::~FfnTrainingPlan() = default;
+FfnTrainingPlan::FfnTrainingPlan(FfnTrainingPlan&&) noexcept = default;
+FfnTrainingPlan& FfnTrainingPlan::operator=(FfnTrainingPlan&&) noexcept = default;
+
+namespace {
+FfnTrainingPlan::Impl& checked(const std::unique_ptr<FfnTrainingPlan::Impl>& impl, const char* what) {
+  if (!impl) fail(what, "this FfnTrainingPlan is empty (default-constructed or moved from): make one with FfnTrainingPlan::create");
+  return *impl;
+}
+}  // namespace
+
+FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_spec, int64_t max_tokens,
+                                        const TrainingPlanOptions& options) {
+  constexpr const char* who = "FfnTrainingPlan::create";
+  FfnSpec spec = kernels::canonical_spec(user_spec);
+  if (spec.consumer && *spec.consumer != ConsumerVariant::RowGather)
+    fail(who, "spec.consumer: expected unset or row_gather (the training forward's L1 term comes from the row "
+              "consumers), got token_block");
+  spec.consumer = ConsumerVariant::RowGather;  // the token-block consumer is not made
+  if (spec.d_model > kernels::TrainRowBackwardConstraints::kMaxDModel)
+    fail(who, fmt::format("spec.d_model: expected at most {} (train_row_backward keeps a row of dx in registers), got {}",
+                          kernels::TrainRowBackwardConstraints::kMaxDModel, spec.d_model));
+  PlanOptions plan_options;
+  plan_options.dispatch = Dispatch::Sparse;
+  plan_options.decode_max_tokens = 0;
+  plan_options.decode_fused_max_tokens = 0;
+  plan_options.backup_capacity = options.backup_capacity;
+  plan_options.tuning = options.tuning;
+  plan_options.tuning_workload = options.tuning_workload;
+  plan_options.tuning_dir = options.tuning_dir;
+
+  FfnTrainingPlan plan;
+  plan.impl_ = std::make_unique<Impl>();
+  Impl& p = *plan.impl_;
+  p.context = context_impl(context);
+  p.forward = context.plan(spec, max_tokens, plan_options);
+  FfnPlan::Impl& f = *p.forward.impl_;
+  p.options = options;
+  p.max_tokens = max_tokens;
+  p.capacity = f.backup_capacity;
+  p.kernel_spec = f.sparse_spec;
+  p.kernel_spec.down_layout = WeightLayout::InOut;
+  p.kernel_spec.tile_n = f.layout.tile_n;
+  p.kernel_spec.slots = f.layout.slots;
+  p.reports = f.reports;
+  // The training kernels now, so that a spec they refuse fails here and a bundle saved after has them.
+  for (const auto kind : {kernels::KernelKind::TrainRowBackward, kernels::KernelKind::TrainWeightGrad})
+    p.reports.push_back(p.context->auxiliary(kind, p.kernel_spec, who)->report);
+  if (p.context->gpu) {
+    // The plan's own TwELL matrix and backup are never used: the states hold them.
+    p.context->make_current();
+    f.twell = std::make_unique<detail::DeviceBuffer>(4);
+    f.allocate_backup(0);
+  }
+  return plan;
+}
+
+const FfnSpec& FfnTrainingPlan::spec() const { return checked(impl_, "FfnTrainingPlan::spec").forward.spec(); }
+const TwellLayout& FfnTrainingPlan::layout() const { return checked(impl_, "FfnTrainingPlan::layout").forward.layout(); }
+int64_t FfnTrainingPlan::max_tokens() const { return checked(impl_, "FfnTrainingPlan::max_tokens").max_tokens; }
+const std::vector<KernelReport>& FfnTrainingPlan::kernels() const { return checked(impl_, "FfnTrainingPlan::kernels").reports; }
+bool FfnTrainingPlan::runnable() const { return impl_ && impl_->context->gpu; }
+
+FfnTrainingState FfnTrainingPlan::make_state() const {
+  constexpr const char* who = "FfnTrainingPlan::make_state";
+  const Impl& p = checked(impl_, who);
+  if (!p.context->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, p.context->no_gpu_reason));
+  p.context->make_current();
+  FfnTrainingState state;
+  state.impl_ = std::make_unique<FfnTrainingState::Impl>();
+  FfnTrainingState::Impl& s = *state.impl_;
+  s.context = p.context;
+  s.plan = &p;
+  const detail::Driver& d = detail::Driver::get();
+  void* host = nullptr;
+  detail::check(d.cuMemAllocHost(&host, 4), "FfnTrainingPlan::make_state: cuMemAllocHost(overflow count)");
+  s.pinned = static_cast<uint32_t*>(host);
+  *s.pinned = 0;
+  detail::check(d.cuEventCreate(&s.event, CU_EVENT_DISABLE_TIMING), "FfnTrainingPlan::make_state: cuEventCreate");
+  s.counter = detail::DeviceBuffer(8);
+  return state;
+}
+
+int64_t FfnTrainingPlan::state_bytes(int64_t tokens, uint32_t capacity) const {
+  const Impl& p = checked(impl_, "FfnTrainingPlan::state_bytes");
+  const TwellLayout& l = p.forward.layout();
+  return std::max<int64_t>(tokens, 0) * l.words_per_row(p.kernel_spec.d_ff) * 4 + int64_t{capacity} * l.tile_n * 2 + 8;
+}
+
+int64_t FfnTrainingPlan::backward_scratch_bytes(int64_t tokens, uint32_t grad_capacity) const {
+  const Impl& p = checked(impl_, "FfnTrainingPlan::backward_scratch_bytes");
+  const TwellLayout& l = p.forward.layout();
+  tokens = std::max<int64_t>(tokens, 0);
+  return entry_grad_floats(l, p.kernel_spec.d_ff, tokens) * 4 + backup_grad_floats(l, grad_capacity) * 4 +
+         train_weight_grad_workspace_bytes(p.kernel_spec) + train_weight_grad_list_bytes(p.kernel_spec, tokens, grad_capacity) + 4;
+}
+
+void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens, FfnTrainingState& state, float* row_l1) {
+  constexpr const char* who = "FfnTrainingPlan::forward";
+  Impl& p = checked(impl_, who);
+  if (!p.context->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: this plan was made without a GPU ({})", who, p.context->no_gpu_reason));
+  if (!state.impl_ || state.impl_->plan != &p) fail(who, "state: expected a state this plan made (FfnTrainingPlan::make_state)");
+  p.context->make_current();
+  FfnPlan::Impl& f = *p.forward.impl_;
+  check_run_arguments(who, f.spec, t, tokens, p.max_tokens, true);
+  check_operand_alignment(f, t, false);
+  if (row_l1 != nullptr) {
+    if (std::string problem = pointer_problem("row_l1", row_l1, 4); !problem.empty()) fail(who, problem);
+    if (!is_device_memory(row_l1)) fail(who, fmt::format("row_l1: expected device memory (cuMemAlloc/cudaMalloc), got {}", static_cast<void*>(row_l1)));
+  }
+  FfnTrainingState::Impl& s = *state.impl_;
+  auto cu = reinterpret_cast<CUstream>(stream);
+  const TwellLayout& l = f.layout;
+  ensure(s.twell, size_t(tokens) * l.words_per_row(f.sparse_spec.d_ff) * 4, cu, who);
+  ensure(s.backup, size_t(p.capacity) * l.tile_n * 2, cu, who);
+  const TwellBuffers matrix{reinterpret_cast<uint32_t*>(s.twell.get()), reinterpret_cast<uint16_t*>(s.backup.get()),
+                            s.counter.get(), p.capacity, row_l1};
+  s.tokens = -1;  // until the launches are enqueued
+  f.use_block = false;
+  launch_twell(f, t, tokens, LaunchStages::All, matrix, /*allow_decode=*/false, cu, who);
+  const detail::Driver& d = detail::Driver::get();
+  detail::check(d.cuMemcpyDtoHAsync(s.pinned, s.counter.get(), 4, cu), "FfnTrainingPlan::forward: cuMemcpyDtoHAsync(overflow count)");
+  detail::check(d.cuEventRecord(s.event, cu), "FfnTrainingPlan::forward: cuEventRecord");
+  s.tokens = tokens;
+  s.capacity = p.capacity;
+}
+
+void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens,
+                               const FfnTrainingState& state, const FfnGradients& g, float lambda, int64_t l1_tokens,
+                               const float* l1_weight) {
+  constexpr const char* who = "FfnTrainingPlan::backward";
+  Impl& p = checked(impl_, who);
+  if (!p.context->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: this plan was made without a GPU ({})", who, p.context->no_gpu_reason));
+  if (!state.impl_ || state.impl_->plan != &p) fail(who, "state: expected a state this plan made (FfnTrainingPlan::make_state)");
+  const FfnTrainingState::Impl& s = *state.impl_;
+  if (s.tokens < 0) fail(who, "state: expected the state of a forward() call, got one no forward has filled");
+  if (tokens != s.tokens)
+    fail(who, fmt::format("tokens: expected the forward's token count {} (the state's), got {}", s.tokens, tokens));
+  p.context->make_current();
+  FfnPlan::Impl& f = *p.forward.impl_;
+  // x and Wg here (y is not read), Wd before the transpose reads it; the training kernels check the rest.
+  check_run_arguments(who, f.spec, t, tokens, p.max_tokens, /*needs_output=*/false);
+  if (std::string problem = pointer_problem("t.w_down", t.w_down, 2); !problem.empty()) fail(who, problem);
+  if (!is_device_memory(t.w_down)) fail(who, fmt::format("t.w_down: expected device memory (cuMemAlloc/cudaMalloc), got {}", t.w_down));
+  const int64_t min_ld_down = f.spec.down_layout == WeightLayout::InOut ? f.spec.d_model : f.spec.d_ff;
+  if (t.ld_down != 0 && (t.ld_down < min_ld_down || t.ld_down > (int64_t{1} << 36)))
+    fail(who, fmt::format("t.ld_down: expected a row stride in {}..2^36 elements (0 = dense), got {}", min_ld_down, t.ld_down));
+  const detail::Driver& d = detail::Driver::get();
+  auto cu = reinterpret_cast<CUstream>(stream);
+  // The forward's overflow count: its copy was enqueued before everything after the forward.
+  detail::check(d.cuEventSynchronize(s.event), "FfnTrainingPlan::backward: cuEventSynchronize(forward)");
+  const uint32_t overflow = *s.pinned;
+  if (overflow > s.capacity) {
+    // Some tile-rows were recomputed (exact, slower): later forwards get room for this many and a quarter.
+    p.capacity = std::max<uint32_t>(p.capacity, static_cast<uint32_t>(std::min<uint64_t>(
+                                                    uint64_t{overflow} + overflow / 4, (uint64_t{1} << 32) - 1)));
+  }
+  const uint32_t grad_capacity = std::max(s.capacity, overflow);
+  const TwellLayout& l = f.layout;
+  const FfnSpec& ks = p.kernel_spec;
+  ensure(p.entry_grad, size_t(entry_grad_floats(l, ks.d_ff, tokens)) * 4, cu, who);
+  ensure(p.backup_grad, size_t(backup_grad_floats(l, grad_capacity)) * 4, cu, who);
+  ensure(p.workspace, size_t(train_weight_grad_workspace_bytes(ks)), cu, who);
+  ensure(p.entry_list, size_t(train_weight_grad_list_bytes(ks, tokens, grad_capacity)), cu, who);
+  ensure(p.grad_overflow, 4, cu, who);
+
+  // Wd as the rows of Wd^T: an nn.Linear Wd is transposed into the forward plan's buffer on the stream.
+  const void* w_down = t.w_down;
+  int64_t ld_down = t.ld_down;
+  if (f.transpose && tokens > 0) {
+    const int64_t K = f.spec.d_model, N = f.spec.d_ff;
+    device::TransposeParams tp{static_cast<const uint16_t*>(t.w_down), reinterpret_cast<uint16_t*>(f.w_down_t->get()), K, N,
+                               t.ld_down ? t.ld_down : N, K};
+    void* args[1] = {&tp};
+    detail::launch(*f.transpose, kernels::LaunchShape{0, K, N}, args, cu, who);
+    w_down = reinterpret_cast<const void*>(f.w_down_t->get());
+    ld_down = K;
+  }
+  // The kernels' own checks name their fields (t.dx, t.dy, ...): the messages say which call they are in.
+  auto named = [&](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      throw Error(e.code(), fmt::format("{}: {}", who, e.what()));
+    }
+  };
+  TrainRowBackwardTensors r;
+  r.x = t.x;
+  r.w_gate = t.w_gate;
+  r.w_up = t.w_up;
+  r.w_down = w_down;
+  r.twell = reinterpret_cast<const uint32_t*>(s.twell.get());
+  r.backup = reinterpret_cast<const void*>(s.backup.get());
+  r.dy = dy;
+  r.dx = g.dx;
+  r.entry_grad = reinterpret_cast<float*>(p.entry_grad.get());
+  r.backup_grad = reinterpret_cast<float*>(p.backup_grad.get());
+  r.grad_overflow_count = reinterpret_cast<uint32_t*>(p.grad_overflow.get());
+  r.l1_weight = l1_weight;
+  r.ld_x = t.ld_x;
+  r.ld_gate = t.ld_gate;
+  r.ld_up = t.ld_up;
+  r.ld_down = ld_down;
+  r.ld_dy = ld_dy;
+  r.ld_dx = g.ld_dx;
+  named([&] { detail::train_row_backward(p.context, stream, ks, r, tokens, s.capacity, grad_capacity, lambda, l1_tokens); });
+
+  TrainWeightGradTensors w;
+  w.x = t.x;
+  w.dy = dy;
+  w.twell = r.twell;
+  w.entry_grad = r.entry_grad;
+  w.backup_grad = r.backup_grad;
+  w.dw_gate = g.dw_gate;
+  w.dw_up = g.dw_up;
+  w.dw_down = g.dw_down;
+  w.output_dtype = p.options.gradients_in_dtype;
+  w.workspace = reinterpret_cast<void*>(p.workspace.get());
+  w.entry_list = reinterpret_cast<void*>(p.entry_list.get());
+  w.ld_x = t.ld_x;
+  w.ld_dy = ld_dy;
+  w.ld_dw_gate = g.ld_dw_gate;
+  w.ld_dw_up = g.ld_dw_up;
+  w.ld_dw_down = g.ld_dw_down;
+  named([&] { detail::train_weight_grad(p.context, stream, ks, w, tokens, grad_capacity); });
+}
+
+}  // namespace twell

@@ -1,0 +1,294 @@
+// FfnTrainingPlan (twell/training_plan.h) on the GPU, forward and backward of whole steps, against the
+// CPU reference (twell/training_reference.h) and the inference plan:
+//   y: bit for bit FfnPlan::run's (Dispatch::Sparse, the row consumer), within 1e-2 of the reference;
+//   the L1 term (sum of row_l1 / tokens) within 1e-4 of the reference's (double) sum;
+//   dx, dWg, dWu, dWd within 1e-2 of reference_training_backward, with lambda, and bit-identical on a
+//   second step; the L1 coefficient through a device scalar (l1_weight) as through lambda;
+//   a backup far too small (every overflowing tile-row recomputed, then the capacity grown): the same
+//   gradients; shapes with odd d_model (520) and d_ff (1408), M = 1, 7, 1000; relu and silu, bf16 and
+//   f16, gated and not, both Wd layouts; outputs poisoned (NaN bits) before every call.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "test_data.h"
+#include "twell/context.h"
+#include "twell/device_memory.h"
+#include "twell/error.h"
+#include "twell/half.h"
+#include "twell/reference.h"
+#include "twell/training_plan.h"
+#include "twell/training_reference.h"
+
+using namespace twell;
+using namespace twell::testing;
+
+namespace {
+
+Context& plan_context() {
+  static Context ctx;
+  return ctx;
+}
+
+#define REQUIRE_GPU() \
+  if (!plan_context().has_gpu()) GTEST_SKIP() << "no GPU: " << plan_context().no_gpu_reason()
+
+// One training step's outputs, downloaded.
+struct Step {
+  std::vector<uint16_t> y, dx;
+  std::vector<float> row_l1, dw_gate, dw_up, dw_down;  // dw_down: in_out [N, K]
+};
+
+FfnTensors tensors(const RandomFfn& f, DeviceMemory& x, DeviceMemory& wg, DeviceMemory& wu, DeviceMemory& wd, DeviceMemory& y) {
+  FfnTensors t;
+  t.x = x.data();
+  t.w_gate = wg.data();
+  t.w_up = f.spec.gated ? wu.data() : nullptr;
+  t.w_down = wd.data();
+  t.y = y.data();
+  return t;
+}
+
+Step run_step(FfnTrainingPlan& plan, FfnTrainingState& state, const RandomFfn& f, const std::vector<uint16_t>& dy,
+              float lambda, const float* l1_weight_host, StreamHandle& stream) {
+  Context& c = plan_context();
+  const FfnSpec& s = f.spec;
+  DeviceMemory x(c, f.x.size() * 2), wg(c, f.w_gate.size() * 2), wu(c, std::max<size_t>(2, f.w_up.size() * 2)),
+      wd(c, f.w_down.size() * 2), dyd(c, dy.size() * 2), y(c, f.x.size() * 2), dx(c, f.x.size() * 2),
+      row_l1(c, std::max<size_t>(4, f.tokens * 4)), dwg(c, f.w_gate.size() * 4),
+      dwu(c, std::max<size_t>(4, f.w_up.size() * 4)), dwd(c, f.w_down.size() * 4), l1w(c, 4);
+  x.upload(f.x);
+  wg.upload(f.w_gate);
+  if (s.gated) wu.upload(f.w_up);
+  wd.upload(f.w_down);
+  dyd.upload(dy);
+  for (DeviceMemory* m : {&y, &dx, &row_l1, &dwg, &dwu, &dwd}) m->fill(0xFF);  // NaN bits
+  if (l1_weight_host) l1w.upload(l1_weight_host, 4);
+  const FfnTensors t = tensors(f, x, wg, wu, wd, y);
+  plan.forward(stream.get(), t, f.tokens, state, static_cast<float*>(row_l1.data()));
+  FfnGradients g;
+  g.dx = dx.data();
+  g.dw_gate = dwg.data();
+  g.dw_up = s.gated ? dwu.data() : nullptr;
+  g.dw_down = dwd.data();
+  plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, g, lambda, 0,
+                l1_weight_host ? static_cast<const float*>(l1w.data()) : nullptr);
+  stream.synchronize();
+  Step out;
+  const size_t rows = static_cast<size_t>(f.tokens * s.d_model);
+  out.y = y.download_vector<uint16_t>(rows);
+  out.dx = dx.download_vector<uint16_t>(rows);
+  out.row_l1 = row_l1.download_vector<float>(static_cast<size_t>(f.tokens));
+  out.dw_gate = dwg.download_vector<float>(f.w_gate.size());
+  if (s.gated) out.dw_up = dwu.download_vector<float>(f.w_up.size());
+  out.dw_down = dwd.download_vector<float>(f.w_down.size());
+  return out;
+}
+
+// y of the inference plan on the same layer (Dispatch::Sparse, the row consumer, no decode kernels).
+std::vector<uint16_t> inference_y(const RandomFfn& f, const TwellLayout& layout) {
+  Context& c = plan_context();
+  FfnSpec s = f.spec;
+  s.consumer = ConsumerVariant::RowGather;
+  s.tile_n = layout.tile_n;
+  s.slots = layout.slots;
+  PlanOptions o;
+  o.dispatch = Dispatch::Sparse;
+  o.decode_max_tokens = 0;
+  FfnPlan plan = c.plan(s, std::max<int64_t>(1, f.tokens), o);
+  StreamHandle stream(c);
+  DeviceMemory x(c, f.x.size() * 2), wg(c, f.w_gate.size() * 2), wu(c, std::max<size_t>(2, f.w_up.size() * 2)),
+      wd(c, f.w_down.size() * 2), y(c, f.x.size() * 2);
+  x.upload(f.x);
+  wg.upload(f.w_gate);
+  if (s.gated) wu.upload(f.w_up);
+  wd.upload(f.w_down);
+  y.fill(0xFF);
+  plan.run(stream.get(), tensors(f, x, wg, wu, wd, y), f.tokens);
+  stream.synchronize();
+  return y.download_vector<uint16_t>(static_cast<size_t>(f.tokens * s.d_model));
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](float p, float q) {
+           return std::bit_cast<uint32_t>(p) == std::bit_cast<uint32_t>(q);
+         });
+}
+
+// [N, K] in_out -> the reference's layout for spec.down_layout ([K, N] for out_in).
+std::vector<float> down_as_spec(const FfnSpec& s, const std::vector<float>& in_out) {
+  if (s.down_layout == WeightLayout::InOut) return in_out;
+  const int64_t K = s.d_model, N = s.d_ff;
+  std::vector<float> out(in_out.size());
+  for (int64_t j = 0; j < N; ++j)
+    for (int64_t k = 0; k < K; ++k) out[k * N + j] = in_out[j * K + k];
+  return out;
+}
+
+struct Case {
+  std::string name;
+  FfnSpec spec;
+  int64_t tokens;
+  double density;
+  std::optional<uint32_t> backup_capacity;
+  float lambda = 0.5f;
+};
+
+void check(const Case& c) {
+  SCOPED_TRACE(c.name);
+  const RandomFfn f = make_random_ffn(c.spec, c.tokens, c.density, 4242 + static_cast<uint32_t>(c.tokens));
+  const std::vector<uint16_t> dy = random_bits(c.spec.dtype, static_cast<size_t>(c.tokens * c.spec.d_model), -1.0f, 1.0f, 99);
+  TrainingPlanOptions options;
+  options.backup_capacity = c.backup_capacity;
+  FfnTrainingPlan plan = FfnTrainingPlan::create(plan_context(), c.spec, std::max<int64_t>(1, c.tokens), options);
+  FfnTrainingState state = plan.make_state();
+  StreamHandle stream(plan_context());
+  const Step a = run_step(plan, state, f, dy, c.lambda, nullptr, stream);
+  const Step b = run_step(plan, state, f, dy, c.lambda, nullptr, stream);  // a larger backup after an overflow
+
+  FfnSpec ref_spec = c.spec;
+  ref_spec.tile_n = plan.layout().tile_n;
+  ref_spec.slots = plan.layout().slots;
+  const TrainingForward fw = reference_training_forward(ref_spec, f.x, f.tokens, f.weights());
+  const TrainingGradients ref = reference_training_backward(ref_spec, f.x, f.weights(), fw, dy, c.lambda);
+
+  EXPECT_EQ(a.y, inference_y(f, plan.layout())) << "y: not FfnPlan::run's bits";
+  EXPECT_LT(relative_error(to_float(c.spec.dtype, a.y), fw.y), 1e-2) << "y";
+  double l1 = 0;
+  for (float r : a.row_l1) l1 += r;
+  l1 = c.tokens > 0 ? l1 / double(c.tokens) : 0.0;
+  EXPECT_LE(std::abs(l1 - fw.l1), 1e-4 * std::abs(fw.l1) + 1e-30) << "L1 term: " << l1 << " vs " << fw.l1;
+  const double e_dx = relative_error(to_float(c.spec.dtype, a.dx), ref.dx);
+  const double e_wg = relative_error(a.dw_gate, ref.dw_gate);
+  const double e_wd = relative_error(down_as_spec(c.spec, a.dw_down), ref.dw_down);
+  const double e_wu = c.spec.gated ? relative_error(a.dw_up, ref.dw_up) : 0.0;
+  EXPECT_LT(e_dx, 1e-2) << "dx";
+  EXPECT_LT(e_wg, 1e-2) << "dWg";
+  EXPECT_LT(e_wu, 1e-2) << "dWu";
+  EXPECT_LT(e_wd, 1e-2) << "dWd";
+  // The second step (same inputs; its backup may be larger after the first one's overflow).
+  EXPECT_EQ(a.y, b.y) << "y differs between two steps";
+  EXPECT_EQ(a.dx, b.dx) << "dx differs between two steps";
+  EXPECT_TRUE(same_bits(a.dw_gate, b.dw_gate)) << "dWg differs between two steps";
+  EXPECT_TRUE(same_bits(a.dw_up, b.dw_up)) << "dWu differs between two steps";
+  EXPECT_TRUE(same_bits(a.dw_down, b.dw_down)) << "dWd differs between two steps";
+  EXPECT_TRUE(same_bits(a.row_l1, b.row_l1)) << "row_l1 differs between two steps";
+  if (std::getenv("TWELL_TEST_VERBOSE"))
+    std::printf("%s: nnz %zu, L1 %.6g (ref %.6g), relative errors dx %.3g dWg %.3g dWu %.3g dWd %.3g, state %zu bytes\n",
+                c.name.c_str(), fw.neuron.size(), l1, fw.l1, e_dx, e_wg, e_wu, e_wd, state.device_bytes());
+}
+
+FfnSpec spec_of(int64_t d_model, int64_t d_ff, bool gated, Activation act, float threshold, DType dtype, WeightLayout down) {
+  FfnSpec s;
+  s.d_model = d_model;
+  s.d_ff = d_ff;
+  s.gated = gated;
+  s.activation = act;
+  s.threshold = threshold;
+  s.dtype = dtype;
+  s.down_layout = down;
+  return s;
+}
+
+}  // namespace
+
+TEST(GpuTrainingPlan, StepsAgainstTheReference) {
+  REQUIRE_GPU();
+  const FfnSpec relu_bf16 = spec_of(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const FfnSpec odd = spec_of(520, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  const FfnSpec silu = spec_of(256, 1024, true, Activation::SiLU, 0.05f, DType::FP16, WeightLayout::OutIn);
+  const FfnSpec plain = spec_of(256, 1024, false, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  for (const Case& c : {Case{"relu bf16 out_in M=1000 2%", relu_bf16, 1000, 0.02, {}},
+                        Case{"relu bf16 out_in M=1000 0.1%", relu_bf16, 1000, 0.001, {}},
+                        Case{"relu bf16 out_in M=1 5%", relu_bf16, 1, 0.05, {}},
+                        Case{"odd 520x1408 in_out M=7 20%", odd, 7, 0.2, {}},
+                        Case{"heavy rows, backup of 1 tile-row, M=300 20%", relu_bf16, 300, 0.2, 1u},
+                        Case{"silu f16 M=200 5%", silu, 200, 0.05, {}},
+                        Case{"non-gated M=300 2%", plain, 300, 0.02, {}},
+                        Case{"lambda 0 M=256 0.5%", relu_bf16, 256, 0.005, {}, 0.0f}})
+    check(c);
+}
+
+// The L1 coefficient read from a device scalar (autograd's upstream gradient of the L1 term) gives the
+// gradients of lambda = that scalar, up to fp32(1 / M) * w against fp32(w / M): within 1e-5.
+TEST(GpuTrainingPlan, L1WeightOnTheDevice) {
+  REQUIRE_GPU();
+  const FfnSpec s = spec_of(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const RandomFfn f = make_random_ffn(s, 333, 0.02, 7);
+  const std::vector<uint16_t> dy = random_bits(s.dtype, static_cast<size_t>(f.tokens * s.d_model), -1e-3f, 1e-3f, 8);
+  FfnTrainingPlan plan = FfnTrainingPlan::create(plan_context(), s, f.tokens);
+  FfnTrainingState state = plan.make_state();
+  StreamHandle stream(plan_context());
+  const float w = 3.0f;
+  const Step host = run_step(plan, state, f, dy, w, nullptr, stream);
+  const Step device = run_step(plan, state, f, dy, 1.0f, &w, stream);
+  const Step none = run_step(plan, state, f, dy, 0.0f, nullptr, stream);
+  EXPECT_LT(relative_error(device.dw_gate, host.dw_gate), 1e-5);
+  EXPECT_LT(relative_error(device.dw_up, host.dw_up), 1e-5);
+  // The L1 term must matter here (dy is small): without it dWg moves well beyond that.
+  EXPECT_GT(relative_error(none.dw_gate, host.dw_gate), 1e-2);
+}
+
+// Bad arguments are refused by name, and the plan keeps working.
+TEST(GpuTrainingPlan, RefusesBadArguments) {
+  REQUIRE_GPU();
+  const FfnSpec s = spec_of(256, 1024, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const RandomFfn f = make_random_ffn(s, 64, 0.02, 11);
+  const std::vector<uint16_t> dy = random_bits(s.dtype, static_cast<size_t>(f.tokens * s.d_model), -1.0f, 1.0f, 12);
+  FfnTrainingPlan plan = FfnTrainingPlan::create(plan_context(), s, f.tokens);
+  FfnTrainingPlan other = FfnTrainingPlan::create(plan_context(), s, f.tokens);
+  FfnTrainingState state = plan.make_state(), foreign = other.make_state();
+  StreamHandle stream(plan_context());
+  Context& c = plan_context();
+  DeviceMemory x(c, f.x.size() * 2), wg(c, f.w_gate.size() * 2), wu(c, f.w_up.size() * 2), wd(c, f.w_down.size() * 2),
+      y(c, f.x.size() * 2), dyd(c, dy.size() * 2), dx(c, f.x.size() * 2), dwg(c, f.w_gate.size() * 4),
+      dwu(c, f.w_up.size() * 4), dwd(c, f.w_down.size() * 4);
+  x.upload(f.x);
+  wg.upload(f.w_gate);
+  wu.upload(f.w_up);
+  wd.upload(f.w_down);
+  dyd.upload(dy);
+  const FfnTensors t = tensors(f, x, wg, wu, wd, y);
+  FfnGradients g;
+  g.dx = dx.data();
+  g.dw_gate = dwg.data();
+  g.dw_up = dwu.data();
+  g.dw_down = dwd.data();
+  auto refused = [](const std::function<void()>& fn, const std::string& needle) {
+    try {
+      fn();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "not refused: " << needle;
+  };
+  refused([&] { plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, g, 0.1f); }, "state");
+  refused([&] { plan.forward(stream.get(), t, f.tokens, foreign); }, "state");
+  refused([&] { plan.forward(stream.get(), t, f.tokens + 1, state); }, "tokens");
+  refused([&] { plan.forward(stream.get(), t, f.tokens, state, reinterpret_cast<float*>(2)); }, "row_l1");
+  plan.forward(stream.get(), t, f.tokens, state);
+  refused([&] { plan.backward(stream.get(), t, dyd.data(), 0, f.tokens - 1, state, g, 0.1f); }, "tokens");
+  refused([&] { plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, g, -1.0f); }, "lambda");
+  FfnGradients overlapping = g;
+  overlapping.dx = x.data();
+  refused([&] { plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, overlapping, 0.1f); }, "overlap");
+  FfnGradients no_up = g;
+  no_up.dw_up = nullptr;
+  refused([&] { plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, no_up, 0.1f); }, "dw_up");
+  // Still works.
+  plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, g, 0.1f);
+  stream.synchronize();
+  FfnSpec block = s;
+  block.consumer = ConsumerVariant::TokenBlock;
+  refused([&] { FfnTrainingPlan::create(plan_context(), block, 64); }, "spec.consumer");
+}
