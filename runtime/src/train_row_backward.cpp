@@ -35,7 +35,7 @@ void train_row_backward(const std::shared_ptr<Context::Impl>& ctx, Stream stream
     bad("spec.down_layout: expected in_out (w_down as the rows of Wd^T, [d_ff, d_model]; transpose an nn.Linear Wd "
         "first), got out_in");
   if (tokens < 0 || tokens > INT32_MAX)
-    bad(fmt::format("tokens: expected 0..2^31 - 1 (one CTA per row), got {}", tokens));
+    bad(fmt::format("tokens: expected 0..2^31 - 1 (a 32-bit row index), got {}", tokens));
   if (l1_tokens < 0) bad(fmt::format("l1_tokens: expected >= 0 (0: tokens), got {}", l1_tokens));
   if (!std::isfinite(lambda) || lambda < 0.0f) bad(fmt::format("lambda: expected a finite value >= 0, got {}", lambda));
   if (grad_capacity < backup_capacity)

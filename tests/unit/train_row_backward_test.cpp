@@ -108,6 +108,43 @@ TEST(TrainRowBackward, LaunchGeometryAndRequestKey) {
   EXPECT_NE(kernels::validate_kernel(broken, Target{90, true}).find("down_in_out"), std::string::npos);
 }
 
+// ReLU after a tensor-core gate with d_model % 8 == 0 and <= 2048 takes the warp-per-row form
+// (persistent, 4 warps per CTA, the grid filling the GPU once); SiLU, d_model 2056 and the fma gate the
+// CTA form; the contract refuses a persistent description of a shape the warp form cannot take.
+TEST(TrainRowBackward, WarpRowFormWhereItApplies) {
+  const FfnSpec paper = twell::testing::ffn_spec(2048, 5632);
+  const compiler::KernelSource w = compiler::generateAuxiliary(KernelKind::TrainRowBackward, paper, Target{90, true});
+  EXPECT_TRUE(w.persistent);
+  EXPECT_EQ(w.consumer, kernels::ConsumerKind::WarpRow);
+  EXPECT_EQ(w.threads, 128);
+  EXPECT_EQ(w.cta_m, 4);
+  EXPECT_NE(w.source.find("static constexpr bool warp_row = true;"), std::string::npos);
+  const kernels::LaunchConfig c = kernels::launch_config(w, kernels::LaunchShape{16384, 0, 0}, kernels::Occupancy{132, 2, 0});
+  EXPECT_EQ(c.grid_x, 264u);
+  EXPECT_EQ(c.block_x, 128u);
+  EXPECT_EQ(kernels::launch_config(w, kernels::LaunchShape{5, 0, 0}, kernels::Occupancy{132, 2, 0}).grid_x, 2u);
+  FfnSpec silu = paper;
+  silu.activation = Activation::SiLU;
+  silu.threshold = 0.05f;
+  FfnSpec wide = twell::testing::ffn_spec(2056, 1024);
+  FfnSpec odd = twell::testing::ffn_spec(100, 300);
+  for (const FfnSpec& s : {silu, wide, odd}) {
+    const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainRowBackward, s, Target{90, true});
+    EXPECT_FALSE(k.persistent) << k.name;
+    EXPECT_EQ(k.threads, 256) << k.name;
+    EXPECT_NE(k.source.find("static constexpr bool warp_row = false;"), std::string::npos) << k.name;
+  }
+  compiler::KernelSource broken = compiler::generateAuxiliary(KernelKind::TrainRowBackward, wide, Target{90, true});
+  broken.persistent = true;
+  broken.threads = 128;
+  broken.cta_m = 4;
+  broken.consumer = kernels::ConsumerKind::WarpRow;
+  EXPECT_NE(kernels::validate_kernel(broken, Target{90, true}).find("d_model % 8 == 0 and <= 2048"), std::string::npos);
+  broken = w;
+  broken.consumer = kernels::ConsumerKind::CtaRow;
+  EXPECT_NE(kernels::validate_kernel(broken, Target{90, true}).find("consumer"), std::string::npos);
+}
+
 void expect_generate_error(const FfnSpec& s, const std::string& field) {
   try {
     compiler::generateAuxiliary(KernelKind::TrainRowBackward, s, Target{90, true});

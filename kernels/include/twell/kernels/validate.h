@@ -155,13 +155,25 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
       return first({T::allowed(k.d_model, k.d_ff) ? std::string() : "d_model: expected 1.." + std::to_string(T::kMaxDModel) + ", found " + std::to_string(k.d_model),
                     k.mainloop == GateMainloop::None ? "mainloop: expected the gate's (fma, mma_sync or wgmma), found none" : "",
                     k.mainloop != GateMainloop::Fma && k.d_model % 8 != 0 ? "d_model: a tensor-core gate's recompute needs a multiple of 8" : "",
-                    expect("threads", T::kThreads, k.threads, "the row backward"), expect("cta_m", T::kCtaM, k.cta_m, "one row per CTA"),
+                    k.persistent ? expect("threads", T::kWarpThreads, k.threads, "the warp-per-row backward")
+                                 : expect("threads", T::kThreads, k.threads, "the row backward"),
+                    k.persistent ? expect("cta_m", T::kWarpCtaM, k.cta_m, "a row per warp")
+                                 : expect("cta_m", T::kCtaM, k.cta_m, "one row per CTA"),
+                    // (Its ReLU-only rule is the device code's static_assert: the source holds no activation.)
+                    k.persistent && !T::warpRow(k.d_model, k.tile_n, true, k.mainloop != GateMainloop::Fma)
+                        ? "persistent: the warp-per-row backward needs a tensor-core gate, d_model % 8 == 0 and <= " +
+                              std::to_string(T::kWarpMaxDModel) + ", tile_n <= 512"
+                        : std::string(),
+                    k.consumer != (k.persistent ? ConsumerKind::WarpRow : ConsumerKind::CtaRow)
+                        ? std::string("consumer: expected warp_row for the persistent form, cta_row for the CTA-per-row one, found ") +
+                              to_string(k.consumer)
+                        : std::string(),
                     expect("grid_y", 1, k.grid_y, "one row per CTA"), expect("cluster_m", 1, k.cluster_m, "no clusters"),
                     expect("smem_bytes", 0, k.smem_bytes, "static shared memory only"),
                     expect("operand_alignment", T::operandAlignment(k.d_model, k.mainloop != GateMainloop::Fma), k.operand_alignment,
                            "its row loads"),
                     k.down_in_out ? std::string() : "down_in_out: expected the in_out Wd (rows of Wd^T)",
-                    k.persistent || k.tma_persistent ? "persistent: expected one CTA per row" : ""});
+                    k.tma_persistent ? "tma_persistent: expected no TMA" : ""});
     }
     case KernelKind::TrainWeightGrad: {
       using T = TrainWeightGradConstraints;

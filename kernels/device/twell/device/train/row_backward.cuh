@@ -31,7 +31,7 @@ __device__ __forceinline__ float silu_derivative(float g) {
 __device__ __forceinline__ float sign_of(float h) { return h > 0.0f ? 1.0f : h < 0.0f ? -1.0f : h == 0.0f ? 0.0f : h; }
 
 template <class Config>
-__device__ __forceinline__ void train_row_backward(const TrainRowBackwardParams& p) {
+__device__ __forceinline__ void train_row_backward_cta(const TrainRowBackwardParams& p) {
   using Value = typename Config::Value;
   constexpr int K = Config::d_model;
   constexpr int N = Config::d_ff;
@@ -49,7 +49,7 @@ __device__ __forceinline__ void train_row_backward(const TrainRowBackwardParams&
   // Entries whose weight rows are loaded before their FMAs in the dx pass (the loads bound it), as many
   // as keep the registers in bounds at this d_model.
   constexpr int kBatch = X_STEPS == 1 ? 4 : X_STEPS == 2 ? 2 : 1;
-  static_assert(THREADS == 256 && Config::cta_m == 1, "the row backward: 256 threads, one row per CTA");
+  static_assert(THREADS == 256 && Config::cta_m == 1, "the CTA-per-row backward: 256 threads, one row per CTA");
   static_assert(!kVector || K % 8 == 0, "16-byte rows need d_model % 8 == 0");
   static_assert(Config::gate_mainloop == 0 || K % 8 == 0, "a tensor-core gate's recompute needs d_model % 8 == 0");
   // Where an entry's {dg, du, h, a} goes: >= 0 a quad of entry_grad, < 0 the quad -1 - out of backup_grad,
@@ -283,6 +283,212 @@ __device__ __forceinline__ void train_row_backward(const TrainRowBackwardParams&
     const int i = kVector ? (tid + q / 8 * THREADS) * 8 + q % 8 : tid + q * THREADS;
     if (i < K) out[i] = Value::from_float(dx[q]);
   }
+}
+
+// The warp-per-row form (Config::warp_row: ReLU, d_model % 8 == 0 and <= 2048, a tensor-core gate,
+// tile_n <= 512; TrainRowBackwardConstraints::warpRow), the row consumer's (gated_down_warp) shape for the
+// backward: persistent CTAs of Config::threads / 32 warps, warp w of the grid takes rows w, w + warps, ...
+// Per row, x and dy wait in the warp's shared memory, the row's TwELL words are read a window at a time
+// (one coalesced load per lane and word group, not one round trip per tile), and each active entry j,
+// in the CTA form's order, loads its Wd^T, Wu and Wg rows together (lane l: columns 8l + 256i .. +7),
+// reduces dh = dy . Wd^T_j and u = x . Wu_j over the warp, stores {dg, du, h, a}, and adds
+// du Wu_j + dg Wg_j to the fp32 dx it holds in registers while those rows are still there: one pass,
+// three weight rows per entry. The sums are the CTA form's, term for term (per-lane chunks ascending,
+// the same butterfly; per column du's term then dg's, entries ascending), so both forms give the same
+// bits. No shared-memory barrier spans warps: warps of a CTA never wait for each other.
+template <class Config>
+__device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardParams& p) {
+  using Value = typename Config::Value;
+  constexpr int K = Config::d_model;
+  constexpr int N = Config::d_ff;
+  constexpr int TILE_N = Config::tile_n;
+  constexpr int SLOTS = Config::slots;
+  constexpr int WARPS = Config::threads / 32;
+  constexpr int TILES = (N + TILE_N - 1) / TILE_N;
+  constexpr int WORDS_PER_ROW = TILES * (SLOTS + 1);
+  constexpr int XS = (K + 255) / 256;  // 16-byte chunks per lane
+  constexpr int kWindowWords = 512;    // TwELL words per warp in shared memory
+  constexpr int kWindowTiles = kWindowWords / (SLOTS + 1) < 32 ? kWindowWords / (SLOTS + 1) : 32;
+  constexpr uint32_t FULL = 0xFFFFFFFFu;
+  constexpr long long kNowhere = -(1ll << 62);
+  static_assert(Config::cta_m == WARPS && Config::gate_mainloop >= 1 && K % 8 == 0 && XS <= 8 && TILE_N <= 512 &&
+                    kWindowTiles >= 1 && Config::activation == kReLU,
+                "warp-per-row backward: cta_m = warps, tensor-core gate, ReLU, d_model % 8 == 0 and <= 2048, tile_n <= 512");
+  __shared__ __align__(16) uint16_t xs_all[WARPS][XS * 256];
+  __shared__ __align__(16) uint16_t dys_all[WARPS][XS * 256];
+  __shared__ uint32_t words_all[WARPS][kWindowTiles * (SLOTS + 1)];
+  __shared__ uint16_t dense_tiles[WARPS][TILE_N];
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  uint16_t* const xs = xs_all[warp];
+  uint16_t* const dys = dys_all[warp];
+  uint32_t* const words = words_all[warp];
+  uint16_t* const dense_tile = dense_tiles[warp];
+  auto in_k = [&](int i) { return (8 * lane + 256 * i) < K; };
+  // The recompute's view of the forward (load_overflow_tile reads these fields only).
+  GatedDownParams gate{};
+  gate.x = p.x;
+  gate.w_gate = p.w_gate;
+  gate.backup = p.backup;
+  gate.ldx = p.ldx;
+  gate.ldwg = p.ldwg;
+  gate.backup_capacity = p.backup_capacity;
+  // The L1 coefficient: l1_scale, times the device scalar l1_weight where given (autograd's gradient of
+  // the L1 term, read on the device: no host synchronization).
+  const float l1_scale = p.l1_weight != nullptr ? p.l1_scale * *p.l1_weight : p.l1_scale;
+
+  float dx[XS * 8];
+  // One active entry: column j of d_ff, its activated gate a, where its quad goes (out as in the CTA form).
+  auto entry = [&](int64_t j, float a, long long out) {
+    uint4 d4[XS], u4[XS], g4[XS];
+    const uint16_t* wd = p.w_down + j * p.ldwd + 8 * lane;
+    const uint16_t* wu = p.w_up + j * p.ldwu + 8 * lane;
+    const uint16_t* wg = p.w_gate + j * p.ldwg + 8 * lane;
+#pragma unroll
+    for (int i = 0; i < XS; ++i) {
+      d4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
+      if constexpr (Config::gated)
+        u4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wu + 256 * i) : uint4{0u, 0u, 0u, 0u};
+      else
+        u4[i] = uint4{0u, 0u, 0u, 0u};  // unused
+      // Wg_j's row is needed only after the dot products: fetched into L2 now, loaded after them (its
+      // registers held with Wd^T_j's and Wu_j's would spill on sm_80).
+      if (in_k(i)) asm volatile("prefetch.global.L2 [%0];" ::"l"(wg + 256 * i));
+    }
+    float dh = 0.0f, u = 0.0f;
+#pragma unroll
+    for (int i = 0; i < XS; ++i)
+      if (in_k(i)) dh = dot8<Value>(*reinterpret_cast<const uint4*>(dys + 8 * lane + 256 * i), d4[i], dh);
+    dh = warp_sum(dh);
+    float h = a;
+    if constexpr (Config::gated) {
+#pragma unroll
+      for (int i = 0; i < XS; ++i)
+        if (in_k(i)) u = dot8<Value>(*reinterpret_cast<const uint4*>(xs + 8 * lane + 256 * i), u4[i], u);
+      u = warp_sum(u);
+      h = a * u;
+    }
+#pragma unroll
+    for (int i = 0; i < XS; ++i) g4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wg + 256 * i) : uint4{0u, 0u, 0u, 0u};
+    if (p.apply_l1) dh = dh + l1_scale * sign_of(h);
+    const float du = Config::gated ? dh * a : 0.0f;
+    const float dg = Config::gated ? dh * u : dh;  // ReLU: act'(g) = 1 on the active set
+    if (lane == 0 && out != kNowhere) {
+      float* at = out >= 0 ? p.entry_grad + 4 * out : p.backup_grad + 4 * (-1 - out);
+      *reinterpret_cast<float4*>(at) = make_float4(dg, du, h, a);
+    }
+#pragma unroll
+    for (int i = 0; i < XS; ++i) {
+      // Per column: du's term, then dg's (the reference's order), one fma each.
+      const uint32_t vu[4] = {u4[i].x, u4[i].y, u4[i].z, u4[i].w};
+      const uint32_t vg[4] = {g4[i].x, g4[i].y, g4[i].z, g4[i].w};
+#pragma unroll
+      for (int t = 0; t < 8; ++t) {
+        float& acc = dx[8 * i + t];
+        if constexpr (Config::gated) acc = fmaf(du, Value::to_float(static_cast<uint16_t>(vu[t / 2] >> (16 * (t % 2)))), acc);
+        acc = fmaf(dg, Value::to_float(static_cast<uint16_t>(vg[t / 2] >> (16 * (t % 2)))), acc);
+      }
+    }
+  };
+
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * WARPS;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * WARPS + warp; row < p.m; row += warps_total) {
+    {
+      const uint16_t* x = p.x + row * p.ldx + 8 * lane;
+      const uint16_t* dy = p.dy + row * p.lddy + 8 * lane;
+#pragma unroll
+      for (int i = 0; i < XS; ++i) {
+        *reinterpret_cast<uint4*>(xs + 8 * lane + 256 * i) = in_k(i) ? *reinterpret_cast<const uint4*>(x + 256 * i) : uint4{0u, 0u, 0u, 0u};
+        *reinterpret_cast<uint4*>(dys + 8 * lane + 256 * i) = in_k(i) ? *reinterpret_cast<const uint4*>(dy + 256 * i) : uint4{0u, 0u, 0u, 0u};
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < XS * 8; ++i) dx[i] = 0.0f;
+    const long long row_word0 = row * WORDS_PER_ROW;
+#pragma unroll 1
+    for (int t0 = 0; t0 < TILES; t0 += kWindowTiles) {
+      const int tiles = TILES - t0 < kWindowTiles ? TILES - t0 : kWindowTiles;
+      __syncwarp();  // the previous window's words (and, at a row's start, the last row's) are read
+      for (int w = lane; w < tiles * (SLOTS + 1); w += 32) words[w] = __ldg(p.twell + row_word0 + t0 * (SLOTS + 1) + w);
+      __syncwarp();  // the window's words (and x, dy) are visible to every lane
+      const uint32_t my_nnz = lane < tiles ? words[lane * (SLOTS + 1)] : 0u;
+      uint32_t busy = __ballot_sync(FULL, my_nnz != 0);
+      while (busy != 0) {
+        const int b = __ffs(busy) - 1;
+        busy &= busy - 1;
+        const int tile = t0 + b;
+        const uint32_t nnz = __shfl_sync(FULL, my_nnz, b);
+        const int n0 = tile * TILE_N;
+        const long long word0 = row_word0 + static_cast<long long>(tile) * (SLOTS + 1);
+        const uint32_t* header = words + b * (SLOTS + 1);
+        if (nnz <= SLOTS) {
+          for (uint32_t e = 0; e < nnz; ++e) {
+            const uint32_t w = header[1 + e];
+            entry(n0 + static_cast<int>(w & 0xFFFFu), Value::to_float(static_cast<uint16_t>(w >> 16)),
+                  word0 + 1 + static_cast<long long>(e));
+          }
+          continue;
+        }
+        // Overflowing: its activated values (backup or recompute, as the consumer), its grad row, then
+        // every active column in order (one ballot per 32 columns).
+        const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
+        const uint32_t slot = header[1];
+        load_overflow_tile<Config>(gate, slot, p.x + row * p.ldx, n0, valid_n, dense_tile, lane, 32, warp, 1);
+        uint32_t grad_row = slot;
+        if (lane == 0 && (slot == kBackupMissing || slot >= p.backup_capacity)) {
+          const uint32_t i = atomicAdd(p.grad_overflow_count, 1u);
+          grad_row = i < p.grad_capacity - p.backup_capacity ? p.backup_capacity + i : kBackupMissing;
+        }
+        grad_row = __shfl_sync(FULL, grad_row, 0);
+        if (lane == 0)
+          *reinterpret_cast<float4*>(p.entry_grad + 4 * (word0 + 1)) = make_float4(__uint_as_float(grad_row), 0.0f, 0.0f, 0.0f);
+        __syncwarp();  // dense_tile is complete
+        for (int c0 = 0; c0 < valid_n; c0 += 32) {
+          const int c = c0 + lane;
+          const uint16_t v = c < valid_n ? dense_tile[c] : static_cast<uint16_t>(0);
+          const bool active = c < valid_n && is_active<Value, Config::activation>(v, Config::threshold);
+          if (grad_row != kBackupMissing && !active)
+            *reinterpret_cast<float4*>(p.backup_grad + 4 * (static_cast<long long>(grad_row) * TILE_N + c)) =
+                make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+          uint32_t ballot = __ballot_sync(FULL, active);
+          while (ballot != 0) {
+            const int bit = __ffs(ballot) - 1;
+            ballot &= ballot - 1;
+            const int col = c0 + bit;
+            entry(n0 + col, Value::to_float(__shfl_sync(FULL, v, bit)),
+                  grad_row != kBackupMissing ? -1 - (static_cast<long long>(grad_row) * TILE_N + col) : kNowhere);
+          }
+        }
+        // Columns valid_n .. TILE_N - 1 of the last tile: inactive, zeroed like the CTA form's.
+        if (grad_row != kBackupMissing)
+          for (int c = (valid_n + 31) / 32 * 32 + lane; c < TILE_N; c += 32)
+            *reinterpret_cast<float4*>(p.backup_grad + 4 * (static_cast<long long>(grad_row) * TILE_N + c)) =
+                make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        __syncwarp();  // dense_tile is free for the next overflowing tile-row
+      }
+    }
+    uint16_t* out = p.dx + row * p.lddx + 8 * lane;
+#pragma unroll
+    for (int i = 0; i < XS; ++i) {
+      if (!in_k(i)) continue;
+      uint32_t w[4];
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        w[t] = static_cast<uint32_t>(Value::from_float(dx[8 * i + 2 * t])) |
+               (static_cast<uint32_t>(Value::from_float(dx[8 * i + 2 * t + 1])) << 16);
+      *reinterpret_cast<uint4*>(out + 256 * i) = uint4{w[0], w[1], w[2], w[3]};
+    }
+  }
+}
+
+// The form is the config's: warp_row (persistent, a row per warp) or one row per CTA.
+template <class Config>
+__device__ __forceinline__ void train_row_backward(const TrainRowBackwardParams& p) {
+  if constexpr (Config::warp_row)
+    train_row_backward_warp<Config>(p);
+  else
+    train_row_backward_cta<Config>(p);
 }
 
 }  // namespace twell::device
