@@ -54,6 +54,11 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(d_model, d_ff, bias=False)
         self.down_proj = nn.Linear(d_ff, d_model, bias=False)
         self.act_fn = nn.ReLU()
+        # "torch": PyTorch's autograd; "twell": forward_with_stats trains through twell.torch.sparse_ffn_train
+        # (train.py --ffn twell), dispatch "auto" keyed by `twell_key` (one decision per layer and bucket).
+        self.backend = "torch"
+        self.twell_key = 0
+        self.twell_dispatch = "auto"
 
     def forward(self, x):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
@@ -61,12 +66,27 @@ class GatedMLP(nn.Module):
     def forward_with_stats(self, x):
         """The same output plus (l1, density) of this call, from the one pass that training needs anyway:
         the L1 term must see h inside the autograd graph, so a second pass or a hook would cost a copy."""
+        if self.backend == "twell" and x.is_cuda and torch.is_grad_enabled():
+            return self._forward_twell(x)
         a = self.act_fn(self.gate_proj(x))
         h = a * self.up_proj(x)
         # fp32 accumulation: under autocast h is bf16, and a bf16 sum over d_ff rounds the penalty.
         l1 = h.abs().sum(-1, dtype=torch.float32).mean()
         density = torch.count_nonzero(a.detach()) / a.numel()  # relu output: nonzero <=> > 0
         return self.down_proj(h), l1, density
+
+    def _forward_twell(self, x):
+        """The same (y, l1) through twell's training kernels, on the autocast dtype's copies of x and the
+        weights (as autocast's F.linear casts them; the casts pass the gradients on to the fp32 weights).
+        The density is not measured here (NaN): the forward holds TwELL words, not the dense activations."""
+        import twell.torch as tt
+
+        dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
+        with torch.autocast("cuda", enabled=False):
+            weights = [lin.weight.to(dtype) for lin in (self.gate_proj, self.up_proj, self.down_proj)]
+            y, l1 = tt.sparse_ffn_train(x.to(dtype), *weights, dispatch=self.twell_dispatch,
+                                      decision_key=self.twell_key)
+        return y, l1, torch.full((), float("nan"), device=x.device)
 
 
 def rope_tables(head_dim, max_seq):

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from corpus import BatchSampler, heldout_windows, load_tokens, split_heldout
-from model import SparseLM, SparseLMConfig, save_checkpoint
+from model import GatedMLP, SparseLM, SparseLMConfig, save_checkpoint
 
 
 def parse_args(argv=None):
@@ -50,6 +50,13 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=float, default=10.0, help="seconds between log lines")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ffn", choices=("torch", "twell"), default="torch",
+                   help="the FFNs' training path: PyTorch autograd, or twell's sparse forward and backward "
+                        "(twell.torch.sparse_ffn_train, dispatch auto per layer, re-timed every --recalibrate-every steps)")
+    p.add_argument("--twell-dispatch", choices=("auto", "sparse"), default="auto",
+                   help="--ffn twell: per layer and step the faster of twell and PyTorch (auto), or twell always")
+    p.add_argument("--recalibrate-every", type=int, default=200,
+                   help="--ffn twell: steps between re-timings of twell against PyTorch (the density falls as training goes)")
     args = p.parse_args(argv)
     if args.seq > args.max_seq:
         p.error(f"--seq {args.seq} exceeds --max-seq {args.max_seq}")
@@ -118,6 +125,9 @@ def train(args):
     sampler = BatchSampler(train_tokens, args.batch, args.seq, device, seed=args.seed)
     config = SparseLMConfig(args.d_model, args.d_ff, args.layers, args.heads, args.max_seq)
     model = SparseLM(config).to(device)
+    mlps = [m for m in model.modules() if isinstance(m, GatedMLP)]
+    for i, mlp in enumerate(mlps):
+        mlp.backend, mlp.twell_key, mlp.twell_dispatch = args.ffn, 1000 + i, args.twell_dispatch
     optimizer = torch.optim.AdamW(
         param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95), fused=device.type == "cuda"
     )
@@ -141,6 +151,9 @@ def train(args):
         for group in optimizer.param_groups:
             group["lr"] = lr
 
+        if args.ffn == "twell" and step % args.recalibrate_every == 0:
+            from twell.torch import training as twell_training
+            twell_training.recalibrate()
         inputs, targets = sampler.sample()
         with autocast(device, use_autocast):
             logits, stats = model.forward_with_stats(inputs)
@@ -162,7 +175,8 @@ def train(args):
                 "l1_coef": l1_coef,
                 "ce": round(ce.item(), 4),
                 "l1": round(l1.item(), 3),
-                "density": [round(d, 5) for d in stats.density.tolist()],
+                "density": [round(d, 5) if d == d else None for d in stats.density.tolist()],
+                "peak_torch_mb": round(torch.cuda.max_memory_allocated() / 2**20) if device.type == "cuda" else None,
                 "tokens_per_s": round((step - last_log_step) * args.batch * args.seq / (time.perf_counter() - last_log)),
             }
             train_log.append(record)
@@ -176,8 +190,16 @@ def train(args):
     result = evaluate(model, inputs, targets, args.batch, use_autocast=use_autocast)
     density = result["density_per_layer"]
     stats = {
+        "ffn": args.ffn,
         "steps": step,
         "train_seconds": round(train_seconds, 1),
+        "ms_per_step": round(1e3 * train_seconds / max(step, 1), 2),
+        # torch's own peak, and the device's whole use at the end (twell's plans and states are allocated
+        # outside torch's allocator and live for the run: the second minus torch's reserved bytes).
+        "peak_torch_allocated_mb": round(torch.cuda.max_memory_allocated() / 2**20) if device.type == "cuda" else None,
+        "device_used_mb_end": round((torch.cuda.mem_get_info()[1] - torch.cuda.mem_get_info()[0]) / 2**20)
+        if device.type == "cuda" else None,
+        "torch_reserved_mb_end": round(torch.cuda.memory_reserved() / 2**20) if device.type == "cuda" else None,
         "tokens_seen": step * args.batch * args.seq,
         "heldout_ce": result["ce"],
         "heldout_density_per_layer": density,
@@ -185,6 +207,10 @@ def train(args):
         "heldout_tokens": targets.numel(),
         "train_log": train_log,
     }
+    if args.ffn == "twell":  # which path each layer's buckets took at the last timing, and the times (ms)
+        from twell.torch import training as twell_training
+        stats["twell_dispatch"] = [{"layer": d["bucket"][0] - 1000, "path": d["path"], "ms": d["ms"]}
+                                   for d in twell_training.dispatch_decisions()]
     log({"final": {k: v for k, v in stats.items() if k != "train_log"}})
     return model, stats
 

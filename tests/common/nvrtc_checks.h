@@ -4,6 +4,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <regex>
 #include <string>
 
@@ -32,6 +34,7 @@ inline void expect_compiles_without_spills(const compiler::KernelSource& k, cons
   const detail::NvrtcOutput out =
       detail::compileCuda(k.source, k.name + ".cu", arch, /*want_cubin=*/true, {"--ptxas-options=-v"});
   EXPECT_FALSE(out.cubin.empty()) << what;
+  if (std::getenv("TWELL_TEST_PTXAS")) std::printf("%s: %s\n", what.c_str(), out.log.c_str());  // registers, smem
   expect_no_spills(out.log, what);
 }
 

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from .. import runtime
 from .._errors import InvalidArgumentError
 from . import _plans, ops
+from . import training as training_ops
 from .timing import cuda_event_times
 
 _decision_keys = itertools.count(1)
@@ -41,6 +42,9 @@ class SparseGatedMLP(nn.Module):
       max_tokens  the largest plan workspace (rows); longer inputs run in chunks
     Layers of one shape share a plan (twell.torch._plans); each layer keeps its own dispatch
     decisions (decision_key).
+    Training (eager, grad enabled, dense_neurons 0) runs twell.torch.sparse_ffn_train: the forward keeps
+    its TwELL state for the sparse backward, and `self.l1` holds this call's L1 term sum |h| / tokens (a
+    scalar in the graph: add l1_coefficient * sum(m.l1 for m in layers) to the loss); None otherwise.
     """
 
     def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear | None, down_proj: nn.Linear, *,
@@ -73,6 +77,7 @@ class SparseGatedMLP(nn.Module):
         # dispatch "auto": per token bucket, "twell" or "torch" (_path), and the times that chose it.
         self.paths: dict[tuple, str] = {}
         self.path_times: dict[tuple, dict[str, float]] = {}
+        self.l1: Tensor | None = None  # the last training call's L1 term (see the class documentation)
 
     @classmethod
     def from_mlp(cls, mlp: nn.Module, *, threshold: float | None = None, **options) -> "SparseGatedMLP":
@@ -117,11 +122,19 @@ class SparseGatedMLP(nn.Module):
         # and skip the dispatcher.
         eager = type(x) is torch.Tensor and x.device.type == "cuda" and not torch.compiler.is_compiling()
         with torch.autocast("cuda", enabled=False):
+            training = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
+            if eager and training and self.dense_neurons == 0:
+                # Training: twell's forward keeps its TwELL state for the sparse backward, and the L1 term
+                # comes with y (dispatch "auto": per token bucket the faster whole step, twell or PyTorch).
+                y, self.l1 = training_ops.sparse_ffn_train(x, w_gate, w_up, w_down, self.activation, self.threshold,
+                                                           dispatch=self.dispatch, decision_key=self.decision_key)
+                return y
+            self.l1 = None
             if eager and self.dispatch == "auto" and self._path(x, w_gate, w_up, w_down) == "torch":
                 return ops.dense_forward(x, w_gate, w_up, w_down, self.activation, self.threshold)
             args = (self.activation, self.threshold, self.dispatch, self.decode_max_tokens, self.dense_neurons,
                     self.max_tokens, self.decision_key)
-            if eager and not (torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))):
+            if eager and not training:
                 return ops.forward_eager(x, w_gate, w_up, w_down, *args)
             if w_up is None:
                 return ops.sparse_ffn(x, w_gate, w_down, *args)

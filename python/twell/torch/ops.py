@@ -15,9 +15,11 @@ shape pass different keys).
 
 They run on the current CUDA stream, are capturable in CUDA graphs after a warm-up call of each
 shape, have fake (meta) implementations (torch.compile fullgraph traces them without a graph
-break), and an autograd formula. The backward recomputes g = x Wg^T and u = x Wu^T with PyTorch
-dense ops from the saved inputs and applies the exact gradients of the thresholded activation
-(TRAINING.md, "The gradients"); twell's sparse backward kernels are the training issue's work.
+break), and an autograd formula: twell's sparse backward (twell/training_plan.h) after re-running the
+training forward from the saved inputs (twell.torch.training.recompute_backward; a custom op cannot keep
+the forward's TwELL state), or with dispatch "dense" PyTorch's dense ops recomputing g and u; both the
+exact gradients of the thresholded activation (TRAINING.md, "The gradients"). For training with the L1
+term and no recompute, twell.torch.sparse_ffn_train (twell.torch.training) keeps the forward's state.
 """
 from __future__ import annotations
 
@@ -218,19 +220,45 @@ def _activation_grad(g: Tensor, active: Tensor, activation: str) -> Tensor:
     return (s * (1 + g.float() * (1 - s)) * active).to(g.dtype)
 
 
+@torch.library.custom_op("twell::sparse_ffn_backward", mutates_args=())
+def sparse_ffn_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor, activation: str,
+                        threshold: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dx, dWg, dWu, dWd^T [d_ff, d_model]) of the FFN for dy (dWu empty for w_up None): twell's sparse
+    backward after re-running the training forward (twell.torch.training.recompute_backward). The
+    operators' autograd formula, an operator itself so that torch.compile traces it (fake below)."""
+    from .training import recompute_backward
+    dx, d_w_gate, d_w_up, d_w_down = recompute_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
+    return dx, d_w_gate, d_w_up if d_w_up is not None else x.new_empty(0), d_w_down.t()
+
+
+@sparse_ffn_backward.register_fake
+def _(x, w_gate, w_up, w_down, dy, activation, threshold):
+    return (x.new_empty(x.shape), w_gate.new_empty(w_gate.shape),
+            w_up.new_empty(w_up.shape) if w_up is not None else x.new_empty(0), w_gate.new_empty(w_gate.shape))
+
+
 def _setup_context(ctx, inputs, output):
     x, w_gate = inputs[0], inputs[1]
     gated = len(inputs) == 11
     w_up = inputs[2] if gated else None
     w_down = inputs[3] if gated else inputs[2]
     activation, threshold = (inputs[4], inputs[5]) if gated else (inputs[3], inputs[4])
+    dispatch = inputs[6] if gated else inputs[5]
     ctx.save_for_backward(x, w_gate, w_up, w_down)
-    ctx.activation, ctx.threshold, ctx.gated = activation, threshold, gated
+    ctx.activation, ctx.threshold, ctx.gated, ctx.dispatch = activation, threshold, gated, dispatch
 
 
 def _backward(ctx, dy):
-    """The exact gradients of the FFN (TRAINING.md), recomputing g and u densely from the saved x."""
+    """The exact gradients of the FFN (TRAINING.md): twell's sparse backward after re-running the training
+    forward (twell.torch.training.recompute_backward), or with dispatch "dense" PyTorch's dense ops,
+    recomputing g and u from the saved x."""
     x, w_gate, w_up, w_down = ctx.saved_tensors
+    rest = (None,) * 7
+    if ctx.dispatch != "dense" and x.numel() > 0:
+        dx, d_w_gate, d_w_up, d_w_down_t = sparse_ffn_backward(x, w_gate, w_up, w_down, dy, ctx.activation, ctx.threshold)
+        if ctx.gated:
+            return (dx, d_w_gate, d_w_up, d_w_down_t.t()) + rest
+        return (dx, d_w_gate, d_w_down_t.t()) + rest
     d_ff, d_model = w_gate.shape
     x2 = x.reshape(-1, d_model)
     dy2 = dy.reshape(-1, d_model).to(x.dtype)
@@ -252,7 +280,6 @@ def _backward(ctx, dy):
     d_w_up = du.t() @ x2 if du is not None else None
     d_w_down = dy2.t() @ h
     dx = dx.reshape(x.shape)
-    rest = (None,) * 7
     if ctx.gated:
         return (dx, d_w_gate, d_w_up, d_w_down) + rest
     return (dx, d_w_gate, d_w_down) + rest

@@ -1,0 +1,197 @@
+"""Training through twell (twell.torch.sparse_ffn_train, SparseGatedMLP in training, the operators'
+sparse backward) on a GPU, against PyTorch autograd in fp32 on the same 16-bit operands: y, the L1 term
+and every gradient (dx, dWg, dWu, dWd) within 1e-2 (norm-wise relative error) at 0.1, 0.5, 2, 5 and 20%
+density, odd shapes (M = 1, 7, 1000; d_model 520; d_ff 1408), all-zero and heavy rows, the non-gated
+FFN, gradient accumulation, fp32 master weights, the real paper layer. Skipped loudly without a GPU."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import twell.torch as tt
+from twell.torch import SparseGatedMLP, ops, training
+
+from conftest import data_file
+
+
+def rel(a, b):
+    """Norm-wise relative error of a against the reference b (both as fp32)."""
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def shifted_layer(tokens, d_model, d_ff, density, device, gated=True, dtype=torch.bfloat16, seed=0):
+    """x uniform in (-1, 1) with column 0 at 1; Wg's column 0 shifts each neuron so that relu(g) > 0
+    with probability `density` (g over the other columns is normal with variance |w|^2 / 3): the
+    paper's ReLU at threshold 0, as tests/common/test_data.h makes it."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    x = torch.rand(tokens, d_model, generator=gen) * 2 - 1
+    x[:, 0] = 1
+    wg = (torch.rand(d_ff, d_model, generator=gen) * 2 - 1) / math.sqrt(d_model)
+    sigma = (wg[:, 1:].pow(2).sum(1) / 3).sqrt()
+    wg[:, 0] = -sigma * float(torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - density)))
+    wu = (torch.rand(d_ff, d_model, generator=gen) * 2 - 1) / math.sqrt(d_model) if gated else None
+    wd = (torch.rand(d_model, d_ff, generator=gen) * 2 - 1) / math.sqrt(d_ff)
+    to = lambda t: t.to(device, dtype) if t is not None else None
+    return to(x), to(wg), to(wu), to(wd)
+
+
+def reference_step(x, wg, wu, wd, dy, lam, activation="relu", threshold=0.0):
+    """PyTorch autograd in fp32 from the same 16-bit operands (the activity decided on g rounded to the
+    dtype, as twell/spec.h): y, l1 and the gradients of (y * dy).sum() + lam * l1."""
+    leaves = [t.detach().float().requires_grad_() if t is not None else None for t in (x, wg, wu, wd)]
+    xf, wgf, wuf, wdf = leaves
+    g16 = F.linear(x, wg)
+    _, active = ops.activation_and_mask(g16, activation, threshold)
+    g = F.linear(xf, wgf)
+    g = g + (g16.float() - g).detach()  # the values rounded to the dtype (as twell's gate), the gradient g's
+    a = (F.relu(g) if activation == "relu" else F.silu(g)) * active
+    h = a * F.linear(xf, wuf) if wuf is not None else a
+    y = F.linear(h, wdf)
+    l1 = h.abs().sum() / max(x.numel() // x.shape[-1], 1)
+    ((y * dy.float()).sum() + lam * l1).backward()
+    return y.detach(), l1.detach(), [t.grad if t is not None else None for t in leaves]
+
+
+def twell_step(x, wg, wu, wd, dy, lam, **kwargs):
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (x, wg, wu, wd)]
+    y, l1 = tt.sparse_ffn_train(*leaves, **kwargs)
+    ((y.float() * dy.float()).sum() + lam * l1).backward()
+    return y.detach(), l1.detach(), [t.grad if t is not None else None for t in leaves]
+
+
+def check_against_reference(x, wg, wu, wd, lam=0.05, what="", **kwargs):
+    dy = torch.randn(x.shape, device=x.device, dtype=x.dtype)
+    y, l1, grads = twell_step(x, wg, wu, wd, dy, lam, **kwargs)
+    y_ref, l1_ref, grads_ref = reference_step(x, wg, wu, wd, dy, lam, kwargs.get("activation", "relu"),
+                                              kwargs.get("threshold", 0.0))
+    assert torch.isfinite(y).all(), what
+    assert rel(y, y_ref) < 1e-2, f"{what}: y {rel(y, y_ref)}"
+    assert abs(l1.item() - l1_ref.item()) <= 1e-3 * abs(l1_ref.item()) + 1e-6, f"{what}: l1 {l1.item()} vs {l1_ref.item()}"
+    for name, g, r in zip(("dx", "dWg", "dWu", "dWd"), grads, grads_ref):
+        if r is None:
+            assert g is None, f"{what}: {name}"
+            continue
+        assert g.dtype == x.dtype and g.shape == r.shape, f"{what}: {name} {g.dtype} {tuple(g.shape)}"
+        assert torch.isfinite(g).all(), f"{what}: {name} not finite"
+        assert rel(g, r) < 1e-2, f"{what}: {name} relative error {rel(g, r)}"
+    return grads
+
+
+@pytest.mark.parametrize("density", [0.001, 0.005, 0.02, 0.05, 0.2])
+def test_gradients_at_every_density(cuda, density):
+    x, wg, wu, wd = shifted_layer(1000, 512, 1408, density, cuda, seed=1)
+    check_against_reference(x, wg, wu, wd, what=f"density {density}")
+
+
+@pytest.mark.parametrize("tokens,d_model,d_ff", [(1, 512, 1408), (7, 520, 1408), (1000, 520, 1408), (300, 2048, 5632)])
+def test_odd_shapes_and_the_paper_shape(cuda, tokens, d_model, d_ff):
+    x, wg, wu, wd = shifted_layer(tokens, d_model, d_ff, 0.02, cuda, seed=2)
+    check_against_reference(x, wg, wu, wd, what=f"M={tokens} {d_model}x{d_ff}")
+
+
+def test_zero_and_heavy_rows_and_a_heavy_batch(cuda):
+    x, wg, wu, wd = shifted_layer(64, 512, 1408, 0.005, cuda, seed=3)
+    x[::4, 1:] = 0  # g = Wg's shift only: every neuron inactive
+    x[1::4, 0] = -1  # the shift reversed: almost every neuron active (hundreds per row)
+    check_against_reference(x, wg, wu, wd, what="zero and heavy rows")
+    xh, wg, wu, wd = shifted_layer(200, 512, 1408, 0.005, cuda, seed=4)
+    xh[:, 0] = -1  # every row heavy: most tile-rows overflow their slots
+    check_against_reference(xh, wg, wu, wd, what="every row heavy")
+
+
+def test_non_gated_f16_threshold_and_silu(cuda):
+    x, wg, _, wd = shifted_layer(500, 512, 1408, 0.02, cuda, gated=False, seed=5)
+    check_against_reference(x, wg, None, wd, what="non-gated")
+    x, wg, wu, wd = shifted_layer(500, 512, 1408, 0.05, cuda, dtype=torch.float16, seed=6)
+    check_against_reference(x, wg, wu, wd, what="f16, threshold 0.01", threshold=0.01)
+    x, wg, wu, wd = shifted_layer(100, 256, 1024, 0.05, cuda, seed=7)
+    check_against_reference(x, wg, wu, wd, what="silu", activation="silu", threshold=0.05)
+
+
+def test_gradient_accumulation_and_master_weights(cuda):
+    x, wg, wu, wd = shifted_layer(256, 512, 1408, 0.02, cuda, seed=8)
+    dy = torch.randn(x.shape, device=cuda, dtype=x.dtype)
+    _, _, once = twell_step(x, wg, wu, wd, dy, 0.1)
+    # Two steps into the same .grad: exactly twice one step's gradients (bitwise deterministic kernels).
+    params = [t.detach().clone().requires_grad_() for t in (wg, wu, wd)]
+    for _ in range(2):
+        y, l1 = tt.sparse_ffn_train(x, *params)
+        ((y.float() * dy.float()).sum() + 0.1 * l1).backward()
+    for p, g in zip(params, once[1:]):
+        assert torch.equal(p.grad, g * 2)
+    # fp32 master weights cast to bf16 per step (what autocast does): the gradients reach them in fp32.
+    masters = [t.detach().float().requires_grad_() for t in (wg, wu, wd)]
+    y, l1 = tt.sparse_ffn_train(x, *(m.to(torch.bfloat16) for m in masters))
+    ((y.float() * dy.float()).sum() + 0.1 * l1).backward()
+    for m, g in zip(masters, once[1:]):
+        assert m.grad.dtype == torch.float32 and torch.equal(m.grad, g.float())
+
+
+def test_module_training_and_the_operators_backward(cuda):
+    torch.manual_seed(9)
+    gate, up, down = (nn.Linear(512, 1408, bias=False), nn.Linear(512, 1408, bias=False), nn.Linear(1408, 512, bias=False))
+    mlp = SparseGatedMLP(gate, up, down, dispatch="sparse").to(cuda, torch.bfloat16)
+    x, wg, wu, wd = shifted_layer(300, 512, 1408, 0.02, cuda, seed=10)
+    with torch.no_grad():
+        for lin, w in ((mlp.gate_proj, wg), (mlp.up_proj, wu), (mlp.down_proj, wd)):
+            lin.weight.copy_(w)
+    dy = torch.randn(x.shape, device=cuda, dtype=x.dtype)
+    y = mlp(x.clone().requires_grad_())
+    assert mlp.l1 is not None and mlp.l1.requires_grad
+    ((y.float() * dy.float()).sum() + 0.05 * mlp.l1).backward()
+    _, _, ref = reference_step(x, wg, wu, wd, dy, 0.05)
+    for lin, r in zip((mlp.gate_proj, mlp.up_proj, mlp.down_proj), ref[1:]):
+        assert rel(lin.weight.grad, r) < 1e-2
+    with torch.no_grad():
+        mlp(x)
+    assert mlp.l1 is None
+    # The operators' autograd: the sparse backward after re-running the forward (no L1 term).
+    leaves = [t.detach().clone().requires_grad_() for t in (x, wg, wu, wd)]
+    y = tt.sparse_gated_ffn(*leaves, "relu", 0.0, "sparse")
+    (y.float() * dy.float()).sum().backward()
+    _, _, ref0 = reference_step(x, wg, wu, wd, dy, 0.0)
+    for t, r in zip(leaves, ref0):
+        assert rel(t.grad, r) < 1e-2
+    torch.library.opcheck(torch.ops.twell.sparse_ffn_backward.default, (x, wg, wu, wd, dy, "relu", 0.0))
+
+
+def test_auto_dispatch_decides_per_bucket_and_stays_exact(cuda):
+    training.clear()
+    x, wg, wu, wd = shifted_layer(2048, 512, 1408, 0.2, cuda, seed=11)
+    check_against_reference(x, wg, wu, wd, what="auto at 20%", dispatch="auto", decision_key=77)
+    decisions = [d for d in training.dispatch_decisions() if d["bucket"][0] == 77]
+    assert len(decisions) == 1 and decisions[0]["path"] in ("sparse", "dense")
+    assert set(decisions[0]["ms"]) == {"twell", "torch"}
+    check_against_reference(x, wg, wu, wd, what="auto, decided", dispatch="auto", decision_key=77)
+    assert len([d for d in training.dispatch_decisions() if d["bucket"][0] == 77]) == 1
+
+
+def test_bad_arguments_are_named_and_the_process_keeps_working(cuda):
+    x, wg, wu, wd = shifted_layer(16, 512, 1408, 0.02, cuda, seed=12)
+    with pytest.raises(Exception, match="dispatch"):
+        tt.sparse_ffn_train(x, wg, wu, wd, dispatch="fast")
+    with pytest.raises(Exception, match="w_up"):
+        tt.sparse_ffn_train(x, wg, wu[:, :100], wd)
+    with pytest.raises(Exception, match="x"):
+        tt.sparse_ffn_train(x.float(), wg, wu, wd)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, wg, wu, wd)]
+    y, l1 = tt.sparse_ffn_train(*leaves)
+    (y.float().sum() + l1).backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="backward ran twice"):
+        (y.float().sum() + l1).backward()
+    check_against_reference(x, wg, wu, wd, what="after the errors")
+
+
+def test_real_paper_layer_gradients(cuda):
+    from safetensors.torch import load_file
+    a = load_file(data_file("paper_l1_gate_a.safetensors"))
+    b = load_file(data_file("paper_l1_gate_b.safetensors"))
+    x = load_file(data_file("paper_l1_x.safetensors"))["layers.1.x"].to(cuda)[:4096]
+    wg = torch.cat([a["layers.1.gate.weight.rows0"], b["layers.1.gate.weight.rows1"]]).to(cuda)
+    gen = torch.Generator(device="cpu").manual_seed(1)  # only the gate was stored: random up/down
+    wu = (torch.randn(wg.shape, generator=gen) * 0.02).to(cuda, torch.bfloat16)
+    wd = (torch.randn(wg.shape[1], wg.shape[0], generator=gen) * 0.02).to(cuda, torch.bfloat16)
+    check_against_reference(x, wg, wu, wd, what="paper layer 1")

@@ -1,0 +1,263 @@
+"""Training through twell: the FFN's forward and backward on twell's training kernels
+(twell/training_plan.h, design/TRAINING.md), as a torch.autograd.Function.
+
+    y, l1 = twell.torch.sparse_ffn_train(x, w_gate, w_up, w_down)    # w_up None: the non-gated FFN
+    loss = cross_entropy(head(y), target) + l1_coefficient * l1
+    loss.backward()                                                  # dx, dWg, dWu, dWd from twell
+
+y = (act(x Wg^T) * (x Wu^T)) Wd^T as twell.torch.sparse_gated_ffn computes it (the same kernels, bit for
+bit, on the TwELL path); l1 = sum |h| / tokens (h = act(g) * u, over every row of x; an fp32 scalar),
+the paper's sparsity penalty. Both carry gradients: the backward reads the L1 term's upstream gradient on
+the device (no host synchronization for it) and folds it into dh (TRAINING.md, "The gradients").
+The forward keeps the TwELL matrix of act(g) (an FfnTrainingState: 4 bytes per TwELL word, a few MB per
+thousand rows at the paper's shape) instead of the dense g and u autograd keeps; the backward's per-entry
+scratch is the shared plan's.
+
+x [..., d_model], weights as nn.Linear's (w_down [d_model, d_ff]); bf16 or fp16, one CUDA device, contiguous
+rows. The weight gradients come back in the weights' dtype (each rounded once from an fp32 sum over the
+tokens, in token order: bitwise deterministic); dx in x's dtype. Gradient accumulation and master-weight
+setups work as with nn.Linear (autograd accumulates; a cast of fp32 master weights passes the gradients
+through). Weights may change every step: nothing is precomputed from them.
+
+dispatch: "sparse" (always twell), "dense" (PyTorch's own autograd of the same function, exact threshold
+semantics), "auto": per (layer key, power-of-two token bucket) the first call times both full steps
+(forward and backward, on up to TIMING_ROWS of its own rows, synchronizing) and keeps the faster, so
+that no density trains slower than dense; recalibrate() re-times (call it as the density moves). Eager mode only (the forward keeps an opaque state: torch.compile graph-breaks here).
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import Tensor
+
+from .. import _capi, runtime
+from .._errors import InvalidArgumentError
+from . import _plans, ops
+
+_lock = threading.Lock()
+_training_plans: dict[tuple, "_TrainingEntry"] = {}
+_paths: dict[tuple, str] = {}
+_path_times: dict[tuple, dict[str, float]] = {}
+DISPATCHES = ("auto", "sparse", "dense")
+
+
+class _TrainingEntry:
+    """A training plan shared by every layer of one (device, spec), and its free states (a state per
+    forward in flight: each backward returns its forward's state)."""
+
+    def __init__(self, plan: runtime.TrainingPlan, capacity: int):
+        self.plan, self.capacity, self.free_states = plan, capacity, []
+
+    def take_state(self) -> runtime.TrainingState:
+        with _lock:
+            if self.free_states:
+                return self.free_states.pop()
+        return self.plan.make_state()
+
+    def give_back(self, state: runtime.TrainingState) -> None:
+        with _lock:
+            self.free_states.append(state)
+
+
+def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int) -> _TrainingEntry:
+    key = (device.index, spec)
+    entry = _training_plans.get(key)
+    if entry is not None and entry.capacity >= tokens:
+        return entry
+    with _lock:
+        entry = _training_plans.get(key)
+        if entry is None or entry.capacity < tokens:
+            capacity = max(_plans.MIN_CAPACITY, 1 << max(0, tokens - 1).bit_length())
+            ctx = _plans.context(device)
+            entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True), capacity)
+            _training_plans[key] = entry
+    return entry
+
+
+def clear() -> None:
+    """Forgets the training plans, their states and every dispatch "auto" decision."""
+    with _lock:
+        _training_plans.clear()
+        _paths.clear()
+        _path_times.clear()
+
+
+def _run_forward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, spec: runtime.FfnSpec, ld_x: int):
+    """FfnTrainingPlan::forward on the current stream: (y, row_l1, what the backward needs)."""
+    d_ff, d_model = w_gate.shape
+    tokens = x.numel() // d_model
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    row_l1 = torch.empty(max(tokens, 1), dtype=torch.float32, device=x.device)
+    entry = _entry(x.device, spec, max(tokens, 1))
+    state = entry.take_state()
+    stream = torch.cuda.current_stream(x.device).cuda_stream
+    t = runtime.tensors_struct(x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr() if w_up is not None else None,
+                               w_down.data_ptr(), y.data_ptr(), ld_x, w_gate.stride(0),
+                               w_up.stride(0) if w_up is not None else 0, w_down.stride(0), d_model)
+    try:
+        entry.plan.forward_struct(stream, t, tokens, state, row_l1.data_ptr())
+    except BaseException:
+        entry.give_back(state)
+        raise
+    return y, row_l1[:tokens], (entry, state, t, tokens)
+
+
+def _run_backward(saved, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor | None,
+                  l1_weight: Tensor | None):
+    """FfnTrainingPlan::backward for the forward `saved` came from; gives its state back. Returns (dx,
+    dWg, dWu or None, dWd in nn.Linear's layout: a transposed view of the kernel's dWd^T)."""
+    entry, state, t, tokens = saved
+    d_ff, d_model = w_gate.shape
+    try:
+        dy = torch.zeros(x.shape, dtype=x.dtype, device=x.device) if dy is None else dy.to(x.dtype).contiguous()
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        dw_gate = torch.empty((d_ff, d_model), dtype=w_gate.dtype, device=x.device)
+        dw_up = torch.empty((d_ff, d_model), dtype=w_up.dtype, device=x.device) if w_up is not None else None
+        dw_down_t = torch.empty((d_ff, d_model), dtype=w_down.dtype, device=x.device)  # dWd^T
+        g = _capi.FfnGradients(dx.data_ptr(), dw_gate.data_ptr(), dw_up.data_ptr() if dw_up is not None else None,
+                               dw_down_t.data_ptr(), d_model, d_model, d_model if dw_up is not None else 0, d_model)
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        entry.plan.backward_struct(stream, t, dy.data_ptr(), d_model, tokens, state, g,
+                                   1.0 if l1_weight is not None else 0.0, tokens,
+                                   l1_weight.data_ptr() if l1_weight is not None else None)
+    finally:
+        entry.give_back(state)
+    return dx, dw_gate, dw_up, dw_down_t.t()
+
+
+class _SparseFfnTraining(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, spec: runtime.FfnSpec,
+                ld_x: int):
+        y, row_l1, saved = _run_forward(x, w_gate, w_up, w_down, spec, ld_x)
+        l1 = row_l1.sum() / max(saved[3], 1)
+        ctx.save_for_backward(x, w_gate, w_up, w_down)
+        ctx.saved = saved
+        ctx.set_materialize_grads(False)  # an unused y or l1 gives None: no L1 term, no zero dy
+        return y, l1
+
+    @staticmethod
+    def backward(ctx, dy: Tensor | None, dl1: Tensor | None):
+        x, w_gate, w_up, w_down = ctx.saved_tensors
+        saved, ctx.saved = ctx.saved, None
+        if saved is None:
+            raise RuntimeError("twell.sparse_ffn_train: backward ran twice through one graph (retain_graph=True): the "
+                               "forward's TwELL state was given back after the first backward")
+        l1_weight = dl1.to(torch.float32).reshape(1).contiguous() if dl1 is not None else None
+        dx, dw_gate, dw_up, dw_down = _run_backward(saved, x, w_gate, w_up, w_down, dy, l1_weight)
+        return dx, dw_gate, dw_up, dw_down, None, None
+
+
+def recompute_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor, activation: str,
+                       threshold: float) -> tuple:
+    """(dx, dWg, dWu or None, dWd) of the FFN for dy without a saved state: the training forward runs again
+    into a state (its y discarded), then the sparse backward (no L1 term). The autograd formula of the
+    twell.sparse_gated_ffn / sparse_ffn operators: a custom op's forward cannot hand an opaque state to
+    its backward, and re-running the forward costs the gate GEMM, a third of the dense recompute's."""
+    d_ff, d_model = w_gate.shape
+    ld_x = ops._row_stride("sparse_ffn_train", x, d_model)
+    spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
+                           dtype=ops.DTYPES[x.dtype])
+    _, _, saved = _run_forward(x, w_gate, w_up, w_down, spec, ld_x)
+    return _run_backward(saved, x, w_gate, w_up, w_down, dy, None)
+
+
+def _dense_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str,
+                 threshold: float) -> tuple[Tensor, Tensor]:
+    """The same function with PyTorch's autograd (the baseline): y and l1 = sum |h| / tokens, as a PyTorch
+    user writes it (a plain ReLU at threshold 0 is relu(g); the L1 sum accumulates in fp32 without an
+    fp32 copy of h, whose autograd would keep 4 bytes per hidden activation)."""
+    g = torch.nn.functional.linear(x, w_gate)
+    if activation == "relu" and threshold == 0.0:
+        a = torch.nn.functional.relu(g)  # active iff relu(g) > 0: the same function
+    else:
+        a, _ = ops.activation_and_mask(g, activation, threshold)
+    h = a * torch.nn.functional.linear(x, w_up) if w_up is not None else a
+    tokens = max(x.numel() // x.shape[-1], 1)
+    return torch.nn.functional.linear(h, w_down), h.abs().sum(dtype=torch.float32) / tokens
+
+
+def _sparse_train(x, w_gate, w_up, w_down, spec, ld_x):
+    return _SparseFfnTraining.apply(x, w_gate, w_up, w_down, spec, ld_x)
+
+
+TIMING_ROWS = 32768  # dispatch "auto" times both paths on at most this many of the call's rows
+
+
+def _step_ms(fn, x: Tensor, weights: list, reps: int = 3) -> float:
+    """Median GPU time of a whole step (forward and backward) of fn on detached copies of the inputs:
+    their first TIMING_ROWS rows (the whole call up to there: twell's fixed costs amortize with the rows,
+    so fewer rows than the call would favour dense; bench/README.md v44 saw 8192 rows choose dense where
+    the call's 32768 rows need not)."""
+    x = x.reshape(-1, x.shape[-1])[:TIMING_ROWS].contiguous()
+    leaves = [x.detach().requires_grad_()] + [w.detach().requires_grad_() if w is not None else None for w in weights]
+    dy = torch.randn_like(x)
+    times = []
+    for _ in range(reps + 1):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        y, l1 = fn(*leaves)
+        torch.autograd.backward((y, l1), (dy, torch.ones_like(l1)))
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+        for leaf in leaves:
+            if leaf is not None:
+                leaf.grad = None
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str = "relu",
+                     threshold: float = 0.0, dispatch: str = "sparse", decision_key: int = 0) -> tuple[Tensor, Tensor]:
+    """(y, l1) of the FFN with twell's training kernels (see the module's documentation)."""
+    op = "sparse_ffn_train"
+    if dispatch not in DISPATCHES:
+        ops._fail(op, "dispatch", "'auto', 'sparse' or 'dense'", repr(dispatch))
+    if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
+        ops._fail(op, "w_gate", "a 2-D weight [d_ff, d_model]", getattr(w_gate, "shape", type(w_gate).__name__))
+    d_ff = w_gate.shape[0]
+    ld_x = ops.check_args("sparse_gated_ffn" if w_up is not None else "sparse_ffn", x, w_gate, w_up, w_down, activation,
+                          threshold, "sparse", 0, 0, ops.DEFAULT_MAX_TOKENS)
+    if x.device.type != "cuda":
+        ops._fail(op, "x", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {x.device}")
+    d_model = w_gate.shape[1]
+    tokens = x.numel() // d_model if d_model else 0
+    spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
+                           dtype=ops.DTYPES[x.dtype])
+    path = dispatch
+    if dispatch == "auto":
+        bucket = (decision_key, x.device.index, d_model, d_ff, w_up is not None, activation, float(threshold), x.dtype,
+                  max(0, tokens - 1).bit_length())
+        path = _paths.get(bucket)
+        if path is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError(f"twell.{op}: dispatch 'auto' times both paths on the first call of a token bucket, "
+                                   "which synchronizes: not during CUDA-graph capture")
+            weights = [w_gate, w_up, w_down]
+            times = {"twell": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model), x, weights),
+                     "torch": _step_ms(lambda *a: _dense_train(*a, activation, threshold), x, weights)}
+            path = _paths[bucket] = "sparse" if times["twell"] <= times["torch"] else "dense"
+            _path_times[bucket] = times
+    if path == "dense" or tokens == 0:
+        return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
+    return _sparse_train(x, w_gate, w_up, w_down, spec, ld_x)
+
+
+def recalibrate(release_memory: bool = True) -> None:
+    """Forgets dispatch "auto"'s decisions: the next call of each bucket times both paths again. Call it
+    when the density has moved (during training it falls as the L1 term bites). release_memory: also
+    drops the training plans and their states, whose backups and scratch grew to the largest overflow
+    seen so far (a dense early phase); the next calls make them again at their default sizes (the
+    kernels come from the context's cache)."""
+    with _lock:
+        _paths.clear()
+        _path_times.clear()
+        if release_memory:
+            _training_plans.clear()
+
+
+def dispatch_decisions() -> list[dict]:
+    """dispatch "auto"'s decisions so far: per bucket the path and both measured step times (ms)."""
+    return [{"bucket": k, "path": v, "ms": _path_times.get(k)} for k, v in _paths.items()]
