@@ -181,3 +181,38 @@ def test_tune_needs_a_gpu_and_names_bad_arguments():
                          (b'{"layer": 3}', "layer"), (b'{"density": 0.1, "weights": ["a"]}', "density")):
         status = _capi.lib().twell_context_tune(ctx._handle, ctypes.byref(spec._struct()), request, ctypes.byref(out))
         assert status == 1 and key in _capi.lib().twell_last_error().decode(), request
+
+
+def test_training_plan_without_a_gpu_describes_and_refuses_by_name():
+    """twell_training_* (C API v3): a compile-only context makes the plan (its forward's and both training
+    kernels), a state needs a GPU, and bad arguments are named at the C and the Python level."""
+    ctx = twell.Context(-1)
+    if not twell.jit_available():
+        pytest.skip("SKIPPED: libtwell_jit.so not found beside libtwell_runtime.so")
+    plan = ctx.training_plan(twell.FfnSpec(256, 1024), 128)
+    d = plan.describe()
+    assert d["runnable"] is False and d["max_tokens"] == 128 and d["layout"]["tile_n"] == 256
+    kinds = [k["kind"] for k in d["kernels"]]
+    assert {"gate_twell", "gated_down", "train_row_backward", "train_weight_grad"} <= set(kinds)
+    with pytest.raises(twell.NoDeviceError, match="make_state"):
+        plan.make_state()
+    with pytest.raises(twell.InvalidArgumentError, match="backup_capacity"):
+        ctx.training_plan(twell.FfnSpec(256, 1024), 128, backup_capacity=-3)
+    with pytest.raises(twell.InvalidArgumentError, match="gradients_in_dtype"):
+        ctx.training_plan(twell.FfnSpec(256, 1024), 128, gradients_in_dtype=2)
+    with pytest.raises(twell.InvalidArgumentError, match="spec.consumer"):
+        ctx.training_plan(twell.FfnSpec(256, 1024, consumer="token_block"), 128)
+    lib = _capi.lib()
+    out = ctypes.c_void_p()
+    spec = twell.FfnSpec(256, 1024)._struct()
+    assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, -1, 7, ctypes.byref(out)) == 1
+    assert "gradients_in_dtype" in lib.twell_last_error().decode()
+    assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, 2 ** 33, 0, ctypes.byref(out)) == 1
+    assert "backup_capacity" in lib.twell_last_error().decode()
+    assert lib.twell_training_forward(None, None, None, 1, None, None) == 1
+    assert "plan" in lib.twell_last_error().decode()
+    assert lib.twell_training_forward(plan._handle, None, None, 1, None, None) == 1
+    assert "state" in lib.twell_last_error().decode()
+    assert lib.twell_training_backward(plan._handle, None, None, None, 0, 1, None, None, 0.0, 0, None) == 1
+    assert "gradients" in lib.twell_last_error().decode()
+    assert lib.twell_training_plan_destroy(None) == 0 and lib.twell_training_state_destroy(None) == 0

@@ -556,8 +556,8 @@ twell_status_t twell_training_backward(twell_training_plan_t plan, void* stream,
   return guarded([&] {
     constexpr const char* fn = "twell_training_backward";
     twell_training_plan& p = require(plan, fn, "plan");
-    twell_training_state& s = require(state, fn, "state");
     if (gradients == nullptr) invalid(fn, "gradients", "a pointer to a twell_ffn_gradients", "NULL");
+    twell_training_state& s = require(state, fn, "state");
     twell::FfnGradients g;
     g.dx = gradients->dx;
     g.dw_gate = gradients->dw_gate;

@@ -64,6 +64,18 @@ int main(void) {
   EXPECT(twell_dense_create(context, &spec, 256, (twell_dense_kernels_t)(TWELL_DENSE_CUBLASLT_TUNED + 1), &dense) ==
              TWELL_ERROR_INVALID_ARGUMENT && dense == NULL, "a dense-kernels value past the enum");
   EXPECT(strstr(twell_last_error(), "kernels") != NULL, "the message names kernels");
+  /* Training plans (C API v3): bad arguments are named; the handle stays NULL. */
+  twell_training_plan_t training = NULL;
+  EXPECT(twell_training_plan_create(context, &spec, 256, -2, 0, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
+             training == NULL, "a backup_capacity of -2");
+  EXPECT(strstr(twell_last_error(), "backup_capacity") != NULL, "the message names backup_capacity");
+  EXPECT(twell_training_plan_create(context, &spec, 256, -1, 3, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
+             training == NULL, "gradients_in_dtype 3");
+  EXPECT(strstr(twell_last_error(), "gradients_in_dtype") != NULL, "the message names gradients_in_dtype");
+  EXPECT(twell_training_forward(NULL, NULL, NULL, 1, NULL, NULL) == TWELL_ERROR_INVALID_ARGUMENT &&
+             strstr(twell_last_error(), "plan") != NULL, "a NULL training plan is named");
+  EXPECT(twell_training_plan_destroy(NULL) == TWELL_SUCCESS && twell_training_state_destroy(NULL) == TWELL_SUCCESS,
+         "destroying NULL handles is a no-op");
 
   /* A success clears the message. */
   EXPECT(twell_context_info(context, NULL, NULL, NULL, NULL, NULL) == TWELL_SUCCESS && twell_last_error()[0] == '\0',

@@ -1,0 +1,94 @@
+// FfnTrainingPlan (twell/training_plan.h) without a GPU: it is made (the forward's kernels and both
+// training kernels generated and compiled, reported), it refuses the token-block consumer and a d_model
+// the row backward cannot hold by name, its size formulas, and every run-time call says there is no
+// GPU (or that the plan is empty) rather than crashing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+
+#include "twell/context.h"
+#include "twell/error.h"
+#include "twell/training.h"
+#include "twell/training_plan.h"
+
+namespace {
+
+using namespace twell;
+
+Context& no_gpu() {
+  static Context ctx([] {
+    ContextOptions o;
+    o.device = ContextOptions::kNoDevice;
+    o.disk_cache = false;
+    return o;
+  }());
+  return ctx;
+}
+
+FfnSpec small_spec() {
+  FfnSpec s;
+  s.d_model = 256;
+  s.d_ff = 1024;
+  return s;
+}
+
+template <class F>
+void expect_error(F&& f, ErrorCode code, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an error naming " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainingPlan, MadeWithoutAGpuReportsEveryKernel) {
+  const FfnTrainingPlan plan = FfnTrainingPlan::create(no_gpu(), small_spec(), 4096);
+  EXPECT_FALSE(plan.runnable());
+  EXPECT_EQ(plan.max_tokens(), 4096);
+  EXPECT_EQ(plan.layout().tile_n, 256);
+  std::vector<std::string> kinds;
+  for (const KernelReport& k : plan.kernels()) kinds.push_back(k.kind);
+  for (const char* kind : {"gate_twell", "gated_down", "transpose", "train_row_backward", "train_weight_grad"})
+    EXPECT_NE(std::find(kinds.begin(), kinds.end(), kind), kinds.end()) << kind;
+  // The consumer is the row one (its L1 term), never the token block.
+  for (const KernelReport& k : plan.kernels())
+    if (k.kind == "gated_down") EXPECT_NE(k.consumer, "token_block");
+  // Sizes: 4 bytes per TwELL word and 2 per backup value (+ the two counters); the backward's scratch
+  // 16 bytes per word and backup_grad value, the workspace, 8 bytes per word and backup_grad value.
+  const int64_t words = plan.layout().words_per_row(1024);
+  EXPECT_EQ(plan.state_bytes(100, 10), 100 * words * 4 + 10 * 256 * 2 + 8);
+  EXPECT_EQ(plan.backward_scratch_bytes(100, 10),
+            100 * words * 16 + 10 * 256 * 16 + train_weight_grad_workspace_bytes(small_spec()) +
+                train_weight_grad_list_bytes(small_spec(), 100, 10) + 4);
+}
+
+TEST(TrainingPlan, RefusesWhatItCannotTrainByName) {
+  FfnSpec block = small_spec();
+  block.consumer = ConsumerVariant::TokenBlock;
+  expect_error([&] { FfnTrainingPlan::create(no_gpu(), block, 64); }, ErrorCode::InvalidArgument, "spec.consumer");
+  FfnSpec wide = small_spec();
+  wide.d_model = 16392;
+  expect_error([&] { FfnTrainingPlan::create(no_gpu(), wide, 64); }, ErrorCode::InvalidArgument, "spec.d_model");
+  expect_error([&] { FfnTrainingPlan::create(no_gpu(), small_spec(), 0); }, ErrorCode::InvalidArgument, "max_tokens");
+}
+
+TEST(TrainingPlan, RunTimeCallsWithoutAGpuOrOnAnEmptyPlanAreClearErrors) {
+  FfnTrainingPlan plan = FfnTrainingPlan::create(no_gpu(), small_spec(), 64);
+  expect_error([&] { plan.make_state(); }, ErrorCode::NoDevice, "make_state");
+  FfnTrainingState state;
+  EXPECT_EQ(state.tokens(), -1);
+  EXPECT_EQ(state.device_bytes(), 0u);
+  expect_error([&] { plan.forward(nullptr, FfnTensors{}, 1, state); }, ErrorCode::NoDevice, "forward");
+  expect_error([&] { plan.backward(nullptr, FfnTensors{}, nullptr, 0, 1, state, FfnGradients{}, 0.0f); },
+               ErrorCode::NoDevice, "backward");
+  FfnTrainingPlan moved = std::move(plan);
+  expect_error([&] { plan.make_state(); }, ErrorCode::InvalidArgument, "empty");
+  expect_error([&] { plan.forward(nullptr, FfnTensors{}, 1, state); }, ErrorCode::InvalidArgument, "empty");
+  EXPECT_FALSE(plan.runnable());
+  EXPECT_EQ(moved.max_tokens(), 64);
+}
+
+}  // namespace
