@@ -15,6 +15,19 @@ inline Context context_without_disk_cache() {
   return Context(o);
 }
 
+// One process-wide context without a device (ContextOptions::kNoDevice) and without the disk cache:
+// kernels are generated and compiled, every launch and allocation says there is no GPU, whether or not
+// the machine has one (the argument checks that run before the device is needed).
+inline Context& no_device_context() {
+  static Context ctx([] {
+    ContextOptions o;
+    o.device = ContextOptions::kNoDevice;
+    o.disk_cache = false;
+    return o;
+  }());
+  return ctx;
+}
+
 // A spec of this shape, the other fields the defaults.
 inline FfnSpec ffn_spec(int64_t d_model, int64_t d_ff) {
   FfnSpec s;

@@ -25,6 +25,7 @@ using namespace twell;
 using compiler::KernelKind;
 
 using twell::testing::expect_valid_and_compiles_without_spills;
+using twell::testing::no_device_context;
 
 TEST(TrainRowBackward, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
   for (Target target : {Target{90, true}, Target{80, false}})
@@ -190,15 +191,6 @@ struct Arguments {
   float lambda = 2e-5f;
 };
 
-Context& no_device_context() {
-  static Context ctx([] {
-    ContextOptions o;
-    o.device = ContextOptions::kNoDevice;
-    o.disk_cache = false;
-    return o;
-  }());
-  return ctx;
-}
 
 void expect_argument_error(const Arguments& a, const std::string& name) {
   try {

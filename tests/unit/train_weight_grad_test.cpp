@@ -29,6 +29,7 @@ using namespace twell;
 using compiler::KernelKind;
 
 using twell::testing::expect_valid_and_compiles_without_spills;
+using twell::testing::no_device_context;
 
 TEST(TrainWeightGrad, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
   for (Target target : {Target{90, true}, Target{80, false}})
@@ -162,15 +163,6 @@ struct Arguments {
   uint32_t grad_capacity = 8;
 };
 
-Context& no_device_context() {
-  static Context ctx([] {
-    ContextOptions o;
-    o.device = ContextOptions::kNoDevice;
-    o.disk_cache = false;
-    return o;
-  }());
-  return ctx;
-}
 
 void expect_argument_error(const Arguments& a, const std::string& name) {
   try {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "plan_setup.h"
 #include "twell/context.h"
 #include "twell/error.h"
 #include "twell/training.h"
@@ -16,15 +17,7 @@ namespace {
 
 using namespace twell;
 
-Context& no_gpu() {
-  static Context ctx([] {
-    ContextOptions o;
-    o.device = ContextOptions::kNoDevice;
-    o.disk_cache = false;
-    return o;
-  }());
-  return ctx;
-}
+Context& no_gpu() { return twell::testing::no_device_context(); }
 
 FfnSpec small_spec() {
   FfnSpec s;
