@@ -44,7 +44,11 @@ class SparseGatedMLP(nn.Module):
     decisions (decision_key).
     Training (eager, grad enabled, dense_neurons 0) runs twell.torch.sparse_ffn_train: the forward keeps
     its TwELL state for the sparse backward, and `self.l1` holds this call's L1 term sum |h| / tokens (a
-    scalar in the graph: add l1_coefficient * sum(m.l1 for m in layers) to the loss); None otherwise.
+    scalar in the graph: add l1_coefficient * sum(m.l1 for m in layers) to the loss); None otherwise
+    (no_grad, torch.compile, a hot/cold split: those train through the operators' backward, without an
+    L1 term). In training, dispatch "dense" is PyTorch's own autograd, "auto" the faster whole step.
+    Inference advice above (convert the model) aside, train with fp32 master weights under autocast: the
+    per-call casts pass the gradients on.
     """
 
     def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear | None, down_proj: nn.Linear, *,

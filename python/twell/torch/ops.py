@@ -77,14 +77,18 @@ def _check_weight(op: str, name: str, w: Tensor, shape: tuple, x: Tensor) -> Non
 
 
 def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str,
-               threshold: float, dispatch: str, decode_max_tokens: int, dense_neurons: int, max_tokens: int) -> int:
-    """Checks every argument (real and fake tensors alike); returns x's row stride."""
+               threshold: float, dispatch: str, decode_max_tokens: int, dense_neurons: int, max_tokens: int,
+               gated: bool | None = None) -> int:
+    """Checks every argument (real and fake tensors alike); returns x's row stride. `op` names the caller
+    in the messages; gated (None: op is "sparse_gated_ffn") says whether w_up is an operand."""
+    if gated is None:
+        gated = op == "sparse_gated_ffn"
     # "meta": shape-only tensors (tracing without a GPU) reach the fake implementation only.
     if x.device.type not in ("cuda", "meta"):
         _fail(op, "x", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {x.device}")
     if x.dtype not in DTYPES:
         _fail(op, "x", "dtype torch.bfloat16 or torch.float16 (model.to(torch.bfloat16))", x.dtype)
-    for name, w in (("w_gate", w_gate), ("w_down", w_down)) + ((("w_up", w_up),) if op == "sparse_gated_ffn" else ()):
+    for name, w in (("w_gate", w_gate), ("w_down", w_down)) + ((("w_up", w_up),) if gated else ()):
         if not isinstance(w, torch.Tensor):
             _fail(op, name, "a tensor", type(w).__name__)
     if w_gate.dim() != 2:

@@ -218,8 +218,8 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
         ops._fail(op, "w_gate", "a 2-D weight [d_ff, d_model]", getattr(w_gate, "shape", type(w_gate).__name__))
     d_ff = w_gate.shape[0]
-    ld_x = ops.check_args("sparse_gated_ffn" if w_up is not None else "sparse_ffn", x, w_gate, w_up, w_down, activation,
-                          threshold, "sparse", 0, 0, ops.DEFAULT_MAX_TOKENS)
+    ld_x = ops.check_args(op, x, w_gate, w_up, w_down, activation, threshold, "sparse", 0, 0, ops.DEFAULT_MAX_TOKENS,
+                          gated=w_up is not None)
     if x.device.type != "cuda":
         ops._fail(op, "x", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {x.device}")
     d_model = w_gate.shape[1]

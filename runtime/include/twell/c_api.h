@@ -13,6 +13,14 @@
  *   twell_plan_run(plan, stream, &t, tokens, 0);
  *   twell_plan_destroy(plan); twell_context_destroy(ctx);
  *
+ * Training a layer (twell/training_plan.h):
+ *   twell_training_plan_t tp;  twell_training_plan_create(ctx, &spec, 16384, -1, 0, &tp);   (-1: default backup; 0: fp32 dW)
+ *   twell_training_state_t st; twell_training_state_create(tp, &st);
+ *   twell_training_forward(tp, stream, &t, tokens, st, row_l1);                (row_l1 NULL or [tokens] fp32)
+ *   twell_ffn_gradients g = {dx, dwg, dwu, dwd_t};                             (dwd_t: [d_ff, d_model] = dWd^T)
+ *   twell_training_backward(tp, stream, &t, dy, 0, tokens, st, &g, lambda, 0, NULL);
+ *   twell_training_state_destroy(st); twell_training_plan_destroy(tp);
+ *
  * Conventions. Every function returns a twell_status_t; on failure twell_last_error() (thread-local,
  * valid until the calling thread's next twell call) holds the message, which names the argument, what
  * was expected and what was given. Output arguments are written only on success. Handles are not
@@ -21,7 +29,8 @@
  * plans keep what they need. Structs are passed by pointer and filled by their _init function first,
  * so that fields added later keep their defaults (struct_size guards the ABI: the library refuses a
  * struct of another size). Enum values and TWELL_C_API_VERSION change only by addition.
- * The C++ API (twell/context.h, twell/plan.h) documents each operation in full; this header names it.
+ * The C++ API (twell/context.h, twell/plan.h, twell/training_plan.h) documents each operation in full; this
+ * header names it.
  */
 #ifndef TWELL_C_API_H
 #define TWELL_C_API_H
@@ -220,8 +229,11 @@ twell_status_t twell_training_state_destroy(twell_training_state_t state); /* NU
  * term is their sum / tokens); the TwELL matrix goes into `state`. No host synchronization. */
 twell_status_t twell_training_forward(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
                                       int64_t tokens, twell_training_state_t state, float* row_l1);
-/* The gradients of L(y) + lambda * l1 for dy (FfnTrainingPlan::backward): tensors as the forward's (y unused),
- * l1_tokens 0: tokens; l1_weight NULL or a device fp32 that multiplies lambda. */
+/* The gradients of L(y) + lambda * l1 for dy (FfnTrainingPlan::backward): tensors and tokens as the state's
+ * forward (y unused); lambda finite, >= 0; l1_tokens 0: tokens; l1_weight NULL or a device fp32 that
+ * multiplies lambda / l1_tokens. Gradients are written, not accumulated. Waits on the host for the forward's
+ * overflow count (an event); grows the plan's scratch (cuMemAlloc) as needed. The plan's layout comes from
+ * the tuning database as with twell_plan_create's defaults. */
 twell_status_t twell_training_backward(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
                                        const void* dy, int64_t ld_dy, int64_t tokens, twell_training_state_t state,
                                        const twell_ffn_gradients* gradients, float lambda, int64_t l1_tokens,

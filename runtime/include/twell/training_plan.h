@@ -81,7 +81,9 @@ class FfnTrainingPlan {
   // max_tokens rows: the inference plan's gate and row consumer (Context::plan's rules and errors) and the
   // training kernels (twell/training.h's limits: d_model <= TrainRowBackwardConstraints::kMaxDModel, d_ff
   // within train_weight_grad's shared memory). Throws Error(InvalidArgument) naming the spec field or
-  // option, Error(Compile), Error(NotFound) with no bundle holding a kernel and no JIT.
+  // option (also spec.consumer other than unset or RowGather: the L1 term comes from the row consumer),
+  // Error(Compile), Error(NotFound) with no bundle holding a kernel and no JIT. Needs no GPU (a plan made
+  // without one reports its kernels; make_state, forward and backward then throw Error(NoDevice)).
   static FfnTrainingPlan create(Context& context, const FfnSpec& spec, int64_t max_tokens,
                                 const TrainingPlanOptions& options = {});
   FfnTrainingPlan();
@@ -98,10 +100,12 @@ class FfnTrainingPlan {
   FfnTrainingState make_state() const;
 
   // y = FFN(x) for `tokens` rows (0..max_tokens; tensors as FfnPlan::run's), stream-ordered, no host
-  // synchronization; the TwELL matrix goes into `state` (allocated or grown here: cuMemAlloc). row_l1:
+  // synchronization unless `state` must grow (its first use, more tokens, a larger backup: the stream is
+  // synchronized before its old buffers are freed, then cuMemAlloc); the TwELL matrix goes into `state`. row_l1:
   // nullptr, or [tokens] fp32 device memory, 4-byte aligned: row t's sum of |h_tj| over its active
   // entries in their order (fp32); the L1 term of TRAINING.md is their sum / tokens. Throws as
-  // FfnPlan::run (naming the argument), and Error(InvalidArgument) for a misaligned or non-device row_l1.
+  // FfnPlan::run (naming the argument), Error(InvalidArgument) for a misaligned or non-device row_l1 or a
+  // state another plan made, Error(NoDevice) without a GPU.
   void forward(Stream stream, const FfnTensors& t, int64_t tokens, FfnTrainingState& state, float* row_l1 = nullptr);
 
   // The gradients of L(y) + lambda * l1 for dy = dL/dy ([tokens, d_model] spec.dtype, row stride ld_dy,
@@ -113,14 +117,16 @@ class FfnTrainingPlan {
   // count (an event recorded by forward(), long complete in a training step). The plan's scratch
   // (backward_scratch_bytes) is allocated on the first call and grown as needed (cuMemAlloc). Calls on
   // one plan must be ordered (they share the scratch). Throws Error(InvalidArgument) naming the argument
-  // (a state without a forward or of another token count, a bad pointer, stride or overlap), Error(Cuda).
+  // (a state without a forward or of another token count, a bad pointer, stride or overlap), Error(NoDevice)
+  // without a GPU, Error(Cuda).
   void backward(Stream stream, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens,
                 const FfnTrainingState& state, const FfnGradients& g, float lambda, int64_t l1_tokens = 0,
                 const float* l1_weight = nullptr);
 
   // The backward's scratch for `tokens` rows and `grad_capacity` (the forward's backup capacity, or its
   // overflow count if larger) in bytes: the per-entry quads (16 bytes per TwELL word and backup_grad
-  // element), train_weight_grad's workspace and entry list (8 bytes per TwELL word and backup element).
+  // element), train_weight_grad's workspace and entry list (8 bytes per TwELL word and backup element), and
+  // a 4-byte counter.
   int64_t backward_scratch_bytes(int64_t tokens, uint32_t grad_capacity) const;
   // A state's device bytes after a forward of `tokens` rows with backup capacity `capacity`.
   int64_t state_bytes(int64_t tokens, uint32_t capacity) const;
