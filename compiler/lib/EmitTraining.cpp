@@ -56,7 +56,7 @@ KernelSource emitTrainRowBackward(const FfnSpec& user_spec, const Target& target
   const KernelSource gate = generateFfn(forward, target).kernels.at(0);
   const bool tensorCore = gate.mainloop != kernels::GateMainloop::Fma;
   const int tile_n = s.tile_n.value_or(kernels::kDefaultTileN), slots = s.slots.value_or(kernels::kDefaultSlots);
-  const bool warpRow = T::warpRow(s.d_model, tile_n, s.activation == Activation::ReLU, tensorCore);
+  const bool warpRow = T::warpRow(s.d_model, tile_n, slots, s.activation == Activation::ReLU, tensorCore);
 
   KernelSource k;
   k.kind = KernelKind::TrainRowBackward;

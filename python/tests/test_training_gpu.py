@@ -2,7 +2,8 @@
 sparse backward) on a GPU, against PyTorch autograd in fp32 on the same 16-bit operands: y, the L1 term
 and every gradient (dx, dWg, dWu, dWd) within 1e-2 (norm-wise relative error) at 0.1, 0.5, 2, 5 and 20%
 density, odd shapes (M = 1, 7, 1000; d_model 520; d_ff 1408), all-zero and heavy rows, the non-gated
-FFN, gradient accumulation, fp32 master weights, the real paper layer. Skipped loudly without a GPU."""
+FFN, gradient accumulation, fp32 master weights, the real paper layer; calls without grad, checkpointed
+calls, shapes the training kernels refuse, double backward. Skipped loudly without a GPU."""
 import math
 
 import pytest
@@ -195,3 +196,50 @@ def test_real_paper_layer_gradients(cuda):
     wu = (torch.randn(wg.shape, generator=gen) * 0.02).to(cuda, torch.bfloat16)
     wd = (torch.randn(wg.shape[1], wg.shape[0], generator=gen) * 0.02).to(cuda, torch.bfloat16)
     check_against_reference(x, wg, wu, wd, what="paper layer 1")
+
+
+def test_without_grad_the_forward_runs_alone_and_keeps_no_state(cuda):
+    x, wg, wu, wd = shifted_layer(128, 512, 1408, 0.02, cuda, seed=13)
+    with torch.no_grad():
+        y, l1 = tt.sparse_ffn_train(x, wg, wu, wd, dispatch="auto", decision_key=91)
+    y_ref, l1_ref, _ = reference_step(x, wg, wu, wd, torch.zeros_like(x), 0.0)
+    assert rel(y, y_ref) < 1e-2 and abs(l1.item() - l1_ref.item()) <= 1e-3 * l1_ref.item()
+    assert not [d for d in training.dispatch_decisions() if d["bucket"][0] == 91]  # nothing timed without grad
+    for entry in training._training_plans.values():
+        assert len(entry.free_states) >= 1  # the state went back to the pool
+
+
+def test_checkpointed_calls_read_the_recomputed_operands(cuda):
+    from torch.utils.checkpoint import checkpoint
+    x, wg, wu, wd = shifted_layer(256, 512, 1408, 0.02, cuda, seed=14)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, wg, wu, wd)]
+    block = lambda a, g_, u_, d_: tt.sparse_ffn_train(a * 1, g_, u_, d_)[0]  # a * 1: an intermediate, freed
+    ref = torch.autograd.grad(block(*leaves).float().square().sum(), leaves)
+    y = checkpoint(block, *leaves, use_reentrant=False)
+    junk = [torch.full_like(x, float("nan")) for _ in range(8)]  # take the freed blocks
+    got = torch.autograd.grad(y.float().square().sum(), leaves)
+    del junk
+    for g, r in zip(got, ref):
+        assert torch.equal(g, r)
+
+
+def test_shapes_the_training_kernels_refuse_train_densely(cuda):
+    # d_ff 57344 passes the inference plan but not train_weight_grad's shared memory: PyTorch's autograd
+    # takes it, for sparse_ffn_train and for the operators' backward alike.
+    x, wg, wu, wd = shifted_layer(16, 256, 57344, 0.01, cuda, seed=15)
+    check_against_reference(x, wg, wu, wd, what="d_ff 57344")
+    leaves = [t.detach().clone().requires_grad_() for t in (x, wg, wu, wd)]
+    dy = torch.randn(x.shape, device=cuda, dtype=x.dtype)
+    (tt.sparse_gated_ffn(*leaves, "relu", 0.0, "sparse").float() * dy.float()).sum().backward()
+    _, _, ref = reference_step(x, wg, wu, wd, dy, 0.0)
+    for t, r in zip(leaves, ref):
+        assert rel(t.grad, r) < 1e-2
+
+
+def test_double_backward_is_an_error_not_zeros(cuda):
+    x, wg, wu, wd = shifted_layer(32, 512, 1408, 0.02, cuda, seed=16)
+    leaves = [t.detach().clone().requires_grad_() for t in (x, wg, wu, wd)]
+    y, l1 = tt.sparse_ffn_train(*leaves)
+    (gx,) = torch.autograd.grad(y.float().sum(), leaves[0], create_graph=True)
+    with pytest.raises(RuntimeError):
+        gx.float().sum().backward()

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
+#include <tuple>
 
 #include "driver.h"
 #include "launcher.h"
@@ -39,13 +41,15 @@ struct FfnTrainingState::Impl {
   uint32_t* pinned = nullptr;  // the forward's overflow count, copied on its stream
   CUevent event = nullptr;     // recorded after that copy
   int64_t tokens = -1;
-  uint32_t capacity = 0;       // the backup's tile-rows in the last forward
-  const void* plan = nullptr;  // the FfnTrainingPlan::Impl that made it
+  uint32_t capacity = 0;  // the backup's tile-rows in the last forward
+  uint64_t plan_id = 0;   // the FfnTrainingPlan that made it (ids are never reused, unlike addresses)
 
   ~Impl() {
     if (!context || !context->gpu) return;
     context->make_current();
     const detail::Driver& d = detail::Driver::get();
+    // The forward's copy into the pinned word may still be queued: it lands before the word is freed.
+    if (event && tokens >= 0) d.cuEventSynchronize(event);
     if (event) d.cuEventDestroy(event);
     if (pinned) d.cuMemFreeHost(pinned);
   }
@@ -62,6 +66,7 @@ size_t FfnTrainingState::device_bytes() const {
 
 struct FfnTrainingPlan::Impl {
   std::shared_ptr<Context::Impl> context;
+  uint64_t id = 0;          // unique in the process: a state names its plan by it
   FfnPlan forward;          // its kernels (gate, row consumer, Wd transpose); its own matrix is not used
   FfnSpec kernel_spec;      // the training kernels' spec: the plan's layout, in_out Wd
   TrainingPlanOptions options;
@@ -107,6 +112,8 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
   FfnTrainingPlan plan;
   plan.impl_ = std::make_unique<Impl>();
   Impl& p = *plan.impl_;
+  static std::atomic<uint64_t> next_id{1};
+  p.id = next_id.fetch_add(1);
   p.context = context_impl(context);
   p.forward = context.plan(spec, max_tokens, plan_options);
   FfnPlan::Impl& f = *p.forward.impl_;
@@ -145,7 +152,7 @@ FfnTrainingState FfnTrainingPlan::make_state() const {
   state.impl_ = std::make_unique<FfnTrainingState::Impl>();
   FfnTrainingState::Impl& s = *state.impl_;
   s.context = p.context;
-  s.plan = &p;
+  s.plan_id = p.id;
   const detail::Driver& d = detail::Driver::get();
   void* host = nullptr;
   detail::check(d.cuMemAllocHost(&host, 4), "FfnTrainingPlan::make_state: cuMemAllocHost(overflow count)");
@@ -174,7 +181,7 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   constexpr const char* who = "FfnTrainingPlan::forward";
   Impl& p = checked(impl_, who);
   if (!p.context->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: this plan was made without a GPU ({})", who, p.context->no_gpu_reason));
-  if (!state.impl_ || state.impl_->plan != &p) fail(who, "state: expected a state this plan made (FfnTrainingPlan::make_state)");
+  if (!state.impl_ || state.impl_->plan_id != p.id) fail(who, "state: expected a state this plan made (FfnTrainingPlan::make_state)");
   p.context->make_current();
   FfnPlan::Impl& f = *p.forward.impl_;
   check_run_arguments(who, f.spec, t, tokens, p.max_tokens, true);
@@ -184,13 +191,13 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
     if (!is_device_memory(row_l1)) fail(who, fmt::format("row_l1: expected device memory (cuMemAlloc/cudaMalloc), got {}", static_cast<void*>(row_l1)));
   }
   FfnTrainingState::Impl& s = *state.impl_;
+  s.tokens = -1;  // not a forward's state until this one's launches are enqueued (a failure leaves it so)
   auto cu = reinterpret_cast<CUstream>(stream);
   const TwellLayout& l = f.layout;
   ensure(s.twell, size_t(tokens) * l.words_per_row(f.sparse_spec.d_ff) * 4, cu, who);
   ensure(s.backup, size_t(p.capacity) * l.tile_n * 2, cu, who);
   const TwellBuffers matrix{reinterpret_cast<uint32_t*>(s.twell.get()), reinterpret_cast<uint16_t*>(s.backup.get()),
                             s.counter.get(), p.capacity, row_l1};
-  s.tokens = -1;  // until the launches are enqueued
   f.use_block = false;
   launch_twell(f, t, tokens, LaunchStages::All, matrix, /*allow_decode=*/false, cu, who);
   const detail::Driver& d = detail::Driver::get();
@@ -206,7 +213,7 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   constexpr const char* who = "FfnTrainingPlan::backward";
   Impl& p = checked(impl_, who);
   if (!p.context->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: this plan was made without a GPU ({})", who, p.context->no_gpu_reason));
-  if (!state.impl_ || state.impl_->plan != &p) fail(who, "state: expected a state this plan made (FfnTrainingPlan::make_state)");
+  if (!state.impl_ || state.impl_->plan_id != p.id) fail(who, "state: expected a state this plan made (FfnTrainingPlan::make_state)");
   const FfnTrainingState::Impl& s = *state.impl_;
   if (s.tokens < 0) fail(who, "state: expected the state of a forward() call, got one no forward has filled");
   if (tokens != s.tokens)
@@ -220,6 +227,53 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   const int64_t min_ld_down = f.spec.down_layout == WeightLayout::InOut ? f.spec.d_model : f.spec.d_ff;
   if (t.ld_down != 0 && (t.ld_down < min_ld_down || t.ld_down > (int64_t{1} << 36)))
     fail(who, fmt::format("t.ld_down: expected a row stride in {}..2^36 elements (0 = dense), got {}", min_ld_down, t.ld_down));
+  // Every output before the first launch (the kernels check them again): a bad dw_* must not leave dx
+  // written. dx may not overlap a weight (read while dx is written) or a weight gradient.
+  const int64_t K = f.spec.d_model, N = f.spec.d_ff;
+  const int out_bytes = p.options.gradients_in_dtype ? 2 : 4;
+  struct Out {
+    const char* name;
+    const void* ptr;
+    const char* ld_name;
+    int64_t ld, rows;
+    int bytes;
+  };
+  const Out outs[] = {{"g.dx", g.dx, "g.ld_dx", g.ld_dx, tokens, 2},
+                      {"g.dw_gate", g.dw_gate, "g.ld_dw_gate", g.ld_dw_gate, N, out_bytes},
+                      {"g.dw_up", g.dw_up, "g.ld_dw_up", g.ld_dw_up, f.spec.gated ? N : 0, out_bytes},
+                      {"g.dw_down", g.dw_down, "g.ld_dw_down", g.ld_dw_down, N, out_bytes}};
+  if (!f.spec.gated && (g.dw_up != nullptr || g.ld_dw_up != 0))
+    fail(who, fmt::format("g.dw_up: a non-gated spec has no up weight; expected nullptr and ld_dw_up 0, got {} and {}",
+                          g.dw_up, g.ld_dw_up));
+  for (const Out& o : outs) {
+    if (o.rows == 0 && o.ptr == nullptr) continue;
+    if (std::string problem = pointer_problem(o.name, o.ptr, o.bytes); !problem.empty()) fail(who, problem);
+    if (!is_device_memory(o.ptr)) fail(who, fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {}", o.name, o.ptr));
+    if (o.ld != 0 && (o.ld < K || o.ld > (int64_t{1} << 36)))
+      fail(who, fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense), got {}", o.ld_name, K, o.ld));
+  }
+  auto span = [&](const void* ptr, int64_t ld, int64_t rows, int bytes) {
+    const auto b = reinterpret_cast<uintptr_t>(ptr);
+    return std::pair{b, b + static_cast<uintptr_t>(((std::max<int64_t>(rows, 1) - 1) * (ld ? ld : K) + K) * bytes)};
+  };
+  if (tokens > 0) {
+    const auto [xb, xe] = span(g.dx, g.ld_dx, tokens, 2);
+    const int64_t ld_down_rows = f.spec.down_layout == WeightLayout::InOut ? N : K;
+    const std::tuple<const char*, const void*, int64_t, int64_t, int> others[] = {
+        {"t.w_gate", t.w_gate, t.ld_gate, N, 2}, {"t.w_up", t.w_up, t.ld_up, f.spec.gated ? N : 0, 2},
+        {"t.w_down", t.w_down, t.ld_down, ld_down_rows, 2}, {"g.dw_gate", g.dw_gate, g.ld_dw_gate, N, out_bytes},
+        {"g.dw_up", g.dw_up, g.ld_dw_up, f.spec.gated ? N : 0, out_bytes}, {"g.dw_down", g.dw_down, g.ld_dw_down, N, out_bytes}};
+    for (const auto& [name, ptr, ld, rows, bytes] : others) {
+      if (ptr == nullptr || rows == 0) continue;
+      // (w_down out_in: rows of d_ff values; the span is an upper bound of its bytes either way)
+      const int64_t row_len = name == std::string("t.w_down") && f.spec.down_layout == WeightLayout::OutIn ? N : K;
+      const auto b = reinterpret_cast<uintptr_t>(ptr);
+      const auto e = b + static_cast<uintptr_t>(((rows - 1) * (ld ? ld : row_len) + row_len) * bytes);
+      if (xb < e && b < xe)
+        fail(who, fmt::format("g.dx: must not overlap {}: expected disjoint byte ranges, got [{:#x}, {:#x}) and [{:#x}, {:#x})",
+                              name, xb, xe, b, e));
+    }
+  }
   const detail::Driver& d = detail::Driver::get();
   auto cu = reinterpret_cast<CUstream>(stream);
   // The forward's overflow count: its copy was enqueued before everything after the forward.
@@ -243,7 +297,6 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   const void* w_down = t.w_down;
   int64_t ld_down = t.ld_down;
   if (f.transpose && tokens > 0) {
-    const int64_t K = f.spec.d_model, N = f.spec.d_ff;
     device::TransposeParams tp{static_cast<const uint16_t*>(t.w_down), reinterpret_cast<uint16_t*>(f.w_down_t->get()), K, N,
                                t.ld_down ? t.ld_down : N, K};
     void* args[1] = {&tp};

@@ -285,6 +285,30 @@ TEST(GpuTrainingPlan, RefusesBadArguments) {
   FfnGradients no_up = g;
   no_up.dw_up = nullptr;
   refused([&] { plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, no_up, 0.1f); }, "dw_up");
+  // dx over a weight it reads, or a weight gradient written after it: refused before any launch.
+  FfnGradients on_weight = g;
+  on_weight.dx = wg.data();
+  refused([&] { plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, on_weight, 0.1f); }, "t.w_gate");
+  FfnGradients on_grad = g;
+  on_grad.dw_down = dx.data();
+  refused([&] { plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, on_grad, 0.1f); }, "g.dw_down");
+  // A misaligned weight gradient is refused before dx is written (dx keeps its poison).
+  dx.fill(0xFF);
+  FfnGradients misaligned = g;
+  misaligned.dw_gate = static_cast<char*>(dwg.data()) + 2;
+  refused([&] { plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, misaligned, 0.1f); }, "g.dw_gate");
+  stream.synchronize();
+  const std::vector<uint16_t> untouched = dx.download_vector<uint16_t>(f.x.size());
+  EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](uint16_t v) { return v == 0xFFFF; }))
+      << "dx written before a bad weight gradient was refused";
+  // A state whose plan is gone is refused by the next plan, even one made at the same address.
+  {
+    FfnTrainingPlan gone = FfnTrainingPlan::create(plan_context(), s, f.tokens);
+    FfnTrainingState orphan = gone.make_state();
+    gone = FfnTrainingPlan();
+    FfnTrainingPlan next = FfnTrainingPlan::create(plan_context(), s, f.tokens);
+    refused([&] { next.forward(stream.get(), t, f.tokens, orphan); }, "state");
+  }
   // Still works.
   plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, g, 0.1f);
   stream.synchronize();

@@ -129,12 +129,19 @@ TEST(TrainRowBackward, WarpRowFormWhereItApplies) {
   silu.threshold = 0.05f;
   FfnSpec wide = twell::testing::ffn_spec(2056, 1024);
   FfnSpec odd = twell::testing::ffn_spec(100, 300);
-  for (const FfnSpec& s : {silu, wide, odd}) {
+  FfnSpec many_slots = twell::testing::ffn_spec(256, 1024);  // slots + 1 > the warp's 512-word window
+  many_slots.tile_n = 512;
+  many_slots.slots = 512;
+  for (const FfnSpec& s : {silu, wide, odd, many_slots}) {
     const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainRowBackward, s, Target{90, true});
     EXPECT_FALSE(k.persistent) << k.name;
     EXPECT_EQ(k.threads, 256) << k.name;
     EXPECT_NE(k.source.find("static constexpr bool warp_row = false;"), std::string::npos) << k.name;
   }
+  // The CTA form compiles at slots 512 (the warp form's window could not hold a tile-row's words).
+  expect_valid_and_compiles_without_spills(
+      compiler::generateAuxiliary(KernelKind::TrainRowBackward, many_slots, Target{90, true}), Target{90, true},
+      "train_row_backward at tile_n 512, slots 512");
   compiler::KernelSource broken = compiler::generateAuxiliary(KernelKind::TrainRowBackward, wide, Target{90, true});
   broken.persistent = true;
   broken.threads = 128;

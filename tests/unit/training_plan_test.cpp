@@ -47,8 +47,11 @@ TEST(TrainingPlan, MadeWithoutAGpuReportsEveryKernel) {
   for (const char* kind : {"gate_twell", "gated_down", "transpose", "train_row_backward", "train_weight_grad"})
     EXPECT_NE(std::find(kinds.begin(), kinds.end(), kind), kinds.end()) << kind;
   // The consumer is the row one (its L1 term), never the token block.
-  for (const KernelReport& k : plan.kernels())
-    if (k.kind == "gated_down") EXPECT_NE(k.consumer, "token_block");
+  for (const KernelReport& k : plan.kernels()) {
+    if (k.kind == "gated_down") {
+      EXPECT_NE(k.consumer, "token_block");
+    }
+  }
   // Sizes: 4 bytes per TwELL word and 2 per backup value (+ the two counters); the backward's scratch
   // 16 bytes per word and backup_grad value, the workspace, 8 bytes per word and backup_grad value.
   const int64_t words = plan.layout().words_per_row(1024);

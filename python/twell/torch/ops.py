@@ -254,11 +254,13 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dy):
     """The exact gradients of the FFN (TRAINING.md): twell's sparse backward after re-running the training
-    forward (twell.torch.training.recompute_backward), or with dispatch "dense" PyTorch's dense ops,
-    recomputing g and u from the saved x."""
+    forward (twell.torch.training.recompute_backward), or PyTorch's dense ops recomputing g and u from the
+    saved x: with dispatch "dense", a double backward (create_graph), during CUDA-graph capture, and for
+    shapes the training kernels refuse (training.sparse_backward_applies)."""
     x, w_gate, w_up, w_down = ctx.saved_tensors
     rest = (None,) * 7
-    if ctx.dispatch != "dense" and x.numel() > 0:
+    from .training import sparse_backward_applies
+    if ctx.dispatch != "dense" and sparse_backward_applies(x, w_gate, w_up, ctx.activation, ctx.threshold):
         dx, d_w_gate, d_w_up, d_w_down_t = sparse_ffn_backward(x, w_gate, w_up, w_down, dy, ctx.activation, ctx.threshold)
         if ctx.gated:
             return (dx, d_w_gate, d_w_up, d_w_down_t.t()) + rest

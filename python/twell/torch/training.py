@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from .. import _capi, runtime
-from .._errors import InvalidArgumentError
+from .._errors import CompileError, InvalidArgumentError
 from . import _plans, ops
 
 _lock = threading.Lock()
@@ -60,6 +60,9 @@ class _TrainingEntry:
             self.free_states.append(state)
 
 
+_refused: dict[tuple, str] = {}  # (device, spec) -> why the training kernels refuse it
+
+
 def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int) -> _TrainingEntry:
     key = (device.index, spec)
     entry = _training_plans.get(key)
@@ -73,6 +76,22 @@ def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int) -> _Trainin
             entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True), capacity)
             _training_plans[key] = entry
     return entry
+
+
+def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int) -> bool:
+    """Whether twell's training kernels take this layer: False where they refuse its shape (d_model above
+    16384, a d_ff beyond train_weight_grad's shared memory, a layout they cannot build: the inference
+    plan may still take it), remembered per (device, spec); the callers then train it with PyTorch's
+    dense autograd. Other errors propagate."""
+    key = (device.index, spec)
+    if key in _refused:
+        return False
+    try:
+        _entry(device, spec, max(tokens, 1))
+        return True
+    except (InvalidArgumentError, CompileError) as e:
+        _refused[key] = str(e)
+        return False
 
 
 def clear() -> None:
@@ -100,16 +119,25 @@ def _run_forward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor,
     except BaseException:
         entry.give_back(state)
         raise
-    return y, row_l1[:tokens], (entry, state, t, tokens)
+    return y, row_l1[:tokens], (entry, state, tokens)
 
 
 def _run_backward(saved, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor | None,
                   l1_weight: Tensor | None):
-    """FfnTrainingPlan::backward for the forward `saved` came from; gives its state back. Returns (dx,
-    dWg, dWu or None, dWd in nn.Linear's layout: a transposed view of the kernel's dWd^T)."""
-    entry, state, t, tokens = saved
+    """FfnTrainingPlan::backward for the forward `saved` came from; gives its state back. The operands'
+    pointers are taken from the tensors given here (autograd's unpacked saved tensors: saved-tensor hooks,
+    checkpointing or resharding may have moved them since the forward). Returns (dx, dWg, dWu or None, dWd
+    in nn.Linear's layout: a transposed view of the kernel's dWd^T)."""
+    entry, state, tokens = saved
     d_ff, d_model = w_gate.shape
     try:
+        if x.numel() != tokens * d_model:
+            raise RuntimeError(f"twell.sparse_ffn_train: backward: the saved x has {x.numel() // max(d_model, 1)} rows, "
+                               f"its forward {tokens}")
+        ld_x = ops._row_stride("sparse_ffn_train", x, d_model)
+        t = runtime.tensors_struct(x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr() if w_up is not None else None,
+                                   w_down.data_ptr(), None, ld_x, w_gate.stride(0),
+                                   w_up.stride(0) if w_up is not None else 0, w_down.stride(0), 0)
         dy = torch.zeros(x.shape, dtype=x.dtype, device=x.device) if dy is None else dy.to(x.dtype).contiguous()
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         dw_gate = torch.empty((d_ff, d_model), dtype=w_gate.dtype, device=x.device)
@@ -131,13 +159,14 @@ class _SparseFfnTraining(torch.autograd.Function):
     def forward(ctx, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, spec: runtime.FfnSpec,
                 ld_x: int):
         y, row_l1, saved = _run_forward(x, w_gate, w_up, w_down, spec, ld_x)
-        l1 = row_l1.sum() / max(saved[3], 1)
+        l1 = row_l1.sum() / max(saved[2], 1)
         ctx.save_for_backward(x, w_gate, w_up, w_down)
         ctx.saved = saved
         ctx.set_materialize_grads(False)  # an unused y or l1 gives None: no L1 term, no zero dy
         return y, l1
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # no double backward (create_graph): an error, not zeros
     def backward(ctx, dy: Tensor | None, dl1: Tensor | None):
         x, w_gate, w_up, w_down = ctx.saved_tensors
         saved, ctx.saved = ctx.saved, None
@@ -153,14 +182,28 @@ def recompute_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: T
                        threshold: float) -> tuple:
     """(dx, dWg, dWu or None, dWd) of the FFN for dy without a saved state: the training forward runs again
     into a state (its y discarded), then the sparse backward (no L1 term). The autograd formula of the
-    twell.sparse_gated_ffn / sparse_ffn operators: a custom op's forward cannot hand an opaque state to
-    its backward, and re-running the forward costs the gate GEMM, a third of the dense recompute's."""
+    twell.sparse_gated_ffn / sparse_ffn operators where sparse_backward_applies(): a custom op's forward
+    cannot hand an opaque state to its backward. The re-run forward costs the gate GEMM and the consumer
+    (against the dense recompute's two GEMMs), and the backward then waits on the host for that forward
+    (one synchronization per layer: sparse_ffn_train, which keeps the state, does not have it)."""
     d_ff, d_model = w_gate.shape
     ld_x = ops._row_stride("sparse_ffn_train", x, d_model)
     spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
                            dtype=ops.DTYPES[x.dtype])
     _, _, saved = _run_forward(x, w_gate, w_up, w_down, spec, ld_x)
     return _run_backward(saved, x, w_gate, w_up, w_down, dy, None)
+
+
+def sparse_backward_applies(x: Tensor, w_gate: Tensor, w_up: Tensor | None, activation: str, threshold: float) -> bool:
+    """Whether the operators' autograd takes twell's sparse backward (recompute_backward) for these
+    operands: not for a double backward (grad mode on: create_graph), not during CUDA-graph capture (the
+    backward waits on the host), not for a shape the training kernels refuse (trainable())."""
+    if torch.is_grad_enabled() or x.device.type != "cuda" or x.numel() == 0 or torch.cuda.is_current_stream_capturing():
+        return False
+    d_ff, d_model = w_gate.shape
+    spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
+                           dtype=ops.DTYPES[x.dtype])
+    return trainable(x.device, spec, x.numel() // d_model)
 
 
 def _dense_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str,
@@ -198,8 +241,9 @@ def _step_ms(fn, x: Tensor, weights: list, reps: int = 3) -> float:
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         start.record()
-        y, l1 = fn(*leaves)
-        torch.autograd.backward((y, l1), (dy, torch.ones_like(l1)))
+        with torch.enable_grad():
+            y, l1 = fn(*leaves)
+            torch.autograd.backward((y, l1), (dy, torch.ones_like(l1)))
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop))
@@ -211,7 +255,11 @@ def _step_ms(fn, x: Tensor, weights: list, reps: int = 3) -> float:
 
 def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str = "relu",
                      threshold: float = 0.0, dispatch: str = "sparse", decision_key: int = 0) -> tuple[Tensor, Tensor]:
-    """(y, l1) of the FFN with twell's training kernels (see the module's documentation)."""
+    """(y, l1) of the FFN with twell's training kernels (see the module's documentation). PyTorch's dense
+    autograd of the same function takes the calls twell's training kernels cannot: a shape they refuse
+    (trainable()), CUDA-graph capture (the backward waits on the host), and, with dispatch "auto", the
+    buckets where it was faster. Without grad (no_grad, or nothing requiring it) the forward runs alone and
+    keeps no state."""
     op = "sparse_ffn_train"
     if dispatch not in DISPATCHES:
         ops._fail(op, "dispatch", "'auto', 'sparse' or 'dense'", repr(dispatch))
@@ -226,22 +274,26 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     tokens = x.numel() // d_model if d_model else 0
     spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
                            dtype=ops.DTYPES[x.dtype])
-    path = dispatch
+    if dispatch == "dense" or tokens == 0 or torch.cuda.is_current_stream_capturing() or \
+            not trainable(x.device, spec, tokens):
+        return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down))
+    if not needs_grad:  # no backward will come: the forward alone, its state given back at once
+        y, row_l1, (entry, state, _) = _run_forward(x, w_gate, w_up, w_down, spec, ld_x)
+        entry.give_back(state)  # the stream orders the next use after this forward
+        return y, row_l1.sum() / tokens
     if dispatch == "auto":
         bucket = (decision_key, x.device.index, d_model, d_ff, w_up is not None, activation, float(threshold), x.dtype,
                   max(0, tokens - 1).bit_length())
         path = _paths.get(bucket)
         if path is None:
-            if torch.cuda.is_current_stream_capturing():
-                raise RuntimeError(f"twell.{op}: dispatch 'auto' times both paths on the first call of a token bucket, "
-                                   "which synchronizes: not during CUDA-graph capture")
             weights = [w_gate, w_up, w_down]
             times = {"twell": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model), x, weights),
                      "torch": _step_ms(lambda *a: _dense_train(*a, activation, threshold), x, weights)}
             path = _paths[bucket] = "sparse" if times["twell"] <= times["torch"] else "dense"
             _path_times[bucket] = times
-    if path == "dense" or tokens == 0:
-        return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
+        if path == "dense":
+            return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
     return _sparse_train(x, w_gate, w_up, w_down, spec, ld_x)
 
 

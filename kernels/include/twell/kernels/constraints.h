@@ -217,15 +217,16 @@ struct AuxiliaryKernelConstraints {
 // (kWarpCtaM warps, a row per warp at a time), x, dy and a window of the row's TwELL words in static shared
 // memory (about 42 KiB at d_model 2048), dx in registers (8 values per lane and 256 columns, so d_model <=
 // kWarpMaxDModel); ReLU only (SiLU's act'(g) needs the gate's g, which the CTA form recomputes eight
-// entries per mma), after a tensor-core gate (the overflow recompute on one warp), tile_n <= 512.
+// entries per mma), after a tensor-core gate (the overflow recompute on one warp), tile_n <= 512, slots < 512.
 struct TrainRowBackwardConstraints {
   static constexpr int64_t kThreads = 256;
   static constexpr int64_t kCtaM = 1;
   static constexpr int64_t kWarpThreads = 128;
   static constexpr int64_t kWarpCtaM = kWarpThreads / 32;
   static constexpr int64_t kWarpMaxDModel = 2048;
-  static constexpr bool warpRow(int64_t dModel, int64_t tileN, bool relu, bool tensorCoreGate) {
-    return dModel % 8 == 0 && dModel <= kWarpMaxDModel && tileN <= 512 && relu && tensorCoreGate;
+  // The TwELL words of at least one tile-row must fit the warp's 512-word window: slots + 1 <= 512.
+  static constexpr bool warpRow(int64_t dModel, int64_t tileN, int64_t slots, bool relu, bool tensorCoreGate) {
+    return dModel % 8 == 0 && dModel <= kWarpMaxDModel && tileN <= 512 && slots + 1 <= 512 && relu && tensorCoreGate;
   }
   static constexpr int64_t kMinChunk = 512;
   static constexpr int64_t kMaxDModel = 16384;

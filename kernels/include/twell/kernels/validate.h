@@ -159,8 +159,9 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
                                  : expect("threads", T::kThreads, k.threads, "the row backward"),
                     k.persistent ? expect("cta_m", T::kWarpCtaM, k.cta_m, "a row per warp")
                                  : expect("cta_m", T::kCtaM, k.cta_m, "one row per CTA"),
-                    // (Its ReLU-only rule is the device code's static_assert: the source holds no activation.)
-                    k.persistent && !T::warpRow(k.d_model, k.tile_n, true, k.mainloop != GateMainloop::Fma)
+                    // (Its ReLU-only and slots rules are the device code's static_assert: the description holds
+                    // neither the activation nor the slots.)
+                    k.persistent && !T::warpRow(k.d_model, k.tile_n, 0, true, k.mainloop != GateMainloop::Fma)
                         ? "persistent: the warp-per-row backward needs a tensor-core gate, d_model % 8 == 0 and <= " +
                               std::to_string(T::kWarpMaxDModel) + ", tile_n <= 512"
                         : std::string(),
