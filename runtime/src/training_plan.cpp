@@ -284,7 +284,12 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
     p.capacity = std::max<uint32_t>(p.capacity, static_cast<uint32_t>(std::min<uint64_t>(
                                                     uint64_t{overflow} + overflow / 4, (uint64_t{1} << 32) - 1)));
   }
-  const uint32_t grad_capacity = std::max(s.capacity, overflow);
+  // The gate gave the overflowing tile-rows slots 0..overflow-1 and stored those below its capacity: the
+  // kernels see a backup of min(capacity, overflow) rows (every stored slot is below it) and grad rows for
+  // exactly the overflow, the missing tile-rows claiming those above the stored ones. Not the capacity: its
+  // unused rows would cost 16 bytes per value of scratch and 8 of list for nothing.
+  const uint32_t used_backup = std::min(s.capacity, overflow);
+  const uint32_t grad_capacity = overflow;
   const TwellLayout& l = f.layout;
   const FfnSpec& ks = p.kernel_spec;
   ensure(p.entry_grad, size_t(entry_grad_floats(l, ks.d_ff, tokens)) * 4, cu, who);
@@ -331,7 +336,7 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   r.ld_down = ld_down;
   r.ld_dy = ld_dy;
   r.ld_dx = g.ld_dx;
-  named([&] { detail::train_row_backward(p.context, stream, ks, r, tokens, s.capacity, grad_capacity, lambda, l1_tokens); });
+  named([&] { detail::train_row_backward(p.context, stream, ks, r, tokens, used_backup, grad_capacity, lambda, l1_tokens); });
 
   TrainWeightGradTensors w;
   w.x = t.x;

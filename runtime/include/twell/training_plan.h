@@ -123,8 +123,8 @@ class FfnTrainingPlan {
                 const FfnTrainingState& state, const FfnGradients& g, float lambda, int64_t l1_tokens = 0,
                 const float* l1_weight = nullptr);
 
-  // The backward's scratch for `tokens` rows and `grad_capacity` (the forward's backup capacity, or its
-  // overflow count if larger) in bytes: the per-entry quads (16 bytes per TwELL word and backup_grad
+  // The backward's scratch for `tokens` rows and `grad_capacity` (the forward's overflow count: its
+  // overflowing tile-rows) in bytes: the per-entry quads (16 bytes per TwELL word and backup_grad
   // element), train_weight_grad's workspace and entry list (8 bytes per TwELL word and backup element), and
   // a 4-byte counter.
   int64_t backward_scratch_bytes(int64_t tokens, uint32_t grad_capacity) const;
