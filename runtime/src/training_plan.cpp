@@ -115,19 +115,34 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
   static std::atomic<uint64_t> next_id{1};
   p.id = next_id.fetch_add(1);
   p.context = context_impl(context);
-  p.forward = context.plan(spec, max_tokens, plan_options);
-  FfnPlan::Impl& f = *p.forward.impl_;
   p.options = options;
   p.max_tokens = max_tokens;
+  // The forward plan, then the training kernels of its layout (now, so that a spec they refuse fails here
+  // and a bundle saved after has them). A layout from the tuning database or a bundle that the training
+  // kernels refuse (a tile_n whose train_weight_grad counters do not fit, say) falls back to the
+  // heuristic layout, as Context::plan does for a tuned layout the inference kernels cannot build.
+  auto build = [&](const PlanOptions& o) {
+    p.forward = context.plan(spec, max_tokens, o);
+    const FfnPlan::Impl& f = *p.forward.impl_;
+    p.kernel_spec = f.sparse_spec;
+    p.kernel_spec.down_layout = WeightLayout::InOut;
+    p.kernel_spec.tile_n = f.layout.tile_n;
+    p.kernel_spec.slots = f.layout.slots;
+    p.reports = f.reports;
+    for (const auto kind : {kernels::KernelKind::TrainRowBackward, kernels::KernelKind::TrainWeightGrad})
+      p.reports.push_back(p.context->auxiliary(kind, p.kernel_spec, who)->report);
+  };
+  try {
+    build(plan_options);
+  } catch (const Error& e) {
+    const bool tuned = p.forward.impl_ && (p.forward.config_source().rfind("database", 0) == 0 ||
+                                           p.forward.config_source().rfind("bundle", 0) == 0);
+    if (!tuned || (e.code() != ErrorCode::InvalidArgument && e.code() != ErrorCode::Compile)) throw;
+    plan_options.tuning = PlanOptions::Tuning::Ignore;
+    build(plan_options);
+  }
+  FfnPlan::Impl& f = *p.forward.impl_;
   p.capacity = f.backup_capacity;
-  p.kernel_spec = f.sparse_spec;
-  p.kernel_spec.down_layout = WeightLayout::InOut;
-  p.kernel_spec.tile_n = f.layout.tile_n;
-  p.kernel_spec.slots = f.layout.slots;
-  p.reports = f.reports;
-  // The training kernels now, so that a spec they refuse fails here and a bundle saved after has them.
-  for (const auto kind : {kernels::KernelKind::TrainRowBackward, kernels::KernelKind::TrainWeightGrad})
-    p.reports.push_back(p.context->auxiliary(kind, p.kernel_spec, who)->report);
   if (p.context->gpu) {
     // The plan's own TwELL matrix and backup are never used: the states hold them.
     p.context->make_current();
@@ -199,10 +214,13 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   const TwellBuffers matrix{reinterpret_cast<uint32_t*>(s.twell.get()), reinterpret_cast<uint16_t*>(s.backup.get()),
                             s.counter.get(), p.capacity, row_l1};
   f.use_block = false;
-  launch_twell(f, t, tokens, LaunchStages::All, matrix, /*allow_decode=*/false, cu, who);
+  // The gate, the overflow count's copy and its event, then the consumer: a backward right behind this
+  // forward (the operators' recompute) waits on the host for the gate only.
+  launch_twell(f, t, tokens, LaunchStages::GateOnly, matrix, /*allow_decode=*/false, cu, who);
   const detail::Driver& d = detail::Driver::get();
   detail::check(d.cuMemcpyDtoHAsync(s.pinned, s.counter.get(), 4, cu), "FfnTrainingPlan::forward: cuMemcpyDtoHAsync(overflow count)");
   detail::check(d.cuEventRecord(s.event, cu), "FfnTrainingPlan::forward: cuEventRecord");
+  launch_twell(f, t, tokens, LaunchStages::ConsumerOnly, matrix, /*allow_decode=*/false, cu, who);
   s.tokens = tokens;
   s.capacity = p.capacity;
 }

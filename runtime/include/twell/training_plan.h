@@ -9,9 +9,9 @@
 //
 // Exact on every input: tile-rows that overflow their slots go to the state's backup or, where that is
 // full, are recomputed from x and Wg by the consumer and by the backward; the backward's per-entry
-// storage is sized from the forward's measured overflow count (read from pinned host memory that the
-// forward's own stream filled: by the time of the backward that copy has long finished, so the read
-// does not stall the stream). A forward that overflowed its state's backup makes later forwards' backups
+// storage is sized from the forward's measured overflow count (copied to pinned host memory on the
+// forward's stream right after its gate: by the time of the backward that copy has long finished, so the
+// read does not stall the stream). A forward that overflowed its state's backup makes later forwards' backups
 // larger (the capacity grows on demand; nothing is ever dropped).
 //
 // Numerics: y is FfnPlan::run's on the TwELL path with the row consumer (the same kernels, bit for bit);
@@ -37,7 +37,8 @@ struct TrainingPlanOptions {
   std::optional<uint32_t> backup_capacity;
   // The weight gradients' type: fp32 (false), or spec.dtype, each rounded once from its fp32 sum (true).
   bool gradients_in_dtype = false;
-  // Where the layout (tile_n, slots, gate cluster) comes from: PlanOptions::tuning and its fields.
+  // Where the layout (tile_n, slots, gate cluster) comes from: PlanOptions::tuning and its fields (a tuned
+  // layout the training kernels refuse gives way to the heuristic one).
   PlanOptions::Tuning tuning = PlanOptions::Tuning::Use;
   std::string tuning_workload;
   std::string tuning_dir;
