@@ -184,8 +184,8 @@ def recompute_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: T
     into a state (its y discarded), then the sparse backward (no L1 term). The autograd formula of the
     twell.sparse_gated_ffn / sparse_ffn operators where sparse_backward_applies(): a custom op's forward
     cannot hand an opaque state to its backward. The re-run forward costs the gate GEMM and the consumer
-    (against the dense recompute's two GEMMs), and the backward then waits on the host for that forward
-    (one synchronization per layer: sparse_ffn_train, which keeps the state, does not have it)."""
+    (against the dense recompute's two GEMMs), and the backward then waits on the host for that forward's
+    gate (its overflow count; sparse_ffn_train, which keeps the state, does not wait)."""
     d_ff, d_model = w_gate.shape
     ld_x = ops._row_stride("sparse_ffn_train", x, d_model)
     spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
