@@ -19,6 +19,23 @@ std::string pointer_problem(const char* name, const void* p, int alignment) {
   return {};
 }
 
+ByteRange bytes_range(const char* name, const void* p, int64_t bytes) {
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  return ByteRange{name, b, p == nullptr || bytes <= 0 ? b : b + std::min<uintptr_t>(bytes, UINTPTR_MAX - b)};
+}
+
+ByteRange matrix_range(const char* name, const void* p, int64_t rows, int64_t ld, int64_t row_elements, int element_bytes) {
+  if (rows <= 0) return bytes_range(name, p, 0);
+  if (rows - 1 > (int64_t{1} << 56) / ld) return bytes_range(name, p, INT64_MAX);
+  return bytes_range(name, p, ((rows - 1) * ld + row_elements) * element_bytes);
+}
+
+std::string overlap_problem(const ByteRange& written, const ByteRange& other) {
+  if (!(written.begin < other.end && other.begin < written.end)) return "";
+  return fmt::format("{}: must not overlap {}: expected disjoint byte ranges, got [{:#x}, {:#x}) and [{:#x}, {:#x})",
+                     written.name, other.name, written.begin, written.end, other.begin, other.end);
+}
+
 bool is_device_memory(const void* p) {
   unsigned int type = 0;
   const CUresult r = detail::Driver::get().cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,

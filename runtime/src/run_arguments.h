@@ -21,6 +21,22 @@ bool is_device_memory(const void* p);
 std::string operand_alignment_problem(const char* name, const void* p, const char* ld_name, int64_t ld, int elements,
                                       const std::string& why);
 
+// The byte range [begin, end) a buffer spans, for overlap checks (empty where it spans none: a null
+// pointer, no bytes, no rows). Ends saturate at the top of the address space: rows of 2^36 elements over
+// 2^31 tokens would wrap 64 bits (no allocation is that large, but a check must not wrap and miss an
+// overlap).
+struct ByteRange {
+  const char* name;
+  uintptr_t begin, end;
+};
+ByteRange bytes_range(const char* name, const void* p, int64_t bytes);
+// A row-major [rows, row_elements] matrix with row stride ld (> 0, in elements): ((rows - 1) * ld +
+// row_elements) * element_bytes bytes.
+ByteRange matrix_range(const char* name, const void* p, int64_t rows, int64_t ld, int64_t row_elements, int element_bytes);
+// "" where the two ranges are disjoint, else "<written>: must not overlap <other>: expected disjoint byte
+// ranges, got [b, e) and [b, e)".
+std::string overlap_problem(const ByteRange& written, const ByteRange& other);
+
 // Throws Error(InvalidArgument), prefixed by `who` and naming the argument: null or misaligned
 // pointers, pointers that are not device memory, strides shorter than the row, token counts out of
 // range, y overlapping x. `needs_output` false: y, w_up and w_down are not used (the gate alone) and

@@ -79,42 +79,27 @@ void train_weight_grad(const std::shared_ptr<Context::Impl>& ctx, Stream stream,
     if (std::string problem = operand_alignment_problem(name, p, ld_name, ld, align, why); !problem.empty()) bad(problem);
   }
 
-  // The byte range [begin, end) of every buffer the kernel touches (empty where it touches none: x and
-  // dy without tokens, a null dw_up). Ends saturate at the top of the address space: rows of 2^36
-  // elements over 2^31 tokens would wrap 64 bits (no allocation is that large, but the check must not
-  // wrap and miss an overlap).
-  struct Range {
-    const char* name;
-    uintptr_t begin, end;
-  };
-  const auto bytes_range = [](const char* name, const void* p, int64_t bytes) {
-    const auto b = reinterpret_cast<uintptr_t>(p);
-    return Range{name, b, p == nullptr || bytes <= 0 ? b : b + std::min<uintptr_t>(bytes, UINTPTR_MAX - b)};
-  };
-  // A row-major [rows, K] matrix with row stride ld: ((rows - 1) * ld + K) elements.
-  const auto matrix_range = [&](const char* name, const void* p, int64_t rows, int64_t ld, int element_bytes) {
-    if (rows <= 0) return bytes_range(name, p, 0);
-    if (rows - 1 > (int64_t{1} << 56) / ld) return bytes_range(name, p, INT64_MAX);
-    return bytes_range(name, p, ((rows - 1) * ld + K) * element_bytes);
+  // The byte range of every buffer the kernel touches (run_arguments.h: empty where it touches none, x
+  // and dy without tokens, a null dw_up; saturating).
+  const auto matrix = [&](const char* name, const void* p, int64_t rows, int64_t ld, int element_bytes) {
+    return matrix_range(name, p, rows, ld, K, element_bytes);
   };
   const int64_t workspace_bytes = train_weight_grad_workspace_bytes(spec), list_bytes = list_entries * 8;
-  const Range inputs[] = {matrix_range("t.x", t.x, tokens, ldx, 2), matrix_range("t.dy", t.dy, tokens, lddy, 2),
+  const ByteRange inputs[] = {matrix("t.x", t.x, tokens, ldx, 2), matrix("t.dy", t.dy, tokens, lddy, 2),
                           bytes_range("t.twell", t.twell, tokens * layout.words_per_row(N) * 4),
                           bytes_range("t.entry_grad", t.entry_grad, entry_grad_floats(layout, N, tokens) * 4),
                           bytes_range("t.backup_grad", t.backup_grad, backup_grad_floats(layout, grad_capacity) * 4)};
   // Written by the kernel: none may overlap an input or another of them.
-  const Range written[] = {
-      matrix_range("t.dw_gate", t.dw_gate, N, ldg, out_bytes), matrix_range("t.dw_up", t.dw_up, N, ldu, out_bytes),
-      matrix_range("t.dw_down", t.dw_down, N, ldd, out_bytes), bytes_range("t.workspace", t.workspace, workspace_bytes),
+  const ByteRange written[] = {
+      matrix("t.dw_gate", t.dw_gate, N, ldg, out_bytes), matrix("t.dw_up", t.dw_up, N, ldu, out_bytes),
+      matrix("t.dw_down", t.dw_down, N, ldd, out_bytes), bytes_range("t.workspace", t.workspace, workspace_bytes),
       bytes_range("t.entry_list", t.entry_list, list_bytes)};
-  const auto check_apart = [&](const Range& w, const Range& other) {
-    if (w.begin < other.end && other.begin < w.end)
-      bad(fmt::format("{}: must not overlap {}: expected disjoint byte ranges, got [{:#x}, {:#x}) and [{:#x}, {:#x})",
-                      w.name, other.name, w.begin, w.end, other.begin, other.end));
+  const auto check_apart = [&](const ByteRange& w, const ByteRange& other) {
+    if (std::string problem = overlap_problem(w, other); !problem.empty()) bad(problem);
   };
   for (size_t i = 0; i < std::size(written); ++i) {
     for (size_t o = 0; o < i; ++o) check_apart(written[i], written[o]);
-    for (const Range& input : inputs) check_apart(written[i], input);
+    for (const ByteRange& input : inputs) check_apart(written[i], input);
   }
 
   if (!ctx->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, ctx->no_gpu_reason));

@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <tuple>
 
 #include "driver.h"
 #include "launcher.h"
@@ -270,28 +269,20 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
     if (o.ld != 0 && (o.ld < K || o.ld > (int64_t{1} << 36)))
       fail(who, fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense), got {}", o.ld_name, K, o.ld));
   }
-  auto span = [&](const void* ptr, int64_t ld, int64_t rows, int bytes) {
-    const auto b = reinterpret_cast<uintptr_t>(ptr);
-    return std::pair{b, b + static_cast<uintptr_t>(((std::max<int64_t>(rows, 1) - 1) * (ld ? ld : K) + K) * bytes)};
+  // (run_arguments.h's saturating byte ranges; a null or rowless buffer spans nothing.)
+  const auto matrix = [&](const char* name, const void* ptr, int64_t ld, int64_t rows, int64_t row_elements, int bytes) {
+    return matrix_range(name, ptr, rows, ld ? ld : row_elements, row_elements, bytes);
   };
-  if (tokens > 0) {
-    const auto [xb, xe] = span(g.dx, g.ld_dx, tokens, 2);
-    const int64_t ld_down_rows = f.spec.down_layout == WeightLayout::InOut ? N : K;
-    const std::tuple<const char*, const void*, int64_t, int64_t, int> others[] = {
-        {"t.w_gate", t.w_gate, t.ld_gate, N, 2}, {"t.w_up", t.w_up, t.ld_up, f.spec.gated ? N : 0, 2},
-        {"t.w_down", t.w_down, t.ld_down, ld_down_rows, 2}, {"g.dw_gate", g.dw_gate, g.ld_dw_gate, N, out_bytes},
-        {"g.dw_up", g.dw_up, g.ld_dw_up, f.spec.gated ? N : 0, out_bytes}, {"g.dw_down", g.dw_down, g.ld_dw_down, N, out_bytes}};
-    for (const auto& [name, ptr, ld, rows, bytes] : others) {
-      if (ptr == nullptr || rows == 0) continue;
-      // (w_down out_in: rows of d_ff values; the span is an upper bound of its bytes either way)
-      const int64_t row_len = name == std::string("t.w_down") && f.spec.down_layout == WeightLayout::OutIn ? N : K;
-      const auto b = reinterpret_cast<uintptr_t>(ptr);
-      const auto e = b + static_cast<uintptr_t>(((rows - 1) * (ld ? ld : row_len) + row_len) * bytes);
-      if (xb < e && b < xe)
-        fail(who, fmt::format("g.dx: must not overlap {}: expected disjoint byte ranges, got [{:#x}, {:#x}) and [{:#x}, {:#x})",
-                              name, xb, xe, b, e));
-    }
-  }
+  const bool out_in = f.spec.down_layout == WeightLayout::OutIn;
+  const ByteRange dx_range = matrix("g.dx", g.dx, g.ld_dx, tokens, K, 2);
+  const ByteRange others[] = {
+      matrix("t.w_gate", t.w_gate, t.ld_gate, N, K, 2), matrix("t.w_up", t.w_up, t.ld_up, f.spec.gated ? N : 0, K, 2),
+      matrix("t.w_down", t.w_down, t.ld_down, out_in ? K : N, out_in ? N : K, 2),
+      matrix("g.dw_gate", g.dw_gate, g.ld_dw_gate, N, K, out_bytes),
+      matrix("g.dw_up", g.dw_up, g.ld_dw_up, f.spec.gated ? N : 0, K, out_bytes),
+      matrix("g.dw_down", g.dw_down, g.ld_dw_down, N, K, out_bytes)};
+  for (const ByteRange& other : others)
+    if (std::string problem = overlap_problem(dx_range, other); !problem.empty()) fail(who, problem);
   const detail::Driver& d = detail::Driver::get();
   auto cu = reinterpret_cast<CUstream>(stream);
   // The forward's overflow count: its copy was enqueued before everything after the forward.

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -14,6 +15,25 @@
 #include "twell/reference.h"
 
 namespace twell::testing {
+
+// A spec of every field the training tests vary (the layout fields left to the generator).
+inline FfnSpec make_spec(int64_t d_model, int64_t d_ff, bool gated, Activation act, float threshold, DType dtype,
+                         WeightLayout down) {
+  FfnSpec s;
+  s.d_model = d_model;
+  s.d_ff = d_ff;
+  s.gated = gated;
+  s.activation = act;
+  s.threshold = threshold;
+  s.dtype = dtype;
+  s.down_layout = down;
+  return s;
+}
+
+// Whether two fp32 vectors hold the same bits (NaNs included).
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
 
 // ../shared/data beside the checkout, or $TWELL_DATA_DIR (the GPU machine gets the files carried).
 inline std::filesystem::path shared_data_dir() {

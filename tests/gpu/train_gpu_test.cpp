@@ -188,10 +188,6 @@ GpuWeightGrad run_weight_grad(const RandomFfn& f, const TwellMatrix& m, const st
 
 int64_t nan_count(const std::vector<float>& v) { return std::count_if(v.begin(), v.end(), [](float e) { return std::isnan(e); }); }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
-}
-
 // Every reference entry's {dg, du, h, a} as the GPU stored it (addressed like the TwELL words; overflowing
 // tile-rows through their grad row). NaN where it is nowhere (a grad row that did not fit).
 struct EntryGrads {

@@ -117,12 +117,6 @@ std::vector<uint16_t> inference_y(const RandomFfn& f, const TwellLayout& layout)
   return y.download_vector<uint16_t>(static_cast<size_t>(f.tokens * s.d_model));
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](float p, float q) {
-           return std::bit_cast<uint32_t>(p) == std::bit_cast<uint32_t>(q);
-         });
-}
-
 // [N, K] in_out -> the reference's layout for spec.down_layout ([K, N] for out_in).
 std::vector<float> down_as_spec(const FfnSpec& s, const std::vector<float>& in_out) {
   if (s.down_layout == WeightLayout::InOut) return in_out;
@@ -186,26 +180,14 @@ void check(const Case& c) {
                 c.name.c_str(), fw.neuron.size(), l1, fw.l1, e_dx, e_wg, e_wu, e_wd, state.device_bytes());
 }
 
-FfnSpec spec_of(int64_t d_model, int64_t d_ff, bool gated, Activation act, float threshold, DType dtype, WeightLayout down) {
-  FfnSpec s;
-  s.d_model = d_model;
-  s.d_ff = d_ff;
-  s.gated = gated;
-  s.activation = act;
-  s.threshold = threshold;
-  s.dtype = dtype;
-  s.down_layout = down;
-  return s;
-}
-
 }  // namespace
 
 TEST(GpuTrainingPlan, StepsAgainstTheReference) {
   REQUIRE_GPU();
-  const FfnSpec relu_bf16 = spec_of(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
-  const FfnSpec odd = spec_of(520, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
-  const FfnSpec silu = spec_of(256, 1024, true, Activation::SiLU, 0.05f, DType::FP16, WeightLayout::OutIn);
-  const FfnSpec plain = spec_of(256, 1024, false, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  const FfnSpec relu_bf16 = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const FfnSpec odd = make_spec(520, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  const FfnSpec silu = make_spec(256, 1024, true, Activation::SiLU, 0.05f, DType::FP16, WeightLayout::OutIn);
+  const FfnSpec plain = make_spec(256, 1024, false, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
   for (const Case& c : {Case{"relu bf16 out_in M=1000 2%", relu_bf16, 1000, 0.02, {}},
                         Case{"relu bf16 out_in M=1000 0.1%", relu_bf16, 1000, 0.001, {}},
                         Case{"relu bf16 out_in M=1 5%", relu_bf16, 1, 0.05, {}},
@@ -221,7 +203,7 @@ TEST(GpuTrainingPlan, StepsAgainstTheReference) {
 // gradients of lambda = that scalar, up to fp32(1 / M) * w against fp32(w / M): within 1e-5.
 TEST(GpuTrainingPlan, L1WeightOnTheDevice) {
   REQUIRE_GPU();
-  const FfnSpec s = spec_of(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const FfnSpec s = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
   const RandomFfn f = make_random_ffn(s, 333, 0.02, 7);
   const std::vector<uint16_t> dy = random_bits(s.dtype, static_cast<size_t>(f.tokens * s.d_model), -1e-3f, 1e-3f, 8);
   FfnTrainingPlan plan = FfnTrainingPlan::create(plan_context(), s, f.tokens);
@@ -240,7 +222,7 @@ TEST(GpuTrainingPlan, L1WeightOnTheDevice) {
 // Bad arguments are refused by name, and the plan keeps working.
 TEST(GpuTrainingPlan, RefusesBadArguments) {
   REQUIRE_GPU();
-  const FfnSpec s = spec_of(256, 1024, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const FfnSpec s = make_spec(256, 1024, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
   const RandomFfn f = make_random_ffn(s, 64, 0.02, 11);
   const std::vector<uint16_t> dy = random_bits(s.dtype, static_cast<size_t>(f.tokens * s.d_model), -1.0f, 1.0f, 12);
   FfnTrainingPlan plan = FfnTrainingPlan::create(plan_context(), s, f.tokens);

@@ -19,12 +19,14 @@
 #include <string>
 #include <vector>
 
+#include "test_data.h"
 #include "twell/error.h"
 #include "twell/format.h"
 #include "twell/half.h"
 #include "twell/reference.h"
 
 using namespace twell;
+using twell::testing::make_spec;
 
 namespace {
 
@@ -36,18 +38,6 @@ struct Problem {
   HostFfnWeights weights() const { return {w_gate, w_up, w_down}; }
 };
 
-FfnSpec make_spec(int64_t d_model, int64_t d_ff, bool gated, Activation act, float threshold, DType dtype,
-                  WeightLayout down) {
-  FfnSpec s;
-  s.d_model = d_model;
-  s.d_ff = d_ff;
-  s.gated = gated;
-  s.activation = act;
-  s.threshold = threshold;
-  s.dtype = dtype;
-  s.down_layout = down;
-  return s;
-}
 
 std::string describe(const FfnSpec& s, int64_t tokens, float lambda) {
   return std::string(s.gated ? "gated " : "non-gated ") + to_string(s.activation) + " threshold " +
