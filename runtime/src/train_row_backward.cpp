@@ -141,7 +141,16 @@ void train_row_backward(const std::shared_ptr<Context::Impl>& ctx, Stream stream
   p.apply_l1 = lambda != 0.0f ? 1u : 0u;
   p.l1_weight = t.l1_weight;
   void* args[1] = {&p};
-  detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
+  // The warp-per-row form runs as two stream-ordered passes (TrainRowPass), the CTA form as one.
+  if (kernel->source.consumer == kernels::ConsumerKind::WarpRow) {
+    for (const uint32_t pass : {device::kTrainRowEntries, device::kTrainRowDx}) {
+      p.pass = pass;
+      detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
+    }
+  } else {
+    p.pass = device::kTrainRowAll;
+    detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
+  }
 }
 
 }  // namespace detail

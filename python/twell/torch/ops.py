@@ -224,14 +224,44 @@ def _activation_grad(g: Tensor, active: Tensor, activation: str) -> Tensor:
     return (s * (1 + g.float() * (1 - s)) * active).to(g.dtype)
 
 
+def _dense_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor, activation: str,
+                    threshold: float) -> tuple:
+    """(dx, dWg, dWu or None, dWd) of the FFN for dy with PyTorch's dense ops, recomputing g and u from x."""
+    d_ff, d_model = w_gate.shape
+    x2 = x.reshape(-1, d_model)
+    dy2 = dy.reshape(-1, d_model).to(x.dtype)
+    g = F.linear(x2, w_gate)
+    a, active = activation_and_mask(g, activation, threshold)
+    dh = dy2 @ w_down  # y = h Wd^T
+    if w_up is not None:
+        u = F.linear(x2, w_up)
+        h = a * u
+        du = dh * a
+        dg = dh * u * _activation_grad(g, active, activation)
+    else:
+        h, du = a, None
+        dg = dh * _activation_grad(g, active, activation)
+    dx = dg @ w_gate
+    if du is not None:
+        dx = dx + du @ w_up
+    d_w_up = du.t() @ x2 if du is not None else None
+    return dx.reshape(x.shape), dg.t() @ x2, d_w_up, dy2.t() @ h
+
+
 @torch.library.custom_op("twell::sparse_ffn_backward", mutates_args=())
 def sparse_ffn_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor, activation: str,
                         threshold: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, dWg, dWu, dWd^T [d_ff, d_model]) of the FFN for dy (dWu empty for w_up None): twell's sparse
-    backward after re-running the training forward (twell.torch.training.recompute_backward). The
-    operators' autograd formula, an operator itself so that torch.compile traces it (fake below)."""
-    from .training import recompute_backward
-    dx, d_w_gate, d_w_up, d_w_down = recompute_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
+    backward after re-running the training forward (twell.torch.training.recompute_backward), or the
+    dense formula where the training kernels refuse the shape (training.trainable) or there are no
+    rows. The operators' autograd formula, an operator itself so that torch.compile traces it (fake
+    below); the shape decision is made here, on real sizes, not while tracing."""
+    from .training import recompute_backward, trainable, spec_of
+    tokens = x.numel() // w_gate.shape[1] if w_gate.shape[1] else 0
+    if tokens > 0 and trainable(x.device, spec_of(x, w_gate, w_up, activation, threshold), tokens):
+        dx, d_w_gate, d_w_up, d_w_down = recompute_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
+    else:
+        dx, d_w_gate, d_w_up, d_w_down = _dense_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
     return dx, d_w_gate, d_w_up if d_w_up is not None else x.new_empty(0), d_w_down.t()
 
 
@@ -253,39 +283,18 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dy):
-    """The exact gradients of the FFN (TRAINING.md): twell's sparse backward after re-running the training
-    forward (twell.torch.training.recompute_backward), or PyTorch's dense ops recomputing g and u from the
-    saved x: with dispatch "dense", a double backward (create_graph), during CUDA-graph capture, and for
-    shapes the training kernels refuse (training.sparse_backward_applies)."""
+    """The exact gradients of the FFN (TRAINING.md): the sparse_ffn_backward operator (twell's sparse
+    backward after re-running the training forward, or the dense formula for shapes the training kernels
+    refuse), or PyTorch's dense ops recomputing g and u from the saved x: with dispatch "dense", a double
+    backward (create_graph) and during CUDA-graph capture (training.sparse_backward_applies)."""
     x, w_gate, w_up, w_down = ctx.saved_tensors
     rest = (None,) * 7
     from .training import sparse_backward_applies
-    if ctx.dispatch != "dense" and sparse_backward_applies(x, w_gate, w_up, ctx.activation, ctx.threshold):
+    if ctx.dispatch != "dense" and sparse_backward_applies(x):
         dx, d_w_gate, d_w_up, d_w_down_t = sparse_ffn_backward(x, w_gate, w_up, w_down, dy, ctx.activation, ctx.threshold)
-        if ctx.gated:
-            return (dx, d_w_gate, d_w_up, d_w_down_t.t()) + rest
-        return (dx, d_w_gate, d_w_down_t.t()) + rest
-    d_ff, d_model = w_gate.shape
-    x2 = x.reshape(-1, d_model)
-    dy2 = dy.reshape(-1, d_model).to(x.dtype)
-    g = F.linear(x2, w_gate)
-    a, active = activation_and_mask(g, ctx.activation, ctx.threshold)
-    dh = dy2 @ w_down  # y = h Wd^T
-    if ctx.gated:
-        u = F.linear(x2, w_up)
-        h = a * u
-        du = dh * a
-        dg = dh * u * _activation_grad(g, active, ctx.activation)
+        d_w_down = d_w_down_t.t()
     else:
-        h, du = a, None
-        dg = dh * _activation_grad(g, active, ctx.activation)
-    dx = dg @ w_gate
-    if du is not None:
-        dx = dx + du @ w_up
-    d_w_gate = dg.t() @ x2
-    d_w_up = du.t() @ x2 if du is not None else None
-    d_w_down = dy2.t() @ h
-    dx = dx.reshape(x.shape)
+        dx, d_w_gate, d_w_up, d_w_down = _dense_backward(x, w_gate, w_up, w_down, dy, ctx.activation, ctx.threshold)
     if ctx.gated:
         return (dx, d_w_gate, d_w_up, d_w_down) + rest
     return (dx, d_w_gate, d_w_down) + rest

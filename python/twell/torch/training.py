@@ -186,24 +186,24 @@ def recompute_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: T
     cannot hand an opaque state to its backward. The re-run forward costs the gate GEMM and the consumer
     (against the dense recompute's two GEMMs), and the backward then waits on the host for that forward's
     gate (its overflow count; sparse_ffn_train, which keeps the state, does not wait)."""
-    d_ff, d_model = w_gate.shape
-    ld_x = ops._row_stride("sparse_ffn_train", x, d_model)
-    spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
-                           dtype=ops.DTYPES[x.dtype])
-    _, _, saved = _run_forward(x, w_gate, w_up, w_down, spec, ld_x)
+    ld_x = ops._row_stride("sparse_ffn_train", x, w_gate.shape[1])
+    _, _, saved = _run_forward(x, w_gate, w_up, w_down, spec_of(x, w_gate, w_up, activation, threshold), ld_x)
     return _run_backward(saved, x, w_gate, w_up, w_down, dy, None)
 
 
-def sparse_backward_applies(x: Tensor, w_gate: Tensor, w_up: Tensor | None, activation: str, threshold: float) -> bool:
-    """Whether the operators' autograd takes twell's sparse backward (recompute_backward) for these
-    operands: not for a double backward (grad mode on: create_graph), not during CUDA-graph capture (the
-    backward waits on the host), not for a shape the training kernels refuse (trainable())."""
-    if torch.is_grad_enabled() or x.device.type != "cuda" or x.numel() == 0 or torch.cuda.is_current_stream_capturing():
-        return False
+def sparse_backward_applies(x: Tensor) -> bool:
+    """Whether the operators' autograd takes the sparse_ffn_backward operator: not for a double backward
+    (grad mode on: create_graph), not during CUDA-graph capture (the backward waits on the host), not off
+    CUDA. Nothing here reads a size, so tracing with symbolic shapes decides it too; the operator itself
+    takes the dense formula for shapes the training kernels refuse (trainable())."""
+    return not torch.is_grad_enabled() and x.device.type == "cuda" and not torch.cuda.is_current_stream_capturing()
+
+
+def spec_of(x: Tensor, w_gate: Tensor, w_up: Tensor | None, activation: str, threshold: float) -> runtime.FfnSpec:
+    """The FfnSpec of a call (sizes from w_gate [d_ff, d_model], dtype from x)."""
     d_ff, d_model = w_gate.shape
-    spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
+    return runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
                            dtype=ops.DTYPES[x.dtype])
-    return trainable(x.device, spec, x.numel() // d_model)
 
 
 def _dense_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str,
@@ -272,8 +272,7 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
         ops._fail(op, "x", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {x.device}")
     d_model = w_gate.shape[1]
     tokens = x.numel() // d_model if d_model else 0
-    spec = runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
-                           dtype=ops.DTYPES[x.dtype])
+    spec = spec_of(x, w_gate, w_up, activation, threshold)
     if dispatch == "dense" or tokens == 0 or torch.cuda.is_current_stream_capturing() or \
             not trainable(x.device, spec, tokens):
         return _dense_train(x, w_gate, w_up, w_down, activation, threshold)

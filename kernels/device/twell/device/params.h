@@ -22,7 +22,7 @@ namespace twell::device {
 // The version of this header's host/device ABI (the structs below and the kernels' argument lists).
 // Ahead-of-time bundles record it per kernel (manifest.json "params_version"); the runtime refuses a
 // kernel built against another version. Bump it with any change to a struct or an argument list.
-constexpr uint32_t kParamsVersion = 5;  // 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
+constexpr uint32_t kParamsVersion = 6;  // 6: TrainRowBackwardParams' pass; 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
 
 // Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
 // recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
@@ -133,6 +133,13 @@ struct GatedMulParams {
 //     takes grad row b; one the gate could not store (kBackupMissing) claims row backup_capacity + i,
 //     i from the atomic grad_overflow_count (zeroed before the launch; it counts every claim, also past
 //     grad_capacity, so the host can grow backup_grad and run again).
+// TrainRowBackwardParams::pass: what one launch of the row backward does. The CTA-per-row form does it
+// all in one launch (kTrainRowAll); the warp-per-row form runs as two launches on the stream, so that
+// each reads a weight working set L2 can hold (train/row_backward.cuh): kTrainRowEntries (each entry's
+// dh and u from the rows of Wd^T and Wu: the quads) then kTrainRowDx (dx from the quads and the rows of
+// Wu and Wg, a 1024-column slice of d_model at a time).
+enum TrainRowPass : uint32_t { kTrainRowAll = 0, kTrainRowEntries = 1, kTrainRowDx = 2 };
+
 struct TrainRowBackwardParams {
   const uint16_t* x;          // [M, K] row stride ldx (K = d_model)
   const uint16_t* w_gate;     // [N, K] row stride ldwg
@@ -159,6 +166,7 @@ struct TrainRowBackwardParams {
   // Null, or one device fp32 w: the coefficient is then l1_scale * w (the L1 term's upstream gradient,
   // PyTorch autograd's, read on the device: no host synchronization).
   const float* l1_weight;
+  uint32_t pass;              // TrainRowPass: kTrainRowAll for the CTA form, else one of the warp form's two
 };
 
 // The weight gradients of the training backward (train/weight_grad.cuh; twell/training.h): from the

@@ -70,7 +70,7 @@ constexpr uint32_t persistent_grid_x(const KernelSource& k, int64_t tokens, cons
 //   WeightTranspose  32 x 32 tiles of [rows, cols]: (ceil(cols / 32), ceil(rows / 32)), blocks of 32 x 8
 //   NeuronPermute    min(ceil(rows * cols / threads), 16 per SM) CTAs (grid-stride loop)
 //   DenseGatedMul    min(ceil(rows * cols / threads), 65535) CTAs (grid-stride loop)
-//   TrainRowBackward tokens CTAs (one per token row); the warp-per-row form: persistent_grid_x
+//   TrainRowBackward tokens CTAs (one per token row); the warp-per-row form: persistent_grid_x (per pass)
 //   TrainWeightGrad  one CTA per SM (at most kMaxCtas), cooperative; dynamic shared memory smem_bytes
 constexpr LaunchConfig launch_config(const KernelSource& k, const LaunchShape& shape, const Occupancy& o) {
   LaunchConfig c;

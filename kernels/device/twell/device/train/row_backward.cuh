@@ -288,14 +288,19 @@ __device__ __forceinline__ void train_row_backward_cta(const TrainRowBackwardPar
 // The warp-per-row form (Config::warp_row: ReLU, d_model % 8 == 0 and <= 2048, a tensor-core gate,
 // tile_n <= 512; TrainRowBackwardConstraints::warpRow), the row consumer's (gated_down_warp) shape for the
 // backward: persistent CTAs of Config::threads / 32 warps, warp w of the grid takes rows w, w + warps, ...
-// Per row, x and dy wait in the warp's shared memory, the row's TwELL words are read a window at a time
-// (one coalesced load per lane and word group, not one round trip per tile), and each active entry j,
-// in the CTA form's order, loads its Wd^T, Wu and Wg rows together (lane l: columns 8l + 256i .. +7),
-// reduces dh = dy . Wd^T_j and u = x . Wu_j over the warp, stores {dg, du, h, a}, and adds
-// du Wu_j + dg Wg_j to the fp32 dx it holds in registers while those rows are still there: one pass,
-// three weight rows per entry. The sums are the CTA form's, term for term (per-lane chunks ascending,
-// the same butterfly; per column du's term then dg's, entries ascending), so both forms give the same
-// bits. No shared-memory barrier spans warps: warps of a CTA never wait for each other.
+// It runs as two launches on the stream (TrainRowBackwardParams::pass), each reading a weight working set
+// that L2 can hold, where one pass reading Wd^T, Wu and Wg per entry (69 MB at the paper's shape, more
+// than the H200's 50 MB L2) went to DRAM for most rows:
+//   kTrainRowEntries: per row, x and dy wait in the warp's shared memory, the row's TwELL words are read a
+//     window at a time (one coalesced load per lane and word group), and each active entry j, in the CTA
+//     form's order, loads its Wd^T and Wu rows together (lane l: columns 8l + 256i .. +7), reduces
+//     dh = dy . Wd^T_j and u = x . Wu_j over the warp and stores {dg, du, h, a} (Wd^T and Wu only);
+//   kTrainRowDx: per 1024-column slice of d_model (slices outermost: the working set is the slice of Wu
+//     and Wg, 23 MB at the paper's shape), per row, dx += du Wu_j + dg Wg_j over the row's entries from
+//     their quads, two entries' rows loaded before their FMAs.
+// The sums are the CTA form's, term for term (per-lane chunks ascending, the same butterfly; per column
+// du's term then dg's, entries ascending), so both forms give the same bits. No shared-memory barrier
+// spans warps: warps of a CTA never wait for each other.
 template <class Config>
 __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardParams& p) {
   using Value = typename Config::Value;
@@ -307,6 +312,12 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
   constexpr int TILES = (N + TILE_N - 1) / TILE_N;
   constexpr int WORDS_PER_ROW = TILES * (SLOTS + 1);
   constexpr int XS = (K + 255) / 256;  // 16-byte chunks per lane
+  // The dx pass: 4 chunks per lane (1024 columns) per slice, two entries' rows loaded before their FMAs.
+  // Measured on the H200 (bench/README.md v45): narrower slices (smaller working sets) and one entry at a
+  // time were slower; the pass is bound by loads in flight, not by L2's capacity.
+  constexpr int SC = XS < 4 ? XS : 4;
+  constexpr int DXB = 2;
+  constexpr int SLICES = (XS + SC - 1) / SC;
   constexpr int kWindowWords = 512;    // TwELL words per warp in shared memory
   constexpr int kWindowTiles = kWindowWords / (SLOTS + 1) < 32 ? kWindowWords / (SLOTS + 1) : 32;
   constexpr uint32_t FULL = 0xFFFFFFFFu;
@@ -337,14 +348,29 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
   // The L1 coefficient: l1_scale, times the device scalar l1_weight where given (autograd's gradient of
   // the L1 term, read on the device: no host synchronization).
   const float l1_scale = p.l1_weight != nullptr ? p.l1_scale * *p.l1_weight : p.l1_scale;
+  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * WARPS;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * WARPS + warp;
 
-  float dx[XS * 8];
-  // One active entry: column j of d_ff, its activated gate a, where its quad goes (out as in the CTA form).
-  auto entry = [&](int64_t j, float a, long long out) {
-    uint4 d4[XS], u4[XS], g4[XS];
+  // x and dy of `row` into the warp's shared memory (the dot products read them).
+  auto stage_row = [&](int64_t row) {
+    const uint16_t* x = p.x + row * p.ldx + 8 * lane;
+    const uint16_t* dy = p.dy + row * p.lddy + 8 * lane;
+    __syncwarp();  // the previous row's x and dy are read
+#pragma unroll
+    for (int i = 0; i < XS; ++i) {
+      *reinterpret_cast<uint4*>(xs + 8 * lane + 256 * i) = in_k(i) ? *reinterpret_cast<const uint4*>(x + 256 * i) : uint4{0u, 0u, 0u, 0u};
+      *reinterpret_cast<uint4*>(dys + 8 * lane + 256 * i) = in_k(i) ? *reinterpret_cast<const uint4*>(dy + 256 * i) : uint4{0u, 0u, 0u, 0u};
+    }
+    __syncwarp();
+  };
+  // One active entry's gradients from the staged row: column j of d_ff, its activated gate a.
+  struct Grads {
+    float dg, du, h;
+  };
+  auto entry_grads = [&](int64_t j, float a) {
+    uint4 d4[XS], u4[XS];
     const uint16_t* wd = p.w_down + j * p.ldwd + 8 * lane;
     const uint16_t* wu = p.w_up + j * p.ldwu + 8 * lane;
-    const uint16_t* wg = p.w_gate + j * p.ldwg + 8 * lane;
 #pragma unroll
     for (int i = 0; i < XS; ++i) {
       d4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
@@ -352,9 +378,6 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
         u4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wu + 256 * i) : uint4{0u, 0u, 0u, 0u};
       else
         u4[i] = uint4{0u, 0u, 0u, 0u};  // unused
-      // Wg_j's row is needed only after the dot products: fetched into L2 now, loaded after them (its
-      // registers held with Wd^T_j's and Wu_j's would spill on sm_80).
-      if (in_k(i)) asm volatile("prefetch.global.L2 [%0];" ::"l"(wg + 256 * i));
     }
     float dh = 0.0f, u = 0.0f;
 #pragma unroll
@@ -369,72 +392,73 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
       u = warp_sum(u);
       h = a * u;
     }
-#pragma unroll
-    for (int i = 0; i < XS; ++i) g4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wg + 256 * i) : uint4{0u, 0u, 0u, 0u};
     if (p.apply_l1) dh = dh + l1_scale * sign_of(h);
-    const float du = Config::gated ? dh * a : 0.0f;
-    const float dg = Config::gated ? dh * u : dh;  // ReLU: act'(g) = 1 on the active set
-    if (lane == 0 && out != kNowhere) {
-      float* at = out >= 0 ? p.entry_grad + 4 * out : p.backup_grad + 4 * (-1 - out);
-      *reinterpret_cast<float4*>(at) = make_float4(dg, du, h, a);
-    }
-#pragma unroll
-    for (int i = 0; i < XS; ++i) {
-      // Per column: du's term, then dg's (the reference's order), one fma each.
-      const uint32_t vu[4] = {u4[i].x, u4[i].y, u4[i].z, u4[i].w};
-      const uint32_t vg[4] = {g4[i].x, g4[i].y, g4[i].z, g4[i].w};
-#pragma unroll
-      for (int t = 0; t < 8; ++t) {
-        float& acc = dx[8 * i + t];
-        if constexpr (Config::gated) acc = fmaf(du, Value::to_float(static_cast<uint16_t>(vu[t / 2] >> (16 * (t % 2)))), acc);
-        acc = fmaf(dg, Value::to_float(static_cast<uint16_t>(vg[t / 2] >> (16 * (t % 2)))), acc);
-      }
-    }
+    // ReLU: act'(g) = 1 on the active set.
+    return Grads{Config::gated ? dh * u : dh, Config::gated ? dh * a : 0.0f, h};
   };
-
-  const int64_t warps_total = static_cast<int64_t>(gridDim.x) * WARPS;
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * WARPS + warp; row < p.m; row += warps_total) {
-    {
-      const uint16_t* x = p.x + row * p.ldx + 8 * lane;
-      const uint16_t* dy = p.dy + row * p.lddy + 8 * lane;
-#pragma unroll
-      for (int i = 0; i < XS; ++i) {
-        *reinterpret_cast<uint4*>(xs + 8 * lane + 256 * i) = in_k(i) ? *reinterpret_cast<const uint4*>(x + 256 * i) : uint4{0u, 0u, 0u, 0u};
-        *reinterpret_cast<uint4*>(dys + 8 * lane + 256 * i) = in_k(i) ? *reinterpret_cast<const uint4*>(dy + 256 * i) : uint4{0u, 0u, 0u, 0u};
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < XS * 8; ++i) dx[i] = 0.0f;
+  // Calls tile_row(tile, nnz, header, word0) for each tile-row of `row` with entries, in order; header
+  // points at the tile-row's words in shared memory (valid until tile_row returns).
+  auto for_each_tile_row = [&](int64_t row, int tile_begin, int tile_end, auto&& tile_row) {
     const long long row_word0 = row * WORDS_PER_ROW;
 #pragma unroll 1
-    for (int t0 = 0; t0 < TILES; t0 += kWindowTiles) {
-      const int tiles = TILES - t0 < kWindowTiles ? TILES - t0 : kWindowTiles;
+    for (int t0 = tile_begin; t0 < tile_end; t0 += kWindowTiles) {
+      const int tiles = tile_end - t0 < kWindowTiles ? tile_end - t0 : kWindowTiles;
       __syncwarp();  // the previous window's words (and, at a row's start, the last row's) are read
       for (int w = lane; w < tiles * (SLOTS + 1); w += 32) words[w] = __ldg(p.twell + row_word0 + t0 * (SLOTS + 1) + w);
-      __syncwarp();  // the window's words (and x, dy) are visible to every lane
+      __syncwarp();  // the window's words are visible to every lane
       const uint32_t my_nnz = lane < tiles ? words[lane * (SLOTS + 1)] : 0u;
       uint32_t busy = __ballot_sync(FULL, my_nnz != 0);
       while (busy != 0) {
         const int b = __ffs(busy) - 1;
         busy &= busy - 1;
         const int tile = t0 + b;
-        const uint32_t nnz = __shfl_sync(FULL, my_nnz, b);
+        tile_row(tile, __shfl_sync(FULL, my_nnz, b), words + b * (SLOTS + 1),
+                 row_word0 + static_cast<long long>(tile) * (SLOTS + 1));
+      }
+    }
+  };
+  // An overflowing tile-row's activated values into dense_tile (backup or recompute, as the consumer).
+  auto load_overflow = [&](int64_t row, int n0, int valid_n, uint32_t slot) {
+    __syncwarp();  // the previous overflowing tile-row's values are read
+    load_overflow_tile<Config>(gate, slot, p.x + row * p.ldx, n0, valid_n, dense_tile, lane, 32, warp, 1);
+    __syncwarp();  // dense_tile is complete
+  };
+  // Calls active(column, a) for each active column of the overflowing tile-row in dense_tile, ascending.
+  auto for_each_active = [&](int valid_n, auto&& active_column, auto&& inactive_column) {
+    for (int c0 = 0; c0 < valid_n; c0 += 32) {
+      const int c = c0 + lane;
+      const uint16_t v = c < valid_n ? dense_tile[c] : static_cast<uint16_t>(0);
+      const bool active = c < valid_n && is_active<Value, Config::activation>(v, Config::threshold);
+      if (!active) inactive_column(c);
+      uint32_t ballot = __ballot_sync(FULL, active);
+      while (ballot != 0) {
+        const int bit = __ffs(ballot) - 1;
+        ballot &= ballot - 1;
+        active_column(c0 + bit, Value::to_float(__shfl_sync(FULL, v, bit)));
+      }
+    }
+  };
+
+  if (p.pass == kTrainRowEntries) {
+#pragma unroll 1
+    for (int64_t row = first_row; row < p.m; row += warps_total) {
+      stage_row(row);
+      for_each_tile_row(row, 0, TILES, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0) {
         const int n0 = tile * TILE_N;
-        const long long word0 = row_word0 + static_cast<long long>(tile) * (SLOTS + 1);
-        const uint32_t* header = words + b * (SLOTS + 1);
         if (nnz <= SLOTS) {
           for (uint32_t e = 0; e < nnz; ++e) {
             const uint32_t w = header[1 + e];
-            entry(n0 + static_cast<int>(w & 0xFFFFu), Value::to_float(static_cast<uint16_t>(w >> 16)),
-                  word0 + 1 + static_cast<long long>(e));
+            const float a = Value::to_float(static_cast<uint16_t>(w >> 16));
+            const Grads g = entry_grads(n0 + static_cast<int>(w & 0xFFFFu), a);
+            if (lane == 0) *reinterpret_cast<float4*>(p.entry_grad + 4 * (word0 + 1 + e)) = make_float4(g.dg, g.du, g.h, a);
           }
-          continue;
+          return;
         }
-        // Overflowing: its activated values (backup or recompute, as the consumer), its grad row, then
-        // every active column in order (one ballot per 32 columns).
+        // Overflowing: its activated values, its grad row (word 1's quad says which), then every active
+        // column in order; inactive columns' quads are zeros.
         const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
         const uint32_t slot = header[1];
-        load_overflow_tile<Config>(gate, slot, p.x + row * p.ldx, n0, valid_n, dense_tile, lane, 32, warp, 1);
+        load_overflow(row, n0, valid_n, slot);
         uint32_t grad_row = slot;
         if (lane == 0 && (slot == kBackupMissing || slot >= p.backup_capacity)) {
           const uint32_t i = atomicAdd(p.grad_overflow_count, 1u);
@@ -443,46 +467,153 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
         grad_row = __shfl_sync(FULL, grad_row, 0);
         if (lane == 0)
           *reinterpret_cast<float4*>(p.entry_grad + 4 * (word0 + 1)) = make_float4(__uint_as_float(grad_row), 0.0f, 0.0f, 0.0f);
-        __syncwarp();  // dense_tile is complete
-        for (int c0 = 0; c0 < valid_n; c0 += 32) {
-          const int c = c0 + lane;
-          const uint16_t v = c < valid_n ? dense_tile[c] : static_cast<uint16_t>(0);
-          const bool active = c < valid_n && is_active<Value, Config::activation>(v, Config::threshold);
-          if (grad_row != kBackupMissing && !active)
-            *reinterpret_cast<float4*>(p.backup_grad + 4 * (static_cast<long long>(grad_row) * TILE_N + c)) =
-                make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-          uint32_t ballot = __ballot_sync(FULL, active);
-          while (ballot != 0) {
-            const int bit = __ffs(ballot) - 1;
-            ballot &= ballot - 1;
-            const int col = c0 + bit;
-            entry(n0 + col, Value::to_float(__shfl_sync(FULL, v, bit)),
-                  grad_row != kBackupMissing ? -1 - (static_cast<long long>(grad_row) * TILE_N + col) : kNowhere);
-          }
-        }
+        if (grad_row == kBackupMissing) return;  // no room: the dx pass recomputes these entries
+        float* const quads = p.backup_grad + 4 * static_cast<long long>(grad_row) * TILE_N;
+        for_each_active(
+            valid_n,
+            [&](int col, float a) {
+              const Grads g = entry_grads(n0 + col, a);
+              if (lane == 0) *reinterpret_cast<float4*>(quads + 4 * col) = make_float4(g.dg, g.du, g.h, a);
+            },
+            [&](int c) { *reinterpret_cast<float4*>(quads + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f); });
         // Columns valid_n .. TILE_N - 1 of the last tile: inactive, zeroed like the CTA form's.
-        if (grad_row != kBackupMissing)
-          for (int c = (valid_n + 31) / 32 * 32 + lane; c < TILE_N; c += 32)
-            *reinterpret_cast<float4*>(p.backup_grad + 4 * (static_cast<long long>(grad_row) * TILE_N + c)) =
-                make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        __syncwarp();  // dense_tile is free for the next overflowing tile-row
-      }
+        for (int c = (valid_n + 31) / 32 * 32 + lane; c < TILE_N; c += 32)
+          *reinterpret_cast<float4*>(quads + 4 * c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      });
     }
-    uint16_t* out = p.dx + row * p.lddx + 8 * lane;
+    return;
+  }
+
+  // kTrainRowDx. Per column: du's term, then dg's (the reference's order), one fma each; entries wait in
+  // batches of DXB so that the batch's rows are all loaded before its first FMA (the loads in flight bound
+  // the pass; a batch held in registers, shifted on each arrival, keeps every index static).
+#pragma unroll 1
+  for (int s = 0; s < SLICES; ++s) {
+    const int chunk0 = s * SC;
+    float dx[SC * 8];
+    // The entries waiting for their batch: the last `pending` of DXB places, oldest first.
+    int64_t wait_j[DXB] = {};
+    float wait_du[DXB] = {}, wait_dg[DXB] = {};
+    int pending = 0;
+    auto load = [&](int64_t j, bool live, uint4 (&u4)[SC], uint4 (&g4)[SC]) {
+      const uint16_t* wu = p.w_up + j * p.ldwu + 8 * lane;
+      const uint16_t* wg = p.w_gate + j * p.ldwg + 8 * lane;
 #pragma unroll
-    for (int i = 0; i < XS; ++i) {
-      if (!in_k(i)) continue;
-      uint32_t w[4];
+      for (int i = 0; i < SC; ++i) {
+        const bool in = live && chunk0 + i < XS && in_k(chunk0 + i);
+        if constexpr (Config::gated)
+          u4[i] = in ? *reinterpret_cast<const uint4*>(wu + 256 * (chunk0 + i)) : uint4{0u, 0u, 0u, 0u};
+        else
+          u4[i] = uint4{0u, 0u, 0u, 0u};  // unused
+        g4[i] = in ? *reinterpret_cast<const uint4*>(wg + 256 * (chunk0 + i)) : uint4{0u, 0u, 0u, 0u};
+      }
+    };
+    auto accumulate = [&](float du, float dg, const uint4 (&u4)[SC], const uint4 (&g4)[SC]) {
 #pragma unroll
-      for (int t = 0; t < 4; ++t)
-        w[t] = static_cast<uint32_t>(Value::from_float(dx[8 * i + 2 * t])) |
-               (static_cast<uint32_t>(Value::from_float(dx[8 * i + 2 * t + 1])) << 16);
-      *reinterpret_cast<uint4*>(out + 256 * i) = uint4{w[0], w[1], w[2], w[3]};
+      for (int i = 0; i < SC; ++i) {
+        const uint32_t vu[4] = {u4[i].x, u4[i].y, u4[i].z, u4[i].w};
+        const uint32_t vg[4] = {g4[i].x, g4[i].y, g4[i].z, g4[i].w};
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+          float& acc = dx[8 * i + t];
+          if constexpr (Config::gated) acc = fmaf(du, Value::to_float(static_cast<uint16_t>(vu[t / 2] >> (16 * (t % 2)))), acc);
+          acc = fmaf(dg, Value::to_float(static_cast<uint16_t>(vg[t / 2] >> (16 * (t % 2)))), acc);
+        }
+      }
+    };
+    // The waiting entries' rows, all loaded before the first FMA, then their terms in order.
+    auto drain = [&] {
+      uint4 u4[DXB][SC], g4[DXB][SC];
+#pragma unroll
+      for (int b = 0; b < DXB; ++b) load(wait_j[b], b >= DXB - pending, u4[b], g4[b]);
+#pragma unroll
+      for (int b = 0; b < DXB; ++b)
+        if (b >= DXB - pending) accumulate(wait_du[b], wait_dg[b], u4[b], g4[b]);
+      pending = 0;
+    };
+    auto add = [&](int64_t j, float du, float dg) {
+#pragma unroll
+      for (int b = 0; b + 1 < DXB; ++b) {
+        wait_j[b] = wait_j[b + 1];
+        wait_du[b] = wait_du[b + 1];
+        wait_dg[b] = wait_dg[b + 1];
+      }
+      wait_j[DXB - 1] = j;
+      wait_du[DXB - 1] = du;
+      wait_dg[DXB - 1] = dg;
+      if (++pending == DXB) drain();
+    };
+    auto flush = [&] {
+      if (pending > 0) drain();
+    };
+#pragma unroll 1
+    for (int64_t row = first_row; row < p.m; row += warps_total) {
+#pragma unroll
+      for (int i = 0; i < SC * 8; ++i) dx[i] = 0.0f;
+      bool staged = false;  // x and dy are staged only for a tile-row the entries pass had no grad row for
+      for_each_tile_row(row, 0, TILES, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0) {
+        const int n0 = tile * TILE_N;
+        if (nnz <= SLOTS) {
+          // The tile-row's quads, 32 at a time, one per lane, then handed on in entry order.
+          for (uint32_t e0 = 0; e0 < nnz; e0 += 32) {
+            const uint32_t e = e0 + lane;
+            const float4 q = e < nnz ? *reinterpret_cast<const float4*>(p.entry_grad + 4 * (word0 + 1 + e))
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const uint32_t count = nnz - e0 < 32 ? nnz - e0 : 32;
+            for (uint32_t k = 0; k < count; ++k) {
+              const uint32_t w = header[1 + e0 + k];
+              add(n0 + static_cast<int>(w & 0xFFFFu), __shfl_sync(FULL, q.y, k), __shfl_sync(FULL, q.x, k));
+            }
+          }
+          return;
+        }
+        const int valid_n = N - n0 < TILE_N ? N - n0 : TILE_N;
+        const uint32_t grad_row = __float_as_uint(p.entry_grad[4 * (word0 + 1)]);
+        if (grad_row != kBackupMissing) {
+          // The entries pass's quads of the tile-row: active where a is (a = 0 marks an inactive column).
+          const float* quads = p.backup_grad + 4 * static_cast<long long>(grad_row) * TILE_N;
+          for (int c0 = 0; c0 < valid_n; c0 += 32) {
+            const int c = c0 + lane;
+            const float4 q = c < valid_n ? *reinterpret_cast<const float4*>(quads + 4 * c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const bool active = c < valid_n && is_active<Value, Config::activation>(Value::from_float(q.w), Config::threshold);
+            uint32_t ballot = __ballot_sync(FULL, active);
+            while (ballot != 0) {
+              const int bit = __ffs(ballot) - 1;
+              ballot &= ballot - 1;
+              add(n0 + c0 + bit, __shfl_sync(FULL, q.y, bit), __shfl_sync(FULL, q.x, bit));
+            }
+          }
+          return;
+        }
+        // No grad row (backup_grad was full): the entries again from x, dy and the recomputed tile-row.
+        if (!staged) stage_row(row);
+        staged = true;
+        load_overflow(row, n0, valid_n, header[1]);
+        for_each_active(
+            valid_n, [&](int col, float a) {
+              const Grads g = entry_grads(n0 + col, a);
+              add(n0 + col, g.du, g.dg);
+            },
+            [](int) {});
+      });
+      flush();
+      uint16_t* out = p.dx + row * p.lddx + 8 * lane;
+#pragma unroll
+      for (int i = 0; i < SC; ++i) {
+        if (!(chunk0 + i < XS && in_k(chunk0 + i))) continue;
+        uint32_t w[4];
+#pragma unroll
+        for (int t = 0; t < 4; ++t)
+          w[t] = static_cast<uint32_t>(Value::from_float(dx[8 * i + 2 * t])) |
+                 (static_cast<uint32_t>(Value::from_float(dx[8 * i + 2 * t + 1])) << 16);
+        *reinterpret_cast<uint4*>(out + 256 * (chunk0 + i)) = uint4{w[0], w[1], w[2], w[3]};
+      }
     }
   }
 }
 
-// The form is the config's: warp_row (persistent, a row per warp) or one row per CTA.
+// The form is the config's: warp_row (persistent, a row per warp; launched once per pass) or one row per
+// CTA (kTrainRowAll: everything in one launch).
 template <class Config>
 __device__ __forceinline__ void train_row_backward(const TrainRowBackwardParams& p) {
   if constexpr (Config::warp_row)

@@ -1,0 +1,159 @@
+"""One FFN layer's training step (forward + backward with the L1 term), twell against PyTorch autograd,
+in one process (issue 15 item 5; bench/README.md v45+).
+
+Per M and density, the steps (each: y, l1 = FFN(x); backward of (y * dy).sum() + lambda * l1, bf16
+operands, weights and x requiring grad, gradients in bf16 as autograd gives them):
+  torch dense     PyTorch autograd of h = relu(x Wg^T) * (x Wu^T), y = h Wd^T (cuBLAS), l1 = sum |h| / M
+                  (summed in fp32 without an fp32 copy of h)
+  twell sparse    twell.torch.sparse_ffn_train(..., dispatch="sparse"): FfnTrainingPlan's forward and backward
+  twell auto      dispatch="auto" (per bucket, the faster whole step of the two, timed once)
+Time: CUDA events around whole steps on the current stream (the host's work inside, as a training loop
+sees it: twell's backward waits on the host for its forward's overflow count), median of --reps after
+warm-up, the variants interleaved round by round.
+Memory ("peak MB over inputs"): the most memory the step held beyond its inputs (x, dy, the weights and
+their gradient buffers, allocated before): torch's peak allocation during the step, plus, for twell, the
+device memory its plans hold outside torch's allocator (states, backups, the backward's scratch: the
+device-wide used memory after the variant's warm-up steps less torch's reserved memory, against the same
+at the case's start; "twell auto" shares "twell sparse"'s plans, so it is charged for them too).
+Inputs: "uniform" (Wg with a shifted first column so relu(g) > 0 with probability --densities, x uniform,
+as python/tests/test_training_gpu.py), and "real" (the paper model's layer 1: its x tiled to M rows and its
+Wg from ../shared/data or $TWELL_DATA_DIR, Wu and Wd random: about 5% dense).
+
+  PYTHONPATH=python TWELL_LIB_DIR=build/lib python bench/torch_train_bench.py --tokens 16384 65536
+"""
+import argparse
+import json
+import math
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import twell
+import twell.torch as tt
+
+D_MODEL, D_FF = 2048, 5632
+
+
+def uniform_layer(m, density, dev, seed=0):
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = torch.rand(m, D_MODEL, generator=g, device=dev) * 2 - 1
+    x[:, 0] = 1
+    wg = (torch.rand(D_FF, D_MODEL, generator=g, device=dev) * 2 - 1) / math.sqrt(D_MODEL)
+    sigma = (wg[:, 1:].pow(2).sum(1) / 3).sqrt()
+    wg[:, 0] = -sigma * float(torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - density)))
+    wu = (torch.rand(D_FF, D_MODEL, generator=g, device=dev) * 2 - 1) / math.sqrt(D_MODEL)
+    wd = (torch.rand(D_MODEL, D_FF, generator=g, device=dev) * 2 - 1) / math.sqrt(D_FF)
+    return [t.to(torch.bfloat16) for t in (x, wg, wu, wd)]
+
+
+def real_layer(m, dev):
+    from safetensors.torch import load_file
+    root = pathlib.Path(os.environ.get("TWELL_DATA_DIR", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+    a = load_file(root / "paper_l1_gate_a.safetensors")
+    b = load_file(root / "paper_l1_gate_b.safetensors")
+    x = load_file(root / "paper_l1_x.safetensors")["layers.1.x"].to(dev)
+    wg = torch.cat([a["layers.1.gate.weight.rows0"], b["layers.1.gate.weight.rows1"]]).to(dev)
+    g = torch.Generator(device=dev).manual_seed(1)  # only the gate was stored: random up and down
+    wu = (torch.randn(wg.shape, generator=g, device=dev) * 0.02).to(torch.bfloat16)
+    wd = (torch.randn(wg.shape[1], wg.shape[0], generator=g, device=dev) * 0.02).to(torch.bfloat16)
+    return [x.repeat((m + x.shape[0] - 1) // x.shape[0], 1)[:m].contiguous(), wg, wu, wd]
+
+
+def torch_dense(x, wg, wu, wd):
+    h = F.relu(F.linear(x, wg)) * F.linear(x, wu)
+    return F.linear(h, wd), h.abs().sum(dtype=torch.float32) / x.shape[0]  # no fp32 copy of h
+
+
+def used_device_bytes():
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, nargs="+", default=[16384, 65536])
+    ap.add_argument("--densities", type=float, nargs="+", default=[0.005, 0.01, 0.02, 0.05])
+    ap.add_argument("--real", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--lam", type=float, default=1e-3)
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--json")
+    a = ap.parse_args()
+    t_start = time.time()
+    log = lambda what: print(f"[{time.time() - t_start:6.1f} s] {what}", file=sys.stderr, flush=True)
+    dev = torch.device("cuda")
+    lam = torch.tensor(a.lam, device=dev)
+    results = []
+    cases = [(m, f"uniform {100 * d:g}%", d) for m in a.tokens for d in a.densities]
+    if a.real:
+        cases += [(m, "real paper layer 1", None) for m in a.tokens]
+    for m, pattern, density in cases:
+        tt.training.clear()  # each case's plans and memory from scratch
+        torch.cuda.empty_cache()
+        ops = uniform_layer(m, density, dev) if density is not None else real_layer(m, dev)
+        leaves = [t.detach().requires_grad_() for t in ops]
+        dy = (torch.rand(m, D_MODEL, device=dev) * 2 - 1).to(torch.bfloat16)
+        for t in leaves:  # gradient buffers exist before the step, as in a training loop
+            t.grad = torch.zeros_like(t)
+        with torch.no_grad():
+            density_measured = (F.linear(ops[0], ops[1]) > 0).float().mean().item()
+
+        def step(fn):
+            y, l1 = fn(*leaves)
+            torch.autograd.backward([y, l1], [dy, lam])
+
+        variants = {
+            "torch dense": lambda: step(torch_dense),
+            "twell sparse": lambda: step(lambda *t: tt.sparse_ffn_train(*t, dispatch="sparse")),
+            "twell auto": lambda: step(lambda *t: tt.sparse_ffn_train(*t, dispatch="auto")),
+        }
+        memory = {}
+        torch.cuda.synchronize()
+        outside0 = used_device_bytes() - torch.cuda.memory_reserved()  # before twell makes anything
+        for name, fn in variants.items():  # warm-up (JIT, auto's timing), then the step's memory
+            log(f"M={m} {pattern}: warm-up {name}")
+            fn()
+            fn()
+            torch.cuda.synchronize()
+            outside = max(0, used_device_bytes() - torch.cuda.memory_reserved() - outside0)
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            fn()
+            torch.cuda.synchronize()
+            memory[name] = (torch.cuda.max_memory_allocated() - base + outside) / 2 ** 20
+        times = {k: [] for k in variants}
+        for _ in range(3):  # interleaved rounds
+            for k, fn in variants.items():
+                for _ in range(max(1, a.reps // 3)):
+                    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    fn()
+                    stop.record()
+                    stop.synchronize()
+                    times[k].append(start.elapsed_time(stop))
+        base_ms = statistics.median(times["torch dense"])
+        decisions = {str(d["bucket"][-1]): d["path"] for d in tt.training.dispatch_decisions()}
+        for k, v in times.items():
+            med = statistics.median(v)
+            results.append({"tokens": m, "pattern": pattern, "density": density_measured, "variant": k,
+                            "median_ms": med, "min_ms": min(v), "speedup": base_ms / med,
+                            "peak_mb_over_inputs": memory[k],
+                            "auto_path": decisions if k == "twell auto" else None})
+        del ops, leaves, dy
+    print(f"\n{'M':>6} | {'pattern':20} | {'density':>7} | {'variant':12} | {'median ms':>9} | {'speedup':>7} | peak MB over inputs")
+    for r in results:
+        print(f"{r['tokens']:>6} | {r['pattern']:20} | {100 * r['density']:6.2f}% | {r['variant']:12} | "
+              f"{r['median_ms']:9.2f} | {r['speedup']:6.2f}x | {r['peak_mb_over_inputs']:8.0f}"
+              + (f"  (auto: {r['auto_path']})" if r["auto_path"] else ""))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()
