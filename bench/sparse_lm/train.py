@@ -1,8 +1,9 @@
 """Trains SparseLM on a byte corpus for a wall-clock budget: cross-entropy plus an L1 penalty on the FFN
 hidden activations h (design/TRAINING.md), AdamW, bf16 autocast over fp32 master weights.
 
-The run is time-limited, so the schedules follow the fraction of the budget spent (or of --steps, when
-that is reached first): linear warm-up, then cosine decay of the learning rate to --min-lr-ratio of the
+The run is time-limited, so the schedules follow the fraction of the budget spent, or, with --steps, the
+fraction of the steps done (the same schedule at the same step whatever each step costs: runs of two
+FFN paths compare step for step; --seconds then only stops a run that is too slow): linear warm-up, then cosine decay of the learning rate to --min-lr-ratio of the
 peak; the L1 coefficient ramps from 0 over --l1-warmup-frac, because the penalty at full strength from
 the first step drives neurons to zero before the gate has learned anything (dead neurons, higher loss).
 
@@ -44,7 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--l1", type=float, default=2e-5, help="L1 coefficient on sum_j |h_j| (mean over tokens and layers)")
     p.add_argument("--l1-warmup-frac", type=float, default=0.1, help="L1 ramp from 0, fraction of the run")
     p.add_argument("--seconds", type=float, default=150.0, help="wall-clock budget of the training loop")
-    p.add_argument("--steps", type=int, default=None, help="stop (and schedule) by steps when reached before --seconds")
+    p.add_argument("--steps", type=int, default=None, help="schedule and stop by steps (--seconds then only caps the wall-clock time)")
     p.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq bytes for the final evaluation")
     p.add_argument("--heldout-frac", type=float, default=0.02)
     p.add_argument("--log-every", type=float, default=10.0, help="seconds between log lines")
@@ -134,7 +135,6 @@ def train(args):
     n_params = sum(p.numel() for p in model.parameters())
     log({"config": vars(config), "parameters": n_params, "train_bytes": train_tokens.numel(), "heldout_bytes": heldout_tokens.numel()})
 
-    max_steps = args.steps or math.inf
     train_log = []
     start = last_log = time.perf_counter()
     last_log_step = 0
@@ -143,7 +143,12 @@ def train(args):
         elapsed = time.perf_counter() - start
         # The clock is read before the step is enqueued; the GPU trails the host by at most a few
         # steps (the launch queue), a negligible error for a budget of minutes.
-        progress = min(1.0, max(elapsed / args.seconds, step / max_steps))
+        # With --steps the schedule is the step's alone (--seconds only stops the run): a path whose first
+        # steps are slow (twell's JIT compiles, dense early phase) must not ramp the L1 term and the
+        # learning rate ahead of the other's at the same step.
+        progress = min(1.0, step / args.steps if args.steps else elapsed / args.seconds)
+        if args.steps and elapsed >= args.seconds:
+            break
         if progress >= 1.0:
             break
         lr = args.lr * lr_multiplier(progress, args.warmup_frac, args.min_lr_ratio)

@@ -63,7 +63,7 @@ def twell_step(x, wg, wu, wd, dy, lam, **kwargs):
     return y.detach(), l1.detach(), [t.grad if t is not None else None for t in leaves]
 
 
-def check_against_reference(x, wg, wu, wd, lam=0.05, what="", **kwargs):
+def check_against_reference(x, wg, wu, wd, lam=0.05, what="", row_wise=True, **kwargs):
     dy = torch.randn(x.shape, device=x.device, dtype=x.dtype)
     y, l1, grads = twell_step(x, wg, wu, wd, dy, lam, **kwargs)
     y_ref, l1_ref, grads_ref = reference_step(x, wg, wu, wd, dy, lam, kwargs.get("activation", "relu"),
@@ -78,6 +78,18 @@ def check_against_reference(x, wg, wu, wd, lam=0.05, what="", **kwargs):
         assert g.dtype == x.dtype and g.shape == r.shape, f"{what}: {name} {g.dtype} {tuple(g.shape)}"
         assert torch.isfinite(g).all(), f"{what}: {name} not finite"
         assert rel(g, r) < 1e-2, f"{what}: {name} relative error {rel(g, r)}"
+        if not row_wise:
+            continue
+        # Row by row too (a token's dx, a neuron's dW row): a few rows missing terms would hide in the
+        # norm-wise error of the whole matrix. Rows of little weight are held to an absolute bound.
+        g2, r2 = g.float().reshape(-1, g.shape[-1]), r.float().reshape(-1, r.shape[-1])
+        if name == "dWd":  # [d_model, d_ff]: a neuron's gradient is a column
+            g2, r2 = g2.t(), r2.t()
+        row_err = (g2 - r2).norm(dim=1)
+        row_ref = r2.norm(dim=1)
+        floor = 1e-2 * row_ref.mean()
+        worst = (row_err / torch.maximum(row_ref, floor)).max().item()
+        assert worst < 5e-2, f"{what}: {name}: the worst row's relative error {worst}"
     return grads
 
 
@@ -91,6 +103,15 @@ def test_gradients_at_every_density(cuda, density):
 def test_odd_shapes_and_the_paper_shape(cuda, tokens, d_model, d_ff):
     x, wg, wu, wd = shifted_layer(tokens, d_model, d_ff, 0.02, cuda, seed=2)
     check_against_reference(x, wg, wu, wd, what=f"M={tokens} {d_model}x{d_ff}")
+
+
+@pytest.mark.parametrize("density", [0.002, 0.3])
+def test_a_model_sized_call_sparse_and_in_the_dense_phase(cuda, density):
+    """32768 rows at the paper's shape, as the byte-level model's training calls are (16 x 2048 tokens):
+    at its late density and at a dense early phase where every tile-row overflows (backup rows and the
+    recompute, grad rows by the hundred thousand, the weight gradients' many token blocks)."""
+    x, wg, wu, wd = shifted_layer(32768, 2048, 5632, density, cuda, seed=12)
+    check_against_reference(x, wg, wu, wd, lam=0.5, what=f"M=32768 paper shape, density {density}")
 
 
 def test_zero_and_heavy_rows_and_a_heavy_batch(cuda):
@@ -227,7 +248,9 @@ def test_shapes_the_training_kernels_refuse_train_densely(cuda):
     # d_ff 57344 passes the inference plan but not train_weight_grad's shared memory: PyTorch's autograd
     # takes it, for sparse_ffn_train and for the operators' backward alike.
     x, wg, wu, wd = shifted_layer(16, 256, 57344, 0.01, cuda, seed=15)
-    check_against_reference(x, wg, wu, wd, what="d_ff 57344")
+    # Row by row, PyTorch's bf16 autograd is off by up to ~40% on neurons with few tokens (its dg rounds
+    # to bf16 before the sums): only twell's kernels are held to the row-wise bound.
+    check_against_reference(x, wg, wu, wd, what="d_ff 57344", row_wise=False)
     leaves = [t.detach().clone().requires_grad_() for t in (x, wg, wu, wd)]
     dy = torch.randn(x.shape, device=cuda, dtype=x.dtype)
     (tt.sparse_gated_ffn(*leaves, "relu", 0.0, "sparse").float() * dy.float()).sum().backward()
