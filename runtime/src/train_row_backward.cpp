@@ -8,7 +8,7 @@
 
 #include "context_impl.h"
 #include "launcher.h"
-#include "run_arguments.h"  // pointer_problem, is_device_memory
+#include "run_arguments.h"  // pointer_problem, is_device_memory, matrix_range, overlap_problem
 #include "twell/device/params.h"
 #include "twell/error.h"
 #include "twell/kernels/validate.h"  // canonical_spec, validate_spec
@@ -70,16 +70,10 @@ void train_row_backward(const std::shared_ptr<Context::Impl>& ctx, Stream stream
     bad(fmt::format("t.l1_weight: expected a 4-byte aligned device fp32 (or nullptr), got {}",
                     static_cast<const void*>(t.l1_weight)));
   const int64_t ldx = t.ld_x ? t.ld_x : K, lddy = t.ld_dy ? t.ld_dy : K, lddx = t.ld_dx ? t.ld_dx : K;
-  const auto span = [&](const void* p, int64_t ld) {
-    const auto b = reinterpret_cast<uintptr_t>(p);
-    return std::pair{b, b + static_cast<uintptr_t>(((std::max<int64_t>(tokens, 1) - 1) * ld + K) * 2)};
-  };
-  const auto [dxb, dxe] = span(t.dx, lddx);
-  for (const auto& [name, p, ld] : {std::tuple{"t.x", t.x, ldx}, std::tuple{"t.dy", t.dy, lddy}}) {
-    const auto [b, e] = span(p, ld);
-    if (tokens > 0 && b < dxe && dxb < e)
-      bad(fmt::format("t.dx: must not overlap {} (the kernel reads it while writing dx)", name));
-  }
+  // dx is written while x and dy are read (saturating byte ranges: strides up to 2^36 over 2^31 rows).
+  const ByteRange dx_range = matrix_range("t.dx", t.dx, tokens, lddx, K, 2);
+  for (const ByteRange& input : {matrix_range("t.x", t.x, tokens, ldx, K, 2), matrix_range("t.dy", t.dy, tokens, lddy, K, 2)})
+    if (std::string problem = overlap_problem(dx_range, input); !problem.empty()) bad(problem);
 
   if (!ctx->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, ctx->no_gpu_reason));
   ctx->make_current();

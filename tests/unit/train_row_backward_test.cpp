@@ -274,7 +274,21 @@ TEST(TrainRowBackward, BadArgumentsNameTheArgument) {
   {
     Arguments a;
     a.t.dx = const_cast<void*>(a.t.dy);
-    expect_argument_error(a, "t.dx");
+    expect_argument_error(a, "t.dx: must not overlap t.dy");
+  }
+  {
+    // dx starting inside x (x at 0x100000: 16 rows of 512 bf16, 16 KiB).
+    Arguments a;
+    a.t.dx = reinterpret_cast<void*>(0x100000 + 3 * 1024);
+    expect_argument_error(a, "t.dx: must not overlap t.x");
+  }
+  {
+    // A stride of 2^36 elements over 2^31 - 1 rows spans past 64 bits: the range saturates rather than
+    // wrapping below dx (0x800000), so dx is reported as overlapping, never silently accepted.
+    Arguments a;
+    a.tokens = INT32_MAX;
+    a.t.ld_x = int64_t{1} << 36;
+    expect_argument_error(a, "t.dx: must not overlap t.x");
   }
   {
     Arguments a;
