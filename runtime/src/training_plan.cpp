@@ -198,8 +198,10 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   if (!state.impl_ || state.impl_->plan_id != p.id) fail(who, "state: expected a state this plan made (FfnTrainingPlan::make_state)");
   p.context->make_current();
   FfnPlan::Impl& f = *p.forward.impl_;
-  check_run_arguments(who, f.spec, t, tokens, p.max_tokens, true);
-  check_operand_alignment(f, t, false);
+  // Neither y nor row_l1 wanted: the gate alone, which makes everything the backward reads.
+  const bool gate_only = t.y == nullptr && row_l1 == nullptr;
+  check_run_arguments(who, f.spec, t, tokens, p.max_tokens, !gate_only);
+  check_operand_alignment(f, t, gate_only);
   if (row_l1 != nullptr) {
     if (std::string problem = pointer_problem("row_l1", row_l1, 4); !problem.empty()) fail(who, problem);
     if (!is_device_memory(row_l1)) fail(who, fmt::format("row_l1: expected device memory (cuMemAlloc/cudaMalloc), got {}", static_cast<void*>(row_l1)));
@@ -219,7 +221,7 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   const detail::Driver& d = detail::Driver::get();
   detail::check(d.cuMemcpyDtoHAsync(s.pinned, s.counter.get(), 4, cu), "FfnTrainingPlan::forward: cuMemcpyDtoHAsync(overflow count)");
   detail::check(d.cuEventRecord(s.event, cu), "FfnTrainingPlan::forward: cuEventRecord");
-  launch_twell(f, t, tokens, LaunchStages::ConsumerOnly, matrix, /*allow_decode=*/false, cu, who);
+  if (!gate_only) launch_twell(f, t, tokens, LaunchStages::ConsumerOnly, matrix, /*allow_decode=*/false, cu, who);
   s.tokens = tokens;
   s.capacity = p.capacity;
 }

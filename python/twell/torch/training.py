@@ -102,24 +102,26 @@ def clear() -> None:
         _path_times.clear()
 
 
-def _run_forward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, spec: runtime.FfnSpec, ld_x: int):
-    """FfnTrainingPlan::forward on the current stream: (y, row_l1, what the backward needs)."""
+def _run_forward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, spec: runtime.FfnSpec, ld_x: int,
+                 outputs: bool = True):
+    """FfnTrainingPlan::forward on the current stream: (y, row_l1, what the backward needs); outputs False:
+    the gate alone, y and row_l1 None (the state is all a recomputing backward needs)."""
     d_ff, d_model = w_gate.shape
     tokens = x.numel() // d_model
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    row_l1 = torch.empty(max(tokens, 1), dtype=torch.float32, device=x.device)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if outputs else None
+    row_l1 = torch.empty(max(tokens, 1), dtype=torch.float32, device=x.device) if outputs else None
     entry = _entry(x.device, spec, max(tokens, 1))
     state = entry.take_state()
     stream = torch.cuda.current_stream(x.device).cuda_stream
     t = runtime.tensors_struct(x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr() if w_up is not None else None,
-                               w_down.data_ptr(), y.data_ptr(), ld_x, w_gate.stride(0),
-                               w_up.stride(0) if w_up is not None else 0, w_down.stride(0), d_model)
+                               w_down.data_ptr(), y.data_ptr() if outputs else None, ld_x, w_gate.stride(0),
+                               w_up.stride(0) if w_up is not None else 0, w_down.stride(0), d_model if outputs else 0)
     try:
-        entry.plan.forward_struct(stream, t, tokens, state, row_l1.data_ptr())
+        entry.plan.forward_struct(stream, t, tokens, state, row_l1.data_ptr() if outputs else None)
     except BaseException:
         entry.give_back(state)
         raise
-    return y, row_l1[:tokens], (entry, state, tokens)
+    return y, row_l1[:tokens] if outputs else None, (entry, state, tokens)
 
 
 def _run_backward(saved, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor | None,
@@ -180,14 +182,15 @@ class _SparseFfnTraining(torch.autograd.Function):
 
 def recompute_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor, activation: str,
                        threshold: float) -> tuple:
-    """(dx, dWg, dWu or None, dWd) of the FFN for dy without a saved state: the training forward runs again
-    into a state (its y discarded), then the sparse backward (no L1 term). The autograd formula of the
+    """(dx, dWg, dWu or None, dWd) of the FFN for dy without a saved state: the training forward's gate runs
+    again into a state (no consumer: no y), then the sparse backward (no L1 term). The autograd formula of the
     twell.sparse_gated_ffn / sparse_ffn operators where sparse_backward_applies(): a custom op's forward
-    cannot hand an opaque state to its backward. The re-run forward costs the gate GEMM and the consumer
-    (against the dense recompute's two GEMMs), and the backward then waits on the host for that forward's
+    cannot hand an opaque state to its backward. The re-run costs the gate GEMM (against the dense
+    recompute's two GEMMs), and the backward then waits on the host for that forward's
     gate (its overflow count; sparse_ffn_train, which keeps the state, does not wait)."""
     ld_x = ops._row_stride("sparse_ffn_train", x, w_gate.shape[1])
-    _, _, saved = _run_forward(x, w_gate, w_up, w_down, spec_of(x, w_gate, w_up, activation, threshold), ld_x)
+    _, _, saved = _run_forward(x, w_gate, w_up, w_down, spec_of(x, w_gate, w_up, activation, threshold), ld_x,
+                               outputs=False)
     return _run_backward(saved, x, w_gate, w_up, w_down, dy, None)
 
 

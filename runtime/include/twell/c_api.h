@@ -226,7 +226,8 @@ twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const ch
 twell_status_t twell_training_state_create(twell_training_plan_t plan, twell_training_state_t* state);
 twell_status_t twell_training_state_destroy(twell_training_state_t state); /* NULL is a no-op */
 /* y (tensors->y) and, where row_l1 is not NULL, each row's sum |h| ([tokens] fp32 device memory: the L1
- * term is their sum / tokens); the TwELL matrix goes into `state`. No host synchronization. */
+ * term is their sum / tokens); the TwELL matrix goes into `state`. tensors->y and row_l1 both NULL: the
+ * gate alone (the state, all a backward reads). No host synchronization. */
 twell_status_t twell_training_forward(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
                                       int64_t tokens, twell_training_state_t state, float* row_l1);
 /* The gradients of L(y) + lambda * l1 for dy (FfnTrainingPlan::backward): tensors and tokens as the state's

@@ -104,7 +104,8 @@ class FfnTrainingPlan {
   // synchronization unless `state` must grow (its first use, more tokens, a larger backup: the stream is
   // synchronized before its old buffers are freed, then cuMemAlloc); the TwELL matrix goes into `state`. row_l1:
   // nullptr, or [tokens] fp32 device memory, 4-byte aligned: row t's sum of |h_tj| over its active
-  // entries in their order (fp32); the L1 term of TRAINING.md is their sum / tokens. Throws as
+  // entries in their order (fp32); the L1 term of TRAINING.md is their sum / tokens. t.y nullptr with
+  // row_l1 nullptr: the gate alone (no consumer; what a backward that recomputes its forward needs). Throws as
   // FfnPlan::run (naming the argument), Error(InvalidArgument) for a misaligned or non-device row_l1 or a
   // state another plan made, Error(NoDevice) without a GPU.
   void forward(Stream stream, const FfnTensors& t, int64_t tokens, FfnTrainingState& state, float* row_l1 = nullptr);
