@@ -51,12 +51,17 @@ def uniform_layer(m, density, dev, seed=0):
     return [t.to(torch.bfloat16) for t in (x, wg, wu, wd)]
 
 
+REAL_FILES = ("paper_l1_gate_a.safetensors", "paper_l1_gate_b.safetensors", "paper_l1_x.safetensors")
+
+
+def data_dir():
+    return pathlib.Path(os.environ.get("TWELL_DATA_DIR", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
 def real_layer(m, dev):
     from safetensors.torch import load_file
-    root = pathlib.Path(os.environ.get("TWELL_DATA_DIR", pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"))
-    a = load_file(root / "paper_l1_gate_a.safetensors")
-    b = load_file(root / "paper_l1_gate_b.safetensors")
-    x = load_file(root / "paper_l1_x.safetensors")["layers.1.x"].to(dev)
+    a, b, x = (load_file(data_dir() / f) for f in REAL_FILES)
+    x = x["layers.1.x"].to(dev)
     wg = torch.cat([a["layers.1.gate.weight.rows0"], b["layers.1.gate.weight.rows1"]]).to(dev)
     g = torch.Generator(device=dev).manual_seed(1)  # only the gate was stored: random up and down
     wu = (torch.randn(wg.shape, generator=g, device=dev) * 0.02).to(torch.bfloat16)
@@ -75,14 +80,20 @@ def used_device_bytes():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--tokens", type=int, nargs="+", default=[16384, 65536])
-    ap.add_argument("--densities", type=float, nargs="+", default=[0.005, 0.01, 0.02, 0.05])
-    ap.add_argument("--real", action=argparse.BooleanOptionalAction, default=True)
-    ap.add_argument("--lam", type=float, default=1e-3)
-    ap.add_argument("--reps", type=int, default=12)
-    ap.add_argument("--json")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[16384, 65536], help="rows M of the layer's calls")
+    ap.add_argument("--densities", type=float, nargs="+", default=[0.005, 0.01, 0.02, 0.05],
+                    help="uniform densities (fractions of d_ff active per token)")
+    ap.add_argument("--real", action=argparse.BooleanOptionalAction, default=True,
+                    help="also the paper model's layer 1 (needs paper_l1_*.safetensors in ../shared/data or $TWELL_DATA_DIR)")
+    ap.add_argument("--lam", type=float, default=1e-3, help="the L1 term's coefficient lambda in (y * dy).sum() + lambda * l1")
+    ap.add_argument("--reps", type=int, default=12, help="timed steps per variant (in three interleaved rounds)")
+    ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    if a.real:  # checked first: a missing file must not cost the uniform cases' results
+        missing = [f for f in REAL_FILES if not (data_dir() / f).is_file()]
+        if missing:
+            ap.error(f"--real needs {', '.join(missing)} in {data_dir()} (or $TWELL_DATA_DIR); pass --no-real to skip")
     t_start = time.time()
     log = lambda what: print(f"[{time.time() - t_start:6.1f} s] {what}", file=sys.stderr, flush=True)
     dev = torch.device("cuda")
@@ -136,7 +147,8 @@ def main():
                     stop.synchronize()
                     times[k].append(start.elapsed_time(stop))
         base_ms = statistics.median(times["torch dense"])
-        decisions = {str(d["bucket"][-1]): d["path"] for d in tt.training.dispatch_decisions()}
+        # auto's buckets are keyed by bit_length(tokens - 1): name them by their largest token count.
+        decisions = {f"<={1 << d['bucket'][-1]} rows": d["path"] for d in tt.training.dispatch_decisions()}
         for k, v in times.items():
             med = statistics.median(v)
             results.append({"tokens": m, "pattern": pattern, "density": density_measured, "variant": k,

@@ -1,5 +1,11 @@
-// The training backward by token row (twell/training.h, train_row_backward) against the dense GEMMs it
-// replaces, in one process, at the paper's shape (d_model 2048, d_ff 5632, bf16, in_out Wd).
+// twell's training kernels against the dense GEMMs they replace, in one process, at the paper's shape
+// (d_model 2048, d_ff 5632, bf16); bench/README.md v37-v45:
+//   BM_TrainRowBackward  the backward by token row (train_row_backward, in_out Wd) and the weight gradients
+//                        (train_weight_grad) against cuBLAS's GEMMs of the same shapes;
+//   BM_TrainingStep      a whole FfnTrainingPlan step (forward + backward, an nn.Linear Wd, lambda 1e-3,
+//                        fp32 dW; counters forward_ms, backward_ms) against nine cuBLAS GEMMs.
+//   build/bin/train_bench --benchmark_filter=BM_TrainingStep      (or BM_TrainRowBackward)
+// Layouts are the heuristic ones (PlanOptions::Tuning::Ignore): a tuning database does not move them.
 //
 // What train_row_backward computes (dh on the support, du, dg, dx = du Wu + dg Wg) is, densely, three
 // GEMMs of M x d_model x d_ff (dh = dy Wd, then dg Wg and du Wu) and elementwise work. The baseline is
@@ -173,7 +179,9 @@ void BM_TrainingStep(benchmark::State& state, int path) {
     ms = time_on_stream(stream.get(), [&] { for (int i = 0; i < 3; ++i) dense.run(stream.get(), t, m); }, 1, 5);
     state.SetLabel("dense cuBLAS: 9 GEMMs M x 2048 x 5632 + elementwise");
   } else {
-    FfnTrainingPlan plan = FfnTrainingPlan::create(ctx, spec, m);
+    TrainingPlanOptions options;
+    options.tuning = PlanOptions::Tuning::Ignore;
+    FfnTrainingPlan plan = FfnTrainingPlan::create(ctx, spec, m, options);
     FfnTrainingState st = plan.make_state();
     DeviceMemory dwg(ctx, w_elems * 4), dwu(ctx, w_elems * 4), dwd(ctx, w_elems * 4), row_l1(ctx, size_t(m) * 4);
     FfnGradients g;

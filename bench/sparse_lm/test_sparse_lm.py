@@ -264,6 +264,16 @@ def test_training_stops_at_the_time_budget(text_corpus, tmp_path):
     assert stats["steps"] >= 1 and 0.5 <= stats["train_seconds"] < 5.0
 
 
+def test_the_schedule_follows_the_steps_when_given():
+    # Slow first steps (a JIT compile) must not move a --steps run's schedule: the step alone decides.
+    steps_run = train.parse_args(["--corpus", "c", "--out", "o", "--steps", "500"])
+    assert steps_run.seconds == float("inf")
+    assert train.schedule_progress(steps_run, 8, 14.0) == 8 / 500
+    assert train.schedule_progress(steps_run, 8, 0.1) == 8 / 500
+    timed_run = train.parse_args(["--corpus", "c", "--out", "o"])
+    assert timed_run.seconds == 150.0 and train.schedule_progress(timed_run, 8, 15.0) == 0.1
+
+
 # ---- benchmark ----
 
 def test_bench_fails_loudly_without_twell(monkeypatch):

@@ -1,10 +1,10 @@
-"""Trains SparseLM on a byte corpus for a wall-clock budget: cross-entropy plus an L1 penalty on the FFN
-hidden activations h (design/TRAINING.md), AdamW, bf16 autocast over fp32 master weights.
+"""Trains SparseLM on a byte corpus for a number of steps or a wall-clock budget: cross-entropy plus an L1
+penalty on the FFN hidden activations h (design/TRAINING.md), AdamW, bf16 autocast over fp32 master weights.
 
-The run is time-limited, so the schedules follow the fraction of the budget spent, or, with --steps, the
-fraction of the steps done (the same schedule at the same step whatever each step costs: runs of two
-FFN paths compare step for step; --seconds then only stops a run that is too slow): linear warm-up, then cosine decay of the learning rate to --min-lr-ratio of the
-peak; the L1 coefficient ramps from 0 over --l1-warmup-frac, because the penalty at full strength from
+The schedules follow the fraction of --steps done (the same schedule at the same step whatever each step
+costs: runs of two FFN paths compare step for step; --seconds then only stops a run that is too slow),
+or, without --steps, the fraction of the --seconds budget spent: linear warm-up, then cosine decay of the
+learning rate to --min-lr-ratio of the peak; the L1 coefficient ramps from 0 over --l1-warmup-frac, because the penalty at full strength from
 the first step drives neurons to zero before the gate has learned anything (dead neurons, higher loss).
 
 Logs JSON lines (about every --log-every seconds, synchronizing only then); at the end evaluates the
@@ -44,8 +44,10 @@ def parse_args(argv=None):
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--l1", type=float, default=2e-5, help="L1 coefficient on sum_j |h_j| (mean over tokens and layers)")
     p.add_argument("--l1-warmup-frac", type=float, default=0.1, help="L1 ramp from 0, fraction of the run")
-    p.add_argument("--seconds", type=float, default=150.0, help="wall-clock budget of the training loop")
-    p.add_argument("--steps", type=int, default=None, help="schedule and stop by steps (--seconds then only caps the wall-clock time)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="wall-clock budget of the training loop (default 150); with --steps only a cap (default none)")
+    p.add_argument("--steps", type=int, default=None, help="schedule and stop by steps (--seconds then only caps the wall-clock time; the final line's steps says "
+                        "where a capped run stopped)")
     p.add_argument("--eval-windows", type=int, default=16, help="held-out windows of --seq bytes for the final evaluation")
     p.add_argument("--heldout-frac", type=float, default=0.02)
     p.add_argument("--log-every", type=float, default=10.0, help="seconds between log lines")
@@ -53,12 +55,15 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ffn", choices=("torch", "twell"), default="torch",
                    help="the FFNs' training path: PyTorch autograd, or twell's sparse forward and backward "
-                        "(twell.torch.sparse_ffn_train, dispatch auto per layer, re-timed every --recalibrate-every steps)")
+                        "(twell.torch.sparse_ffn_train, dispatch as --twell-dispatch)")
     p.add_argument("--twell-dispatch", choices=("auto", "sparse"), default="auto",
-                   help="--ffn twell: per layer and step the faster of twell and PyTorch (auto), or twell always")
+                   help="--ffn twell: auto = per layer and token bucket the faster whole step of twell and PyTorch, re-timed "
+                        "every --recalibrate-every steps (which also releases twell's plans); sparse = twell always")
     p.add_argument("--recalibrate-every", type=int, default=200,
                    help="--ffn twell: steps between re-timings of twell against PyTorch (the density falls as training goes)")
     args = p.parse_args(argv)
+    if args.seconds is None:
+        args.seconds = math.inf if args.steps else 150.0
     if args.seq > args.max_seq:
         p.error(f"--seq {args.seq} exceeds --max-seq {args.max_seq}")
     return args
@@ -70,6 +75,13 @@ def lr_multiplier(progress, warmup_frac, min_ratio):
         return progress / warmup_frac
     decay = min(1.0, (progress - warmup_frac) / max(1e-9, 1.0 - warmup_frac))
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * decay))
+
+
+def schedule_progress(args, step, elapsed):
+    """The schedules' position in [0, 1]: with --steps the step's alone (--seconds only stops the run: a
+    path whose first steps are slow, such as twell's JIT compiles and dense early phase, must not ramp the
+    L1 term and the learning rate ahead of another path's at the same step), else the time spent."""
+    return min(1.0, step / args.steps if args.steps else elapsed / args.seconds)
 
 
 def autocast(device, enabled):
@@ -143,13 +155,8 @@ def train(args):
         elapsed = time.perf_counter() - start
         # The clock is read before the step is enqueued; the GPU trails the host by at most a few
         # steps (the launch queue), a negligible error for a budget of minutes.
-        # With --steps the schedule is the step's alone (--seconds only stops the run): a path whose first
-        # steps are slow (twell's JIT compiles, dense early phase) must not ramp the L1 term and the
-        # learning rate ahead of the other's at the same step.
-        progress = min(1.0, step / args.steps if args.steps else elapsed / args.seconds)
-        if args.steps and elapsed >= args.seconds:
-            break
-        if progress >= 1.0:
+        progress = schedule_progress(args, step, elapsed)
+        if progress >= 1.0 or elapsed >= args.seconds:
             break
         lr = args.lr * lr_multiplier(progress, args.warmup_frac, args.min_lr_ratio)
         l1_coef = args.l1 * min(1.0, progress / args.l1_warmup_frac) if args.l1_warmup_frac > 0 else args.l1

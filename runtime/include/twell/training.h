@@ -93,10 +93,10 @@ inline int64_t backup_grad_floats(const TwellLayout& layout, uint32_t grad_capac
 
 // The backward by token row (above) of `tokens` rows (0 <= tokens < 2^31), stream-ordered, no host
 // synchronization. The kernel (KernelKind::TrainRowBackward: for ReLU after a tensor-core gate with
-// d_model % 8 == 0 and <= 2048, persistent warps taking a row each, launched twice: the entries' quads,
-// then dx a 1024-column slice at a time, so each pass's weight rows fit L2; else one CTA of 256 threads
-// per row; both give the same bits) comes from
-// the context's bundles or JIT and cache like a plan's. `spec` is the layer's (canonical_spec'ed): its
+// d_model % 8 == 0 and <= 2048, tile_n <= 512 and slots < 512, persistent warps taking a row each,
+// launched twice: the entries' quads, then dx a 1024-column slice at a time, two entries' weight rows in
+// flight; else one CTA of 256 threads per row; both give the same bits) comes from the context's bundles
+// or JIT and cache like a plan's. `spec` is the layer's (canonical_spec'ed): its
 // tile_n and slots (the generator's 256 and 31 where unset) must be those of the TwELL matrix, i.e.
 // FfnPlan::layout()'s, and the forward's gate kernel the one generateFfn makes for it (a plan's), since
 // overflowing tile-rows without a backup row are recomputed with its arithmetic. spec.down_layout must
