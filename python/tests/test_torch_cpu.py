@@ -244,3 +244,26 @@ def test_auto_path_decides_once_per_bucket(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="warm-up"):
         mlp._path(torch.empty(1, 64), *w)
+
+
+@pytest.mark.parametrize("gated,tokens", [(True, 6), (False, 6), (True, 0)])
+def test_the_backward_operator_dense_branch_matches_its_fake(gated, tokens):
+    # Off CUDA, with no rows, or for a shape the training kernels refuse, twell::sparse_ffn_backward takes
+    # the dense formula: its outputs must have the fake's shapes and strides (dWd^T contiguous), which
+    # opcheck and torch.compile check, and equal PyTorch's autograd of the same function.
+    gen = torch.Generator().manual_seed(0)
+    d_model, d_ff = 16, 48
+    x = torch.randn(tokens, d_model, generator=gen)
+    wg, wu = torch.randn(d_ff, d_model, generator=gen), torch.randn(d_ff, d_model, generator=gen) if gated else None
+    wd, dy = torch.randn(d_model, d_ff, generator=gen), torch.randn(tokens, d_model, generator=gen)
+    args = (x, wg, wu, wd, dy, "relu", 0.0)
+    torch.library.opcheck(torch.ops.twell.sparse_ffn_backward.default, args)
+    dx, dwg, dwu, dwd_t = torch.ops.twell.sparse_ffn_backward(*args)
+    assert dwd_t.shape == (d_ff, d_model) and dwd_t.is_contiguous()
+    leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, wg, wu, wd)]
+    lx, lg, lu, ld = leaves
+    h = torch.relu(lx @ lg.t()) * (lx @ lu.t() if gated else 1)
+    ((h @ ld.t()) * dy).sum().backward()
+    for got, ref in ((dx, lx.grad), (dwg, lg.grad), (dwd_t.t(), ld.grad)) + (((dwu, lu.grad),) if gated else ()):
+        torch.testing.assert_close(got, ref)
+    assert gated or dwu.numel() == 0

@@ -71,6 +71,24 @@ def check_against_reference(x, wg, wu, wd, lam=0.05, what="", row_wise=True, **k
     assert torch.isfinite(y).all(), what
     assert rel(y, y_ref) < 1e-2, f"{what}: y {rel(y, y_ref)}"
     assert abs(l1.item() - l1_ref.item()) <= 1e-3 * abs(l1_ref.item()) + 1e-6, f"{what}: l1 {l1.item()} vs {l1_ref.item()}"
+    if row_wise:
+        # Entries whose activity two fp32 sums of g (twell's gate, cuBLAS's reference) may decide apart: the
+        # activation's margin to the threshold within fp32's and the dtype's rounding of g. A flipped ReLU
+        # entry moves its row by a whole dg x_t term, so such rows are left out of the row-wise check
+        # (the norm-wise one above still holds them).
+        d_model = x.shape[-1]
+        x64, wg64 = x.reshape(-1, d_model).double(), wg.double()
+        g64 = x64 @ wg64.t()
+        # The activity's margin: ReLU is active iff g > threshold (>= 0), SiLU iff |silu(g)| > threshold.
+        act = g64 if kwargs.get("activation", "relu") == "relu" else torch.nn.functional.silu(g64)
+        # fp32's error in a 2048-term sum is ~2^-24 sqrt(K) |terms|; 2^-20 of sum |terms| covers it many
+        # times. Above a threshold > 0 the dtype's rounding of g (2^-8 relative) decides too.
+        threshold = kwargs.get("threshold", 0.0)
+        rounding = 2.0 ** -20 * (x64.abs() @ wg64.abs().t()) + (2.0 ** -7 * g64.abs() if threshold > 0 else 0.0)
+        margin = act - threshold if kwargs.get("activation", "relu") == "relu" else act.abs() - threshold
+        ambiguous = margin.abs() <= 1.1 * rounding
+        skip = {"tokens": ambiguous.any(dim=1), "neurons": ambiguous.any(dim=0)}
+        del x64, wg64, g64, act, rounding, margin, ambiguous
     for name, g, r in zip(("dx", "dWg", "dWu", "dWd"), grads, grads_ref):
         if r is None:
             assert g is None, f"{what}: {name}"
@@ -88,7 +106,9 @@ def check_against_reference(x, wg, wu, wd, lam=0.05, what="", row_wise=True, **k
         row_err = (g2 - r2).norm(dim=1)
         row_ref = r2.norm(dim=1)
         floor = 1e-2 * row_ref.mean()
-        worst = (row_err / torch.maximum(row_ref, floor)).max().item()
+        kept = ~skip["tokens" if name == "dx" else "neurons"]
+        assert kept.float().mean() > 0.2, f"{what}: {name}: most rows ambiguous, the row-wise check would be empty"
+        worst = (row_err / torch.maximum(row_ref, floor))[kept].max().item()
         assert worst < 5e-2, f"{what}: {name}: the worst row's relative error {worst}"
     return grads
 

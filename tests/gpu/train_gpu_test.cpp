@@ -427,6 +427,13 @@ TEST(GpuTrainRowBackward, OverflowingRowsBackupAndRecompute) {
   const RandomFfn f = make_random_ffn(s, 50, 0.3, 31);
   check_case(f, 10, 2e-5f, "tile_n 64, slots 3, backup 10");
   check_case(f, 10, 2e-5f, "tile_n 64, slots 3, backup 10, no grad rows beyond it", 10u);
+  // d_model 1032: the warp form's dx pass has a full 1024-column slice and a partial one (8 columns),
+  // and its recompute of tile-rows without a grad row runs once per slice.
+  FfnSpec two_slices = s;
+  two_slices.d_model = 1032;
+  const RandomFfn f2 = make_random_ffn(two_slices, 30, 0.3, 33);
+  check_case(f2, 10, 2e-5f, "d_model 1032, tile_n 64, slots 3, backup 10");
+  check_case(f2, 10, 2e-5f, "d_model 1032, tile_n 64, slots 3, backup 10, no grad rows beyond it", 10u);
   FfnSpec wide = odd_spec();
   wide.tile_n = 1024;
   wide.slots = 7;

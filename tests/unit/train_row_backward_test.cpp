@@ -29,7 +29,7 @@ using twell::testing::no_device_context;
 
 TEST(TrainRowBackward, CompilesForSm90aAndSm80AtThePaperAndAnOddShape) {
   for (Target target : {Target{90, true}, Target{80, false}})
-    for (auto [d_model, d_ff] : {std::pair{2048, 5632}, std::pair{520, 1408}}) {
+    for (auto [d_model, d_ff] : {std::pair{2048, 5632}, std::pair{520, 1408}, std::pair{1032, 1408}}) {
       const FfnSpec s = twell::testing::ffn_spec(d_model, d_ff);
       const compiler::KernelSource k = compiler::generateAuxiliary(KernelKind::TrainRowBackward, s, target);
       EXPECT_EQ(k.kind, KernelKind::TrainRowBackward);

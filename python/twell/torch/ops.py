@@ -258,11 +258,13 @@ def sparse_ffn_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
     below); the shape decision is made here, on real sizes, not while tracing."""
     from .training import recompute_backward, trainable, spec_of
     tokens = x.numel() // w_gate.shape[1] if w_gate.shape[1] else 0
-    if tokens > 0 and trainable(x.device, spec_of(x, w_gate, w_up, activation, threshold), tokens):
+    if tokens > 0 and x.is_cuda and trainable(x.device, spec_of(x, w_gate, w_up, activation, threshold), tokens):
         dx, d_w_gate, d_w_up, d_w_down = recompute_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
+        d_w_down_t = d_w_down.t()  # the kernel's dWd^T, contiguous
     else:
         dx, d_w_gate, d_w_up, d_w_down = _dense_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
-    return dx, d_w_gate, d_w_up if d_w_up is not None else x.new_empty(0), d_w_down.t()
+        d_w_down_t = d_w_down.t().contiguous()  # the fake's strides in every branch (torch.compile checks them)
+    return dx, d_w_gate, d_w_up if d_w_up is not None else x.new_empty(0), d_w_down_t
 
 
 @sparse_ffn_backward.register_fake
