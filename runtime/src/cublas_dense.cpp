@@ -286,7 +286,7 @@ std::vector<Gemm> ffn_gemms(const DenseFfn::Impl& p, const FfnTensors& t, int64_
 void DenseFfn::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) {
   Impl& p = *impl_;
   p.context->make_current();
-  check_run_arguments("DenseFfn::run_gate", p.spec, t, tokens, p.max_tokens, /*needs_output=*/false);
+  check_run_arguments("DenseFfn::run_gate", p.spec, t, tokens, p.max_tokens, RunOperands::Gate);
   if (tokens == 0) return;
   p.gemm(reinterpret_cast<CUstream>(stream), ffn_gemms(p, t, tokens).front());  // g = x Wg^T
 }

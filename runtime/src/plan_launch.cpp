@@ -54,7 +54,7 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
   if (!p.context->gpu)
     throw Error(ErrorCode::NoDevice, fmt::format("{}: this plan was made without a GPU ({})", who, p.context->no_gpu_reason));
   p.context->make_current();
-  check_run_arguments(who, p.spec, user_tensors, tokens, p.max_tokens, !gate_only);
+  check_run_arguments(who, p.spec, user_tensors, tokens, p.max_tokens, gate_only ? RunOperands::Gate : RunOperands::All);
   // From here on the TwELL part: its neurons' slices of the weights, its spec.
   // (The slices start 128-byte multiples past the user's pointers: the same alignment, so the
   // user's pointers are checked, and named in the errors.)

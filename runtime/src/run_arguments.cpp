@@ -44,7 +44,7 @@ bool is_device_memory(const void* p) {
 }
 
 void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors& t, int64_t tokens, int64_t max_tokens,
-                         bool needs_output) {
+                         RunOperands operands) {
   auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
   if (tokens < 0 || tokens > max_tokens) bad(fmt::format("tokens: expected 0..{} (the plan's max_tokens), got {}", max_tokens, tokens));
   auto check_ptr = [&](const char* name, const void* p) {
@@ -69,7 +69,7 @@ void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors&
   check_ptr("w_gate", t.w_gate);
   check_ld("ld_x", t.ld_x, spec.d_model);
   check_ld("ld_gate", t.ld_gate, spec.d_model);
-  if (!needs_output) return;
+  if (operands == RunOperands::Gate) return;
   if (spec.gated && t.w_up == nullptr)
     bad("w_up: expected a device pointer (the up weight of a gated layer; a layer without one is "
         "FfnSpec::gated = false), got null");
@@ -78,18 +78,18 @@ void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors&
     bad(fmt::format("w_up: a non-gated FFN (FfnSpec::gated = false) has no up projection; expected w_up = nullptr and "
                     "ld_up = 0, got {} and {}", t.w_up, t.ld_up));
   check_ptr("w_down", t.w_down);
-  check_ptr("y", t.y);
   const bool in_out = spec.down_layout == WeightLayout::InOut;
   check_ld("ld_up", t.ld_up, spec.d_model);
   check_ld("ld_down", t.ld_down, in_out ? spec.d_model : spec.d_ff);
+  if (operands == RunOperands::GateAndWeights) return;
+  check_ptr("y", t.y);
   check_ld("ld_y", t.ld_y, spec.d_model);
+  // The bytes each spans: (tokens - 1) strides plus one row (a strided view's last row ends before the
+  // stride does, and its owner's next allocation may start right there); saturating, as strides reach 2^36.
   const int64_t ldx = t.ld_x ? t.ld_x : spec.d_model, ldy = t.ld_y ? t.ld_y : spec.d_model;
-  const auto xb = reinterpret_cast<uintptr_t>(t.x), yb = reinterpret_cast<uintptr_t>(t.y);
-  // The bytes each spans: (tokens - 1) strides plus one row (a strided view's last row ends before
-  // the stride does, and its owner's next allocation may start right there).
-  const auto span = [&](int64_t ld) { return uintptr_t(((std::max<int64_t>(tokens, 1) - 1) * ld + spec.d_model) * 2); };
-  const uintptr_t xe = xb + span(ldx), ye = yb + span(ldy);
-  if (tokens > 0 && xb < ye && yb < xe) bad("y: must not overlap x (the consumer reads x while writing y)");
+  if (overlap_problem(matrix_range("y", t.y, tokens, ldy, spec.d_model, 2),
+                      matrix_range("x", t.x, tokens, ldx, spec.d_model, 2)) != "")
+    bad("y: must not overlap x (the consumer reads x while writing y)");
 }
 
 std::string operand_alignment_problem(const char* name, const void* p, const char* ld_name, int64_t ld, int elements,

@@ -37,11 +37,17 @@ ByteRange matrix_range(const char* name, const void* p, int64_t rows, int64_t ld
 // ranges, got [b, e) and [b, e)".
 std::string overlap_problem(const ByteRange& written, const ByteRange& other);
 
+// Which of FfnTensors' operands a call reads, so which check_run_arguments checks.
+enum class RunOperands {
+  Gate,            // x and w_gate (the gate alone)
+  GateAndWeights,  // and w_up, w_down (a training backward: y is not read)
+  All,             // and y (a forward)
+};
+
 // Throws Error(InvalidArgument), prefixed by `who` and naming the argument: null or misaligned
 // pointers, pointers that are not device memory, strides shorter than the row, token counts out of
-// range, y overlapping x. `needs_output` false: y, w_up and w_down are not used (the gate alone) and
-// not checked.
+// range, y overlapping x; for the operands `operands` names (the others are not used and not checked).
 void check_run_arguments(const char* who, const FfnSpec& spec, const FfnTensors& t, int64_t tokens, int64_t max_tokens,
-                         bool needs_output = true);
+                         RunOperands operands = RunOperands::All);
 
 }  // namespace twell

@@ -200,7 +200,7 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   FfnPlan::Impl& f = *p.forward.impl_;
   // Neither y nor row_l1 wanted: the gate alone, which makes everything the backward reads.
   const bool gate_only = t.y == nullptr && row_l1 == nullptr;
-  check_run_arguments(who, f.spec, t, tokens, p.max_tokens, !gate_only);
+  check_run_arguments(who, f.spec, t, tokens, p.max_tokens, gate_only ? RunOperands::Gate : RunOperands::All);
   check_operand_alignment(f, t, gate_only);
   if (row_l1 != nullptr) {
     if (std::string problem = pointer_problem("row_l1", row_l1, 4); !problem.empty()) fail(who, problem);
@@ -239,13 +239,8 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
     fail(who, fmt::format("tokens: expected the forward's token count {} (the state's), got {}", s.tokens, tokens));
   p.context->make_current();
   FfnPlan::Impl& f = *p.forward.impl_;
-  // x and Wg here (y is not read), Wd before the transpose reads it; the training kernels check the rest.
-  check_run_arguments(who, f.spec, t, tokens, p.max_tokens, /*needs_output=*/false);
-  if (std::string problem = pointer_problem("t.w_down", t.w_down, 2); !problem.empty()) fail(who, problem);
-  if (!is_device_memory(t.w_down)) fail(who, fmt::format("t.w_down: expected device memory (cuMemAlloc/cudaMalloc), got {}", t.w_down));
-  const int64_t min_ld_down = f.spec.down_layout == WeightLayout::InOut ? f.spec.d_model : f.spec.d_ff;
-  if (t.ld_down != 0 && (t.ld_down < min_ld_down || t.ld_down > (int64_t{1} << 36)))
-    fail(who, fmt::format("t.ld_down: expected a row stride in {}..2^36 elements (0 = dense), got {}", min_ld_down, t.ld_down));
+  // x and the weights (y is not read): Wd before the transpose reads it; the training kernels check the rest.
+  check_run_arguments(who, f.spec, t, tokens, p.max_tokens, RunOperands::GateAndWeights);
   // Every output before the first launch (the kernels check them again): a bad dw_* must not leave dx
   // written. dx may not overlap a weight (read while dx is written) or a weight gradient.
   const int64_t K = f.spec.d_model, N = f.spec.d_ff;
