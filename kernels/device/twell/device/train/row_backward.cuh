@@ -396,8 +396,10 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
     // ReLU: act'(g) = 1 on the active set.
     return Grads{Config::gated ? dh * u : dh, Config::gated ? dh * a : 0.0f, h};
   };
-  // Calls tile_row(tile, nnz, header, word0) for each tile-row of `row` with entries, in order; header
-  // points at the tile-row's words in shared memory (valid until tile_row returns).
+  // Calls tile_row(tile, nnz, header, word0, next) for each tile-row of `row` with entries, in order; header
+  // points at the tile-row's words in shared memory (valid until tile_row returns); next is the column of
+  // the first entry of the next tile-row with entries in the same window when that one is within its
+  // slots, else -1 (what the entries pass prefetches).
   auto for_each_tile_row = [&](int64_t row, int tile_begin, int tile_end, auto&& tile_row) {
     const long long row_word0 = row * WORDS_PER_ROW;
 #pragma unroll 1
@@ -412,8 +414,13 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
         const int b = __ffs(busy) - 1;
         busy &= busy - 1;
         const int tile = t0 + b;
+        const int nb = busy != 0 ? __ffs(busy) - 1 : b;  // the next busy tile-row of the window
+        const uint32_t next_nnz = __shfl_sync(FULL, my_nnz, nb);
+        const int next = busy != 0 && next_nnz <= SLOTS
+                             ? (t0 + nb) * TILE_N + static_cast<int>(words[nb * (SLOTS + 1) + 1] & 0xFFFFu)
+                             : -1;
         tile_row(tile, __shfl_sync(FULL, my_nnz, b), words + b * (SLOTS + 1),
-                 row_word0 + static_cast<long long>(tile) * (SLOTS + 1));
+                 row_word0 + static_cast<long long>(tile) * (SLOTS + 1), next);
       }
     }
   };
@@ -440,13 +447,22 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
   };
 
   if (p.pass == kTrainRowEntries) {
+    // The next entry's Wd^T and Wu rows into L2 while this one's are loaded and reduced (no registers
+    // held): lane l asks for the l-th 128-byte line of each row (d_model <= 2048: at most 32 lines).
+    auto prefetch_rows = [&](int j) {
+      if (j < 0 || 128 * lane >= 2 * K) return;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_down + static_cast<int64_t>(j) * p.ldwd + 64 * lane));
+      if constexpr (Config::gated)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_up + static_cast<int64_t>(j) * p.ldwu + 64 * lane));
+    };
 #pragma unroll 1
     for (int64_t row = first_row; row < p.m; row += warps_total) {
       stage_row(row);
-      for_each_tile_row(row, 0, TILES, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0) {
+      for_each_tile_row(row, 0, TILES, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0, int next) {
         const int n0 = tile * TILE_N;
         if (nnz <= SLOTS) {
           for (uint32_t e = 0; e < nnz; ++e) {
+            prefetch_rows(e + 1 < nnz ? n0 + static_cast<int>(header[2 + e] & 0xFFFFu) : next);
             const uint32_t w = header[1 + e];
             const float a = Value::to_float(static_cast<uint16_t>(w >> 16));
             const Grads g = entry_grads(n0 + static_cast<int>(w & 0xFFFFu), a);
@@ -551,7 +567,7 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
 #pragma unroll
       for (int i = 0; i < SC * 8; ++i) dx[i] = 0.0f;
       bool staged = false;  // x and dy are staged only for a tile-row the entries pass had no grad row for
-      for_each_tile_row(row, 0, TILES, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0) {
+      for_each_tile_row(row, 0, TILES, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0, int) {
         const int n0 = tile * TILE_N;
         if (nnz <= SLOTS) {
           // The tile-row's quads, 32 at a time, one per lane, then handed on in entry order.
