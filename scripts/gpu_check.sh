@@ -3,7 +3,8 @@
 # (scripts/pack_carry.sh): the GPU tests; the runtime-only bundle tests; examples/aot_host (linking
 # twell::runtime alone) on bundles made on the CPU machine against aot_host_jit (the same program with
 # the JIT) on the embedded sample and the paper layer, sm_90a and sm_80 (y compared bit for bit); the
-# main job; the benchmark rows of TWELL_BENCH_FILTER. Full logs: $OUT/logs.tar.gz; a short table last.
+# main job; examples/train_ffn (a training step against the CPU reference); the benchmark rows of
+# TWELL_BENCH_FILTER; with TWELL_TRAIN_BENCH=1 the training benchmarks (train_bench, TWELL_TRAIN_BENCH_FILTER). Full logs: $OUT/logs.tar.gz; a short table last.
 set -u
 C=${TWELL_CARRY:-.carry}
 B=$C/build
@@ -32,6 +33,8 @@ aot paper_sm80 sm_80 $C/bundles/paper/sm_80 $paper
 step runtime_only env TWELL_TEST_BUNDLES=$C/test-bundles TWELL_SOURCE_DIR=$PWD $B/bin/twell_runtime_only_tests
 step run_sample $B/bin/twellc run
 step gpu_tests $B/bin/twell_gpu_tests
+step train_ffn $B/bin/train_ffn
+[ "${TWELL_TRAIN_BENCH:-0}" = 1 ] && step train_bench $B/bin/train_bench --benchmark_filter="${TWELL_TRAIN_BENCH_FILTER:-BM_Train}"
 [ "${TWELL_BENCH:-1}" = 1 ] && step bench $B/bin/ffn_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
     --benchmark_filter="${TWELL_BENCH_FILTER:-.}"
 tar -C "$LOGS" -czf "$OUT/logs.tar.gz" --exclude='*.bin' .

@@ -20,7 +20,7 @@ if [ "${1:-}" = python ]; then
 fi
 rm -rf .carry && mkdir -p .carry/build/bin .carry/build/lib .carry/data .carry/install .carry/bundles
 cp build/lib/libtwell_runtime.so build/lib/libtwell_jit.so .carry/build/lib/
-for b in twellc twell_unit_tests twell_gpu_tests twell_runtime_only_tests ffn_bench run_ffn emit_ptx aot_host_jit; do
+for b in twellc twell_unit_tests twell_gpu_tests twell_runtime_only_tests ffn_bench train_bench run_ffn train_ffn emit_ptx aot_host_jit; do
   cp build/bin/$b .carry/build/bin/
 done
 cp /usr/lib/x86_64-linux-gnu/libbenchmark.so.1debian .carry/build/lib/ 2>/dev/null || true
