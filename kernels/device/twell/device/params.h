@@ -134,10 +134,10 @@ struct GatedMulParams {
 //     i from the atomic grad_overflow_count (zeroed before the launch; it counts every claim, also past
 //     grad_capacity, so the host can grow backup_grad and run again).
 // TrainRowBackwardParams::pass: what one launch of the row backward does. The CTA-per-row form does it
-// all in one launch (kTrainRowAll); the warp-per-row form runs as two launches on the stream, so that
-// each reads a weight working set L2 can hold (train/row_backward.cuh): kTrainRowEntries (each entry's
-// dh and u from the rows of Wd^T and Wu: the quads) then kTrainRowDx (dx from the quads and the rows of
-// Wu and Wg, a 1024-column slice of d_model at a time).
+// all in one launch (kTrainRowAll); the warp-per-row form runs as two launches on the stream, each with
+// fewer live registers than one pass (train/row_backward.cuh): kTrainRowEntries (each entry's dh and u
+// from the rows of Wd^T and Wu: the quads) then kTrainRowDx (dx from the quads and the rows of Wu and Wg,
+// a 1024-column slice of d_model at a time, two entries' rows in flight).
 enum TrainRowPass : uint32_t { kTrainRowAll = 0, kTrainRowEntries = 1, kTrainRowDx = 2 };
 
 struct TrainRowBackwardParams {

@@ -215,7 +215,7 @@ struct AuxiliaryKernelConstraints {
 // WeightTranspose makes it from an nn.Linear Wd).
 // The warp-per-row form (train_row_backward_warp; chosen by warpRow): persistent CTAs of kWarpThreads
 // (kWarpCtaM warps, a row per warp at a time), launched twice (TrainRowPass: the entries' quads from Wd^T and
-// Wu, then dx from Wu and Wg a 1024-column slice at a time, so each pass's weight rows fit L2), x, dy and
+// Wu, then dx from Wu and Wg a 1024-column slice at a time, two entries' rows in flight), x, dy and
 // a window of the row's TwELL words in static shared memory (about 42 KiB at d_model 2048), 16-byte chunks
 // of a row per lane (8 values per lane and 256 columns, at most 8 chunks, so d_model <= kWarpMaxDModel); ReLU only (SiLU's act'(g) needs the gate's g, which the CTA form recomputes eight
 // entries per mma), after a tensor-core gate (the overflow recompute on one warp), tile_n <= 512, slots < 512.

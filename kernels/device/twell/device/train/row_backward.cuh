@@ -288,16 +288,17 @@ __device__ __forceinline__ void train_row_backward_cta(const TrainRowBackwardPar
 // The warp-per-row form (Config::warp_row: ReLU, d_model % 8 == 0 and <= 2048, a tensor-core gate,
 // tile_n <= 512; TrainRowBackwardConstraints::warpRow), the row consumer's (gated_down_warp) shape for the
 // backward: persistent CTAs of Config::threads / 32 warps, warp w of the grid takes rows w, w + warps, ...
-// It runs as two launches on the stream (TrainRowBackwardParams::pass), each reading a weight working set
-// that L2 can hold, where one pass reading Wd^T, Wu and Wg per entry (69 MB at the paper's shape, more
-// than the H200's 50 MB L2) went to DRAM for most rows:
+// It runs as two launches on the stream (TrainRowBackwardParams::pass): one pass holding dx and three weight
+// rows per entry took 223 registers (2 CTAs per SM) and had one entry's rows in flight per warp; split, each
+// pass keeps fewer values live and the dx pass loads two entries' rows at once (bench/README.md v45: 2.00
+// -> 1.72 ms at M = 16384, 0.5%; smaller weight working sets per pass did not help, loads in flight did):
 //   kTrainRowEntries: per row, x and dy wait in the warp's shared memory, the row's TwELL words are read a
 //     window at a time (one coalesced load per lane and word group), and each active entry j, in the CTA
 //     form's order, loads its Wd^T and Wu rows together (lane l: columns 8l + 256i .. +7), reduces
 //     dh = dy . Wd^T_j and u = x . Wu_j over the warp and stores {dg, du, h, a} (Wd^T and Wu only);
-//   kTrainRowDx: per 1024-column slice of d_model (slices outermost: the working set is the slice of Wu
-//     and Wg, 23 MB at the paper's shape), per row, dx += du Wu_j + dg Wg_j over the row's entries from
-//     their quads, two entries' rows loaded before their FMAs.
+//   kTrainRowDx: per 1024-column slice of d_model (slices outermost; 32 fp32 dx values per lane), per row,
+//     dx += du Wu_j + dg Wg_j over the row's entries from their quads, two entries' rows loaded before
+//     their FMAs.
 // The sums are the CTA form's, term for term (per-lane chunks ascending, the same butterfly; per column
 // du's term then dg's, entries ascending), so both forms give the same bits. No shared-memory barrier
 // spans warps: warps of a CTA never wait for each other.
@@ -400,11 +401,11 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
   // points at the tile-row's words in shared memory (valid until tile_row returns); next is the column of
   // the first entry of the next tile-row with entries in the same window when that one is within its
   // slots, else -1 (what the entries pass prefetches).
-  auto for_each_tile_row = [&](int64_t row, int tile_begin, int tile_end, auto&& tile_row) {
+  auto for_each_tile_row = [&](int64_t row, auto&& tile_row) {
     const long long row_word0 = row * WORDS_PER_ROW;
 #pragma unroll 1
-    for (int t0 = tile_begin; t0 < tile_end; t0 += kWindowTiles) {
-      const int tiles = tile_end - t0 < kWindowTiles ? tile_end - t0 : kWindowTiles;
+    for (int t0 = 0; t0 < TILES; t0 += kWindowTiles) {
+      const int tiles = TILES - t0 < kWindowTiles ? TILES - t0 : kWindowTiles;
       __syncwarp();  // the previous window's words (and, at a row's start, the last row's) are read
       for (int w = lane; w < tiles * (SLOTS + 1); w += 32) words[w] = __ldg(p.twell + row_word0 + t0 * (SLOTS + 1) + w);
       __syncwarp();  // the window's words are visible to every lane
@@ -458,7 +459,7 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
 #pragma unroll 1
     for (int64_t row = first_row; row < p.m; row += warps_total) {
       stage_row(row);
-      for_each_tile_row(row, 0, TILES, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0, int next) {
+      for_each_tile_row(row, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0, int next) {
         const int n0 = tile * TILE_N;
         if (nnz <= SLOTS) {
           for (uint32_t e = 0; e < nnz; ++e) {
@@ -567,7 +568,7 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
 #pragma unroll
       for (int i = 0; i < SC * 8; ++i) dx[i] = 0.0f;
       bool staged = false;  // x and dy are staged only for a tile-row the entries pass had no grad row for
-      for_each_tile_row(row, 0, TILES, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0, int) {
+      for_each_tile_row(row, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0, int) {
         const int n0 = tile * TILE_N;
         if (nnz <= SLOTS) {
           // The tile-row's quads, 32 at a time, one per lane, then handed on in entry order.
