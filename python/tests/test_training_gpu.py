@@ -72,23 +72,29 @@ def check_against_reference(x, wg, wu, wd, lam=0.05, what="", row_wise=True, **k
     assert rel(y, y_ref) < 1e-2, f"{what}: y {rel(y, y_ref)}"
     assert abs(l1.item() - l1_ref.item()) <= 1e-3 * abs(l1_ref.item()) + 1e-6, f"{what}: l1 {l1.item()} vs {l1_ref.item()}"
     if row_wise:
-        # Entries whose activity two fp32 sums of g (twell's gate, cuBLAS's reference) may decide apart: the
-        # activation's margin to the threshold within fp32's and the dtype's rounding of g. A flipped ReLU
-        # entry moves its row by a whole dg x_t term, so such rows are left out of the row-wise check
-        # (the norm-wise one above still holds them).
+        # Entries whose activity two fp32 sums of g (twell's gate, cuBLAS's reference) may decide apart, each
+        # rounded to the dtype before the test. A flipped entry moves its row by a whole dg x_t term, so
+        # such rows are left out of the row-wise check (the norm-wise one above still holds them).
         d_model = x.shape[-1]
         x64, wg64 = x.reshape(-1, d_model).double(), wg.double()
         g64 = x64 @ wg64.t()
-        # The activity's margin: ReLU is active iff g > threshold (>= 0), SiLU iff |silu(g)| > threshold.
-        act = g64 if kwargs.get("activation", "relu") == "relu" else torch.nn.functional.silu(g64)
-        # fp32's error in a 2048-term sum is ~2^-24 sqrt(K) |terms|; 2^-20 of sum |terms| covers it many
-        # times. Above a threshold > 0 the dtype's rounding of g (2^-8 relative) decides too.
+        # Both sides round g to the dtype and test the activated value rounded again: ReLU is active iff
+        # round(g) > threshold, SiLU iff |round(silu(round(g)))| > threshold. fp32's error in a 2048-term sum
+        # is ~2^-24 sqrt(K) sum |terms|; delta = 2^-20 sum |terms| covers it many times. An entry is
+        # ambiguous where g - delta, g and g + delta do not all give the same activity.
         threshold = kwargs.get("threshold", 0.0)
-        rounding = 2.0 ** -20 * (x64.abs() @ wg64.abs().t()) + (2.0 ** -7 * g64.abs() if threshold > 0 else 0.0)
-        margin = act - threshold if kwargs.get("activation", "relu") == "relu" else act.abs() - threshold
-        ambiguous = margin.abs() <= 1.1 * rounding
+        silu = kwargs.get("activation", "relu") != "relu"
+
+        def active(g):
+            v = g.to(x.dtype)
+            a = torch.nn.functional.silu(v.float()).to(x.dtype).abs() if silu else v
+            return a.double() > threshold
+
+        delta = 2.0 ** -20 * (x64.abs() @ wg64.abs().t())
+        mid = active(g64)
+        ambiguous = (active(g64 - delta) != mid) | (active(g64 + delta) != mid)
         skip = {"tokens": ambiguous.any(dim=1), "neurons": ambiguous.any(dim=0)}
-        del x64, wg64, g64, act, rounding, margin, ambiguous
+        del x64, wg64, g64, delta, mid, ambiguous
     for name, g, r in zip(("dx", "dWg", "dWu", "dWd"), grads, grads_ref):
         if r is None:
             assert g is None, f"{what}: {name}"
