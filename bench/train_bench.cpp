@@ -144,7 +144,8 @@ void BM_TrainRowBackward(benchmark::State& state, int path) {
 
 // A whole training step of one layer (args as above), path 0: FfnTrainingPlan::forward then backward
 // (twell/training_plan.h; an nn.Linear Wd, transposed on the stream in the backward, as a PyTorch user
-// has it; lambda 1e-3, fp32 weight gradients); path 1: the dense baseline, nine GEMMs of M x 2048 x
+// has it; lambda 1e-3, fp32 weight gradients); path 2: the same without u kept from the forward
+// (TrainingPlanOptions::keep_u false: the backward recomputes it, v48); path 1: the dense baseline, nine GEMMs of M x 2048 x
 // 5632 (the forward's three, the backward's six) as three DenseFfn (cuBLAS) runs, elementwise work
 // included there. The label gives the step's device memory: the state and the backward's scratch.
 void BM_TrainingStep(benchmark::State& state, int path) {
@@ -181,6 +182,7 @@ void BM_TrainingStep(benchmark::State& state, int path) {
   } else {
     TrainingPlanOptions options;
     options.tuning = PlanOptions::Tuning::Ignore;
+    options.keep_u = path == 0;
     FfnTrainingPlan plan = FfnTrainingPlan::create(ctx, spec, m, options);
     FfnTrainingState st = plan.make_state();
     DeviceMemory dwg(ctx, w_elems * 4), dwu(ctx, w_elems * 4), dwd(ctx, w_elems * 4), row_l1(ctx, size_t(m) * 4);
@@ -196,9 +198,9 @@ void BM_TrainingStep(benchmark::State& state, int path) {
     stream.synchronize();
     // Timed apart: the backward waits on the host for its forward's overflow count, which time_on_stream's
     // held stream would delay (the forward's event is complete here). A step is the sum of the medians.
-    const std::vector<double> f_ms = time_on_stream(stream.get(), forward, 1, 5);
+    const std::vector<double> f_ms = time_on_stream(stream.get(), forward, 1, 11);
     stream.synchronize();
-    const std::vector<double> b_ms = time_on_stream(stream.get(), backward, 1, 5);
+    const std::vector<double> b_ms = time_on_stream(stream.get(), backward, 1, 11);
     ms = {f_ms[f_ms.size() / 2] + b_ms[b_ms.size() / 2]};
     state.counters["forward_ms"] = f_ms[f_ms.size() / 2];
     state.counters["backward_ms"] = b_ms[b_ms.size() / 2];
@@ -224,4 +226,5 @@ BENCHMARK_CAPTURE(BM_TrainRowBackward, dense_cublas, 1)->Apply(Args);
 BENCHMARK_CAPTURE(BM_TrainRowBackward, twell_weight_grad, 2)->Apply(Args);
 BENCHMARK_CAPTURE(BM_TrainingStep, twell_step, 0)->Apply(Args);
 BENCHMARK_CAPTURE(BM_TrainingStep, dense_step, 1)->Apply(Args);
+BENCHMARK_CAPTURE(BM_TrainingStep, twell_step_recompute_u, 2)->Apply(Args);
 BENCHMARK_MAIN();

@@ -86,6 +86,8 @@ struct TwellBuffers {
   CUdeviceptr counter;    // 2 uint32: the gate's overflow count, the warp-row consumer's row counter
   uint32_t backup_capacity;
   float* row_l1;          // null, or [tokens] (GatedDownParams::row_l1)
+  // GatedDownParams::entry_u_after_words: u per entry into [tokens, words_per_row] fp32 after the words.
+  bool entry_u_after_words = false;
 };
 enum class LaunchStages { All, GateOnly, ConsumerOnly };
 

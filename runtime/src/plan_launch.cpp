@@ -122,6 +122,7 @@ bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchS
   down.ldy = t.ld_y ? t.ld_y : s.d_model;
   down.backup_capacity = m.backup_capacity;
   down.row_l1 = m.row_l1;
+  down.entry_u_after_words = m.entry_u_after_words ? 1u : 0u;
   if (allow_decode && !p.use_block && p.decode_gate && tokens <= p.decode_max_tokens) {
     return launch_decode(p, gate, down, tokens, cu);  // reads w_down as given: no transpose
   }

@@ -66,6 +66,9 @@ void train_row_backward(const std::shared_ptr<Context::Impl>& ctx, Stream stream
   need("t.entry_grad", t.entry_grad, 16);
   if (grad_capacity > 0) need("t.backup_grad", t.backup_grad, 16);
   need("t.grad_overflow_count", t.grad_overflow_count, 4);
+  if (!spec.gated && t.entry_u != nullptr)
+    bad(fmt::format("t.entry_u: a non-gated spec has no u; expected nullptr, got {}", static_cast<const void*>(t.entry_u)));
+  if (t.entry_u != nullptr) need("t.entry_u", t.entry_u, 4);
   if (t.l1_weight != nullptr && reinterpret_cast<uintptr_t>(t.l1_weight) % 4 != 0)
     bad(fmt::format("t.l1_weight: expected a 4-byte aligned device fp32 (or nullptr), got {}",
                     static_cast<const void*>(t.l1_weight)));
@@ -88,7 +91,8 @@ void train_row_backward(const std::shared_ptr<Context::Impl>& ctx, Stream stream
         std::pair{"t.entry_grad", static_cast<const void*>(t.entry_grad)},
         std::pair{"t.backup_grad", static_cast<const void*>(t.backup_grad)},
         std::pair{"t.grad_overflow_count", static_cast<const void*>(t.grad_overflow_count)},
-        std::pair{"t.l1_weight", static_cast<const void*>(t.l1_weight)}})
+        std::pair{"t.l1_weight", static_cast<const void*>(t.l1_weight)},
+        std::pair{"t.entry_u", static_cast<const void*>(t.entry_u)}})
     device(name, p);
 
   const std::shared_ptr<LoadedKernel> kernel = ctx->auxiliary(kernels::KernelKind::TrainRowBackward, spec, who);
@@ -134,16 +138,14 @@ void train_row_backward(const std::shared_ptr<Context::Impl>& ctx, Stream stream
   p.l1_scale = static_cast<float>(static_cast<double>(lambda) / static_cast<double>(m_l1));
   p.apply_l1 = lambda != 0.0f ? 1u : 0u;
   p.l1_weight = t.l1_weight;
+  p.entry_u = t.entry_u;
   void* args[1] = {&p};
   // The warp-per-row form runs as two stream-ordered passes (TrainRowPass), the CTA form as one.
-  if (kernel->source.consumer == kernels::ConsumerKind::WarpRow) {
-    for (const uint32_t pass : {device::kTrainRowEntries, device::kTrainRowDx}) {
-      p.pass = pass;
-      detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
-    }
-  } else {
-    p.pass = device::kTrainRowAll;
+  const bool two_passes = kernel->source.consumer == kernels::ConsumerKind::WarpRow;
+  for (const uint32_t pass : {device::kTrainRowEntries, device::kTrainRowDx}) {
+    p.pass = two_passes ? pass : device::kTrainRowAll;
     detail::launch(*kernel, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
+    if (!two_passes) break;
   }
 }
 

@@ -37,6 +37,9 @@ void ensure(detail::DeviceBuffer& b, size_t bytes, CUstream cu, const char* who)
 struct FfnTrainingState::Impl {
   std::shared_ptr<Context::Impl> context;
   detail::DeviceBuffer twell, backup, counter;
+  // Whether the last forward left u per entry after the TwELL words in `twell` (GatedDownParams::
+  // entry_u_after_words: where the plan keeps it, keep_u, and the forward ran the consumer).
+  bool has_u = false;
   uint32_t* pinned = nullptr;  // the forward's overflow count, copied on its stream
   CUevent event = nullptr;     // recorded after that copy
   int64_t tokens = -1;
@@ -71,6 +74,10 @@ struct FfnTrainingPlan::Impl {
   TrainingPlanOptions options;
   int64_t max_tokens = 0;
   uint32_t capacity = 0;    // the next states' backup tile-rows (grows after an overflow)
+  // Whether forwards keep u per entry for the backward (a gated spec whose forward consumer and row
+  // backward are both the warp-per-row forms: the consumer writes it, the entries pass reads it; 4 bytes
+  // per TwELL word of state for half the entries pass's weight bytes).
+  bool keep_u = false;
   std::vector<KernelReport> reports;
   // The backward's scratch, shared by every state of the plan (calls are stream-ordered).
   detail::DeviceBuffer entry_grad, backup_grad, workspace, entry_list, grad_overflow;
@@ -128,8 +135,14 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
     p.kernel_spec.tile_n = f.layout.tile_n;
     p.kernel_spec.slots = f.layout.slots;
     p.reports = f.reports;
-    for (const auto kind : {kernels::KernelKind::TrainRowBackward, kernels::KernelKind::TrainWeightGrad})
-      p.reports.push_back(p.context->auxiliary(kind, p.kernel_spec, who)->report);
+    bool warp_row_backward = false;
+    for (const auto kind : {kernels::KernelKind::TrainRowBackward, kernels::KernelKind::TrainWeightGrad}) {
+      const std::shared_ptr<LoadedKernel> k = p.context->auxiliary(kind, p.kernel_spec, who);
+      p.reports.push_back(k->report);
+      if (kind == kernels::KernelKind::TrainRowBackward) warp_row_backward = k->source.consumer == kernels::ConsumerKind::WarpRow;
+    }
+    p.keep_u = options.keep_u && p.kernel_spec.gated && warp_row_backward && f.consumer &&
+               f.consumer->source.consumer == kernels::ConsumerKind::WarpRow;
   };
   try {
     build(plan_options);
@@ -180,7 +193,8 @@ FfnTrainingState FfnTrainingPlan::make_state() const {
 int64_t FfnTrainingPlan::state_bytes(int64_t tokens, uint32_t capacity) const {
   const Impl& p = checked(impl_, "FfnTrainingPlan::state_bytes");
   const TwellLayout& l = p.forward.layout();
-  return std::max<int64_t>(tokens, 0) * l.words_per_row(p.kernel_spec.d_ff) * 4 + int64_t{capacity} * l.tile_n * 2 + 8;
+  return std::max<int64_t>(tokens, 0) * l.words_per_row(p.kernel_spec.d_ff) * (p.keep_u ? 8 : 4) +
+         int64_t{capacity} * l.tile_n * 2 + 8;
 }
 
 int64_t FfnTrainingPlan::backward_scratch_bytes(int64_t tokens, uint32_t grad_capacity) const {
@@ -210,10 +224,12 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   s.tokens = -1;  // not a forward's state until this one's launches are enqueued (a failure leaves it so)
   auto cu = reinterpret_cast<CUstream>(stream);
   const TwellLayout& l = f.layout;
-  ensure(s.twell, size_t(tokens) * l.words_per_row(f.sparse_spec.d_ff) * 4, cu, who);
+  // The words, then (keep_u) u per entry: GatedDownParams::entry_u_after_words.
+  ensure(s.twell, size_t(tokens) * l.words_per_row(f.sparse_spec.d_ff) * (p.keep_u ? 8 : 4), cu, who);
   ensure(s.backup, size_t(p.capacity) * l.tile_n * 2, cu, who);
+  s.has_u = p.keep_u && !gate_only;
   const TwellBuffers matrix{reinterpret_cast<uint32_t*>(s.twell.get()), reinterpret_cast<uint16_t*>(s.backup.get()),
-                            s.counter.get(), p.capacity, row_l1};
+                            s.counter.get(), p.capacity, row_l1, s.has_u};
   f.use_block = false;
   // The gate, the overflow count's copy and its event, then the consumer: a backward right behind this
   // forward (the operators' recompute) waits on the host for the gate only.
@@ -336,6 +352,7 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   r.backup_grad = reinterpret_cast<float*>(p.backup_grad.get());
   r.grad_overflow_count = reinterpret_cast<uint32_t*>(p.grad_overflow.get());
   r.l1_weight = l1_weight;
+  r.entry_u = s.has_u ? reinterpret_cast<const float*>(s.twell.get() + size_t(tokens) * l.words_per_row(ks.d_ff) * 4) : nullptr;
   r.ld_x = t.ld_x;
   r.ld_gate = t.ld_gate;
   r.ld_up = t.ld_up;

@@ -175,6 +175,22 @@ void check(const Case& c) {
   EXPECT_TRUE(same_bits(a.dw_up, b.dw_up)) << "dWu differs between two steps";
   EXPECT_TRUE(same_bits(a.dw_down, b.dw_down)) << "dWd differs between two steps";
   EXPECT_TRUE(same_bits(a.row_l1, b.row_l1)) << "row_l1 differs between two steps";
+  // Without u kept from the forward (the backward recomputes it): the same bits.
+  options.keep_u = false;
+  FfnTrainingPlan recompute = FfnTrainingPlan::create(plan_context(), c.spec, std::max<int64_t>(1, c.tokens), options);
+  FfnTrainingState recompute_state = recompute.make_state();
+  const Step r = run_step(recompute, recompute_state, f, dy, c.lambda, nullptr, stream);
+  EXPECT_EQ(a.dx, r.dx) << "dx differs with keep_u false";
+  EXPECT_TRUE(same_bits(a.dw_gate, r.dw_gate)) << "dWg differs with keep_u false";
+  EXPECT_TRUE(same_bits(a.dw_up, r.dw_up)) << "dWu differs with keep_u false";
+  EXPECT_TRUE(same_bits(a.dw_down, r.dw_down)) << "dWd differs with keep_u false";
+  // Where both row kernels are the warp-per-row forms (the kernel reports say), a gated state keeps u.
+  bool warp_forms = c.spec.gated;
+  for (const KernelReport& k : plan.kernels())
+    if (k.kind == "gated_down" || k.kind == "train_row_backward") warp_forms = warp_forms && k.consumer == "warp_row";
+  if (warp_forms && c.tokens > 0)
+    EXPECT_GE(state.device_bytes(), recompute_state.device_bytes() + size_t(c.tokens) * plan.layout().words_per_row(c.spec.d_ff) * 4)
+        << "u per entry not kept";
   if (std::getenv("TWELL_TEST_VERBOSE"))
     std::printf("%s: nnz %zu, L1 %.6g (ref %.6g), relative errors dx %.3g dWg %.3g dWu %.3g dWd %.3g, state %zu bytes\n",
                 c.name.c_str(), fw.neuron.size(), l1, fw.l1, e_dx, e_wg, e_wu, e_wd, state.device_bytes());

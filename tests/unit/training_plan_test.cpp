@@ -52,10 +52,20 @@ TEST(TrainingPlan, MadeWithoutAGpuReportsEveryKernel) {
       EXPECT_NE(k.consumer, "token_block");
     }
   }
-  // Sizes: 4 bytes per TwELL word and 2 per backup value (+ the two counters); the backward's scratch
-  // 16 bytes per word and backup_grad value, the workspace, 8 bytes per word and backup_grad value.
+  // Sizes: 4 bytes per TwELL word (8 with u per entry: both warp-per-row forms, as this gated relu shape
+  // gets) and 2 per backup value (+ the two counters); the backward's scratch 16 bytes per word and
+  // backup_grad value, the workspace, 8 bytes per word and backup_grad value.
+  bool warp_forms = true;
+  for (const KernelReport& k : plan.kernels())
+    if (k.kind == "gated_down" || k.kind == "train_row_backward") warp_forms = warp_forms && k.consumer == "warp_row";
+  EXPECT_TRUE(warp_forms);
   const int64_t words = plan.layout().words_per_row(1024);
-  EXPECT_EQ(plan.state_bytes(100, 10), 100 * words * 4 + 10 * 256 * 2 + 8);
+  EXPECT_EQ(plan.state_bytes(100, 10), 100 * words * 8 + 10 * 256 * 2 + 8);
+  // Non-gated: no u, 4 bytes per word.
+  FfnSpec non_gated = small_spec();
+  non_gated.gated = false;
+  const FfnTrainingPlan plain = FfnTrainingPlan::create(no_gpu(), non_gated, 4096);
+  EXPECT_EQ(plain.state_bytes(100, 10), 100 * plain.layout().words_per_row(1024) * 4 + 10 * 256 * 2 + 8);
   EXPECT_EQ(plan.backward_scratch_bytes(100, 10),
             100 * words * 16 + 10 * 256 * 16 + train_weight_grad_workspace_bytes(small_spec()) +
                 train_weight_grad_list_bytes(small_spec(), 100, 10) + 4);

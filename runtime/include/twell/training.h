@@ -80,6 +80,13 @@ struct TrainRowBackwardTensors {
   // becomes fp32(lambda / l1_tokens) * w). Autograd passes the L1 term's upstream gradient here, so that
   // no host synchronization reads it. nullptr: w = 1.
   const float* l1_weight = nullptr;
+  // Optional (gated specs): the forward's u = x_t . Wu_j per entry, fp32 [M, tiles * (slots + 1)], 4-byte
+  // aligned: element o of row t is the row's o-th entry's (entries in order, overflowing tile-rows' active
+  // columns included; o below tiles * (slots + 1)), as the warp-per-row row consumer writes it
+  // (GatedDownParams::entry_u; FfnTrainingPlan keeps it in its state). The warp-per-row form's entries pass
+  // then reads Wd^T rows only for entries of tile-rows within their slots: the same arithmetic, the same
+  // bits. The CTA form, and overflowing tile-rows, recompute u. nullptr: u recomputed everywhere.
+  const float* entry_u = nullptr;
   int64_t ld_x = 0, ld_gate = 0, ld_up = 0, ld_down = 0, ld_dy = 0, ld_dx = 0;
 };
 

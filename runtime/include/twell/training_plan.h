@@ -37,6 +37,10 @@ struct TrainingPlanOptions {
   std::optional<uint32_t> backup_capacity;
   // The weight gradients' type: fp32 (false), or spec.dtype, each rounded once from its fp32 sum (true).
   bool gradients_in_dtype = false;
+  // Keep each entry's u = x . Wu_j from the forward in the state (4 bytes per TwELL word, where the spec is
+  // gated and both the consumer and the row backward are the warp-per-row forms), so the backward reads
+  // no Wu row to recompute it (bench/README.md v48). false: recompute (less memory). Same bits either way.
+  bool keep_u = true;
   // Where the layout (tile_n, slots, gate cluster) comes from: PlanOptions::tuning and its fields (a tuned
   // layout the training kernels refuse gives way to the heuristic one).
   PlanOptions::Tuning tuning = PlanOptions::Tuning::Use;
@@ -45,8 +49,10 @@ struct TrainingPlanOptions {
 };
 
 // What one forward keeps for its backward: the TwELL matrix of a = act(g) ([tokens, words_per_row]
-// uint32 words, and the backup [capacity, tile_n] of spec.dtype), the gate's overflow count, and the
-// pinned host word and event the backward reads it through. Made by FfnTrainingPlan::make_state; each
+// uint32 words, and the backup [capacity, tile_n] of spec.dtype), for a gated spec whose consumer and row
+// backward are the warp-per-row forms also each entry's u = x . Wu_j ([tokens, words_per_row] fp32: the
+// backward then reads no Wu row for it), the gate's overflow count, and the pinned host word and event
+// the backward reads it through. Made by FfnTrainingPlan::make_state; each
 // forward overwrites it (its device memory grows to the call's tokens and backup capacity), each
 // backward reads it. One per layer and micro-batch in flight. Movable, not copyable.
 class FfnTrainingState {
@@ -130,7 +136,8 @@ class FfnTrainingPlan {
   // element), train_weight_grad's workspace and entry list (8 bytes per TwELL word and backup element), and
   // a 4-byte counter.
   int64_t backward_scratch_bytes(int64_t tokens, uint32_t grad_capacity) const;
-  // A state's device bytes after a forward of `tokens` rows with backup capacity `capacity`.
+  // A state's device bytes after a forward of `tokens` rows with backup capacity `capacity` (with u per
+  // entry where the plan keeps it: 8 bytes per TwELL word, else 4).
   int64_t state_bytes(int64_t tokens, uint32_t capacity) const;
 
   struct Impl;

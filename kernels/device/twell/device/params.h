@@ -22,7 +22,7 @@ namespace twell::device {
 // The version of this header's host/device ABI (the structs below and the kernels' argument lists).
 // Ahead-of-time bundles record it per kernel (manifest.json "params_version"); the runtime refuses a
 // kernel built against another version. Bump it with any change to a struct or an argument list.
-constexpr uint32_t kParamsVersion = 6;  // 6: TrainRowBackwardParams' pass; 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
+constexpr uint32_t kParamsVersion = 7;  // 7: GatedDownParams' entry_u_after_words, TrainRowBackwardParams' entry_u; 6: TrainRowBackwardParams' pass; 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
 
 // Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
 // recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
@@ -76,7 +76,14 @@ struct GatedDownParams {
   int64_t ldwd;
   int64_t ldy;
   uint32_t backup_capacity;
-  uint32_t pad_;
+  // 1: the warp-per-row consumer of a gated FFN writes u = x . Wu_j of the row's o-th entry (in its order:
+  // tiles ascending, then columns; overflowing tile-rows' active columns included) as fp32 element o of
+  // row t of entry_u = (float*)(twell + m * tiles * (slots + 1)), [M, tiles * (slots + 1)], for o below
+  // tiles * (slots + 1) (later entries: not stored). The training forward keeps it after the TwELL words
+  // of its state for the row backward's entries pass (TrainRowBackwardParams::entry_u), which then reads
+  // Wd^T rows only. A flag, not a pointer: this struct's size is left as it was, since ptxas spills the
+  // token-block consumer (at its register limit) when the parameter block grows.
+  uint32_t entry_u_after_words;
   // Null, or [M] fp32: the row consumers (cta_row, warp_row) write sum_j |h_j| of each row, over its
   // active entries in their order (the training forward's L1 term, TRAINING.md: sum / tokens). The
   // token-block and decode kernels do not write it (the training plan runs the row consumers only).
@@ -167,6 +174,12 @@ struct TrainRowBackwardParams {
   // PyTorch autograd's, read on the device: no host synchronization).
   const float* l1_weight;
   uint32_t pass;              // TrainRowPass: kTrainRowAll for the CTA form, else one of the warp form's two
+  uint32_t pad_;
+  // Null, or the forward's GatedDownParams::entry_u (gated, warp-per-row consumer): the warp form's
+  // entries pass takes u of the entries of tile-rows within their slots from it (where stored) instead of
+  // x . Wu_j (the same arithmetic, so the same bits; half the weight bytes). The CTA form and
+  // overflowing tile-rows recompute u.
+  const float* entry_u;
 };
 
 // The weight gradients of the training backward (train/weight_grad.cuh; twell/training.h): from the

@@ -216,6 +216,9 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
                 "warp-per-row consumer: cta_m = warps, tensor-core gate, in_out Wd, d_model % 8 == 0 and <= 2048");
   __shared__ uint16_t dense_tiles[WARPS][TILE_N];  // an overflowing tile-row per warp (backup or recompute)
   __shared__ uint32_t next_row[WARPS];             // the row each warp claimed to take after its current one
+  // GatedDownParams::entry_u_after_words: lane 0's count of the row's entries so far, in shared memory (the
+  // registers are at the limit); the row's o-th entry stores u at element o of its row while o < words_per_row.
+  __shared__ uint32_t u_ordinal[WARPS];
   // Dynamic: the warps' x rows, XS * 256 values each (shared memory, not registers: two entries' loads in
   // flight need the registers; the host sizes it by the same shared_memory.h function).
   extern __shared__ __align__(128) unsigned char smem[];
@@ -281,7 +284,14 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
       float u = 0.0f;
 #pragma unroll
       for (int i = 0; i < XS; ++i) u = dot8<Value>(*reinterpret_cast<const uint4*>(xs + 8 * lane + 256 * i), u4[q][i], u);
-      const float h = g[q] * warp_sum(u);
+      u = warp_sum(u);
+      if (p.entry_u_after_words != 0u && lane == 0) {
+        const uint32_t o = u_ordinal[warp];
+        float* const entry_u = reinterpret_cast<float*>(const_cast<uint32_t*>(p.twell) + p.m * WORDS_PER_ROW);
+        if (o < static_cast<uint32_t>(WORDS_PER_ROW)) entry_u[static_cast<int64_t>(row) * WORDS_PER_ROW + o] = u;
+        u_ordinal[warp] = o + 1;
+      }
+      const float h = g[q] * u;
       row_l1 += fabsf(h);
 #pragma unroll
       for (int i = 0; i < XS; ++i) axpy8<Value>(&y[8 * i], h, d4[q][i]);
@@ -333,6 +343,7 @@ __device__ __forceinline__ void gated_down_warp(const GatedDownParams& p) {
 #pragma unroll
     for (int i = 0; i < XS * 8; ++i) y[i] = 0.0f;
     row_l1 = 0.0f;
+    if (lane == 0) u_ordinal[warp] = 0;
 
     // Tiles are walked in windows of 32 (lane t holds tile window + t's header). The walk's position
     // is one register, pos = window * 64 + (b + 1) with b the last tile walked in the window (-1 at its

@@ -295,7 +295,10 @@ __device__ __forceinline__ void train_row_backward_cta(const TrainRowBackwardPar
 //   kTrainRowEntries: per row, x and dy wait in the warp's shared memory, the row's TwELL words are read a
 //     window at a time (one coalesced load per lane and word group), and each active entry j, in the CTA
 //     form's order, loads its Wd^T and Wu rows together (lane l: columns 8l + 256i .. +7), reduces
-//     dh = dy . Wd^T_j and u = x . Wu_j over the warp and stores {dg, du, h, a} (Wd^T and Wu only);
+//     dh = dy . Wd^T_j and u = x . Wu_j over the warp and stores {dg, du, h, a} (Wd^T and Wu only); where
+//     the forward kept u (TrainRowBackwardParams::entry_u, the consumer's bits) entries within their slots
+//     read it and load Wd^T rows only, two entries at a time (an L2 prefetch of the next entry's rows was
+//     slower: bench/README.md v47);
 //   kTrainRowDx: per 1024-column slice of d_model (slices outermost; 32 fp32 dx values per lane), per row,
 //     dx += du Wu_j + dg Wg_j over the row's entries from their quads, two entries' rows loaded before
 //     their FMAs.
@@ -368,6 +371,21 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
   struct Grads {
     float dg, du, h;
   };
+  // The gradients from dh = dy . Wd^T_j (before the L1 term) and u = x . Wu_j (non-gated: unused).
+  auto grads_of = [&](float dh, float u, float a) {
+    const float h = Config::gated ? a * u : a;
+    if (p.apply_l1) dh = dh + l1_scale * sign_of(h);
+    // ReLU: act'(g) = 1 on the active set.
+    return Grads{Config::gated ? dh * u : dh, Config::gated ? dh * a : 0.0f, h};
+  };
+  // dy . Wd^T_j over the staged dy, from the row's chunks d4 (lane l: chunks 8l + 256i).
+  auto dot_dy = [&](const uint4 (&d4)[XS]) {
+    float dh = 0.0f;
+#pragma unroll
+    for (int i = 0; i < XS; ++i)
+      if (in_k(i)) dh = dot8<Value>(*reinterpret_cast<const uint4*>(dys + 8 * lane + 256 * i), d4[i], dh);
+    return warp_sum(dh);
+  };
   auto entry_grads = [&](int64_t j, float a) {
     uint4 d4[XS], u4[XS];
     const uint16_t* wd = p.w_down + j * p.ldwd + 8 * lane;
@@ -380,27 +398,18 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
       else
         u4[i] = uint4{0u, 0u, 0u, 0u};  // unused
     }
-    float dh = 0.0f, u = 0.0f;
-#pragma unroll
-    for (int i = 0; i < XS; ++i)
-      if (in_k(i)) dh = dot8<Value>(*reinterpret_cast<const uint4*>(dys + 8 * lane + 256 * i), d4[i], dh);
-    dh = warp_sum(dh);
-    float h = a;
+    const float dh = dot_dy(d4);
+    float u = 0.0f;
     if constexpr (Config::gated) {
 #pragma unroll
       for (int i = 0; i < XS; ++i)
         if (in_k(i)) u = dot8<Value>(*reinterpret_cast<const uint4*>(xs + 8 * lane + 256 * i), u4[i], u);
       u = warp_sum(u);
-      h = a * u;
     }
-    if (p.apply_l1) dh = dh + l1_scale * sign_of(h);
-    // ReLU: act'(g) = 1 on the active set.
-    return Grads{Config::gated ? dh * u : dh, Config::gated ? dh * a : 0.0f, h};
+    return grads_of(dh, u, a);
   };
-  // Calls tile_row(tile, nnz, header, word0, next) for each tile-row of `row` with entries, in order; header
-  // points at the tile-row's words in shared memory (valid until tile_row returns); next is the column of
-  // the first entry of the next tile-row with entries in the same window when that one is within its
-  // slots, else -1 (what the entries pass prefetches).
+  // Calls tile_row(tile, nnz, header, word0) for each tile-row of `row` with entries, in order; header
+  // points at the tile-row's words in shared memory (valid until tile_row returns).
   auto for_each_tile_row = [&](int64_t row, auto&& tile_row) {
     const long long row_word0 = row * WORDS_PER_ROW;
 #pragma unroll 1
@@ -415,13 +424,8 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
         const int b = __ffs(busy) - 1;
         busy &= busy - 1;
         const int tile = t0 + b;
-        const int nb = busy != 0 ? __ffs(busy) - 1 : b;  // the next busy tile-row of the window
-        const uint32_t next_nnz = __shfl_sync(FULL, my_nnz, nb);
-        const int next = busy != 0 && next_nnz <= SLOTS
-                             ? (t0 + nb) * TILE_N + static_cast<int>(words[nb * (SLOTS + 1) + 1] & 0xFFFFu)
-                             : -1;
         tile_row(tile, __shfl_sync(FULL, my_nnz, b), words + b * (SLOTS + 1),
-                 row_word0 + static_cast<long long>(tile) * (SLOTS + 1), next);
+                 row_word0 + static_cast<long long>(tile) * (SLOTS + 1));
       }
     }
   };
@@ -448,22 +452,43 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
   };
 
   if (p.pass == kTrainRowEntries) {
-    // The next entry's Wd^T and Wu rows into L2 while this one's are loaded and reduced (no registers
-    // held): lane l asks for the l-th 128-byte line of each row (d_model <= 2048: at most 32 lines).
-    auto prefetch_rows = [&](int j) {
-      if (j < 0 || 128 * lane >= 2 * K) return;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_down + static_cast<int64_t>(j) * p.ldwd + 64 * lane));
-      if constexpr (Config::gated)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_up + static_cast<int64_t>(j) * p.ldwu + 64 * lane));
-    };
 #pragma unroll 1
     for (int64_t row = first_row; row < p.m; row += warps_total) {
       stage_row(row);
-      for_each_tile_row(row, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0, int next) {
+      // The row's entries so far: entry o's u is element o of the row in entry_u (o < WORDS_PER_ROW).
+      uint32_t ordinal = 0;
+      for_each_tile_row(row, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0) {
         const int n0 = tile * TILE_N;
         if (nnz <= SLOTS) {
+          const uint32_t first = ordinal;
+          ordinal += nnz;
+          if (Config::gated && p.entry_u != nullptr && first + nnz <= static_cast<uint32_t>(WORDS_PER_ROW)) {
+            const float* u_of = p.entry_u + row * WORDS_PER_ROW + first;
+            // u from the forward (GatedDownParams::entry_u_after_words, its bits): only Wd^T rows to read,
+            // two entries' at a time (the registers one entry's Wd^T and Wu rows take).
+            for (uint32_t e = 0; e < nnz; e += 2) {
+              const bool two = e + 1 < nnz;
+              const uint32_t w0 = header[1 + e], w1 = two ? header[2 + e] : w0;
+              uint4 d4[2][XS];
+              const uint16_t* wd0 = p.w_down + static_cast<int64_t>(n0 + static_cast<int>(w0 & 0xFFFFu)) * p.ldwd + 8 * lane;
+              const uint16_t* wd1 = p.w_down + static_cast<int64_t>(n0 + static_cast<int>(w1 & 0xFFFFu)) * p.ldwd + 8 * lane;
+#pragma unroll
+              for (int i = 0; i < XS; ++i) {
+                d4[0][i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd0 + 256 * i) : uint4{0u, 0u, 0u, 0u};
+                d4[1][i] = two && in_k(i) ? *reinterpret_cast<const uint4*>(wd1 + 256 * i) : uint4{0u, 0u, 0u, 0u};
+              }
+              const float u0 = u_of[e], u1 = two ? u_of[e + 1] : 0.0f;
+              const float a0 = Value::to_float(static_cast<uint16_t>(w0 >> 16)), a1 = Value::to_float(static_cast<uint16_t>(w1 >> 16));
+              const Grads g0 = grads_of(dot_dy(d4[0]), u0, a0);
+              const Grads g1 = grads_of(dot_dy(d4[1]), u1, a1);
+              if (lane == 0) {
+                *reinterpret_cast<float4*>(p.entry_grad + 4 * (word0 + 1 + e)) = make_float4(g0.dg, g0.du, g0.h, a0);
+                if (two) *reinterpret_cast<float4*>(p.entry_grad + 4 * (word0 + 2 + e)) = make_float4(g1.dg, g1.du, g1.h, a1);
+              }
+            }
+            return;
+          }
           for (uint32_t e = 0; e < nnz; ++e) {
-            prefetch_rows(e + 1 < nnz ? n0 + static_cast<int>(header[2 + e] & 0xFFFFu) : next);
             const uint32_t w = header[1 + e];
             const float a = Value::to_float(static_cast<uint16_t>(w >> 16));
             const Grads g = entry_grads(n0 + static_cast<int>(w & 0xFFFFu), a);
@@ -484,11 +509,15 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
         grad_row = __shfl_sync(FULL, grad_row, 0);
         if (lane == 0)
           *reinterpret_cast<float4*>(p.entry_grad + 4 * (word0 + 1)) = make_float4(__uint_as_float(grad_row), 0.0f, 0.0f, 0.0f);
-        if (grad_row == kBackupMissing) return;  // no room: the dx pass recomputes these entries
+        if (grad_row == kBackupMissing) {  // no room: the dx pass recomputes these entries (they still count)
+          for_each_active(valid_n, [&](int, float) { ++ordinal; }, [](int) {});
+          return;
+        }
         float* const quads = p.backup_grad + 4 * static_cast<long long>(grad_row) * TILE_N;
         for_each_active(
             valid_n,
             [&](int col, float a) {
+              ++ordinal;
               const Grads g = entry_grads(n0 + col, a);
               if (lane == 0) *reinterpret_cast<float4*>(quads + 4 * col) = make_float4(g.dg, g.du, g.h, a);
             },
@@ -568,7 +597,7 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
 #pragma unroll
       for (int i = 0; i < SC * 8; ++i) dx[i] = 0.0f;
       bool staged = false;  // x and dy are staged only for a tile-row the entries pass had no grad row for
-      for_each_tile_row(row, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0, int) {
+      for_each_tile_row(row, [&](int tile, uint32_t nnz, const uint32_t* header, long long word0) {
         const int n0 = tile * TILE_N;
         if (nnz <= SLOTS) {
           // The tile-row's quads, 32 at a time, one per lane, then handed on in entry order.
