@@ -19,7 +19,8 @@
 //      lane's tile-row holds in a per-warp mask, and ranks by the lanes below it in that column's mask.
 //      So each neuron's list is its tokens ascending, whatever the grid.
 //   4. one warp per (neuron, 256 columns): one fmaf per entry and output from +0, in list order, x and
-//      dy read 8 columns per lane (16-byte loads where d_model % 8 == 0), 4 entries in flight.
+//      dy read 8 columns per lane (16-byte loads where d_model % 8 == 0: 8 entries in flight, kept packed;
+//      else 4).
 // Every output is the sum reference_training_backward makes, in its order (tokens ascending, one fma
 // per term): on the same per-entry values, its bits; and the same bits run after run (no float atomics:
 // the only atomics count integers). A tile that met an overflowing tile-row without a grad row
@@ -50,7 +51,8 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
   constexpr int COLUMNS = static_cast<int>(shared_memory::kTrainWeightGradColumns);  // a warp's item
   constexpr int CHUNKS = (K + COLUMNS - 1) / COLUMNS;
   constexpr bool VEC = K % 8 == 0;  // 16-byte loads of x and dy (the runtime checks their alignment)
-  constexpr int UNROLL = 4;
+  constexpr int UNROLL = 4;      // entries in flight per warp in phase 4 (unpacked: 8 registers per 8 values)
+  constexpr int VEC_UNROLL = 6;  // the same with 16-byte chunks kept packed (d_model % 8 == 0)
   static_assert(THREADS == static_cast<int>(shared_memory::kTrainWeightGradWarps) * 32, "the contract's CTA");
   static_assert(COLUMNS == 256, "8 columns per lane");
 
@@ -183,25 +185,10 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
 
   // Phase 4: per (neuron, 256 columns), the sums over the neuron's list.
   auto column_of = [&](int chunk, int i) { return VEC ? chunk * COLUMNS + lane * 8 + i : chunk * COLUMNS + lane + 32 * i; };
+  // 8 values of a row at a lane's columns (d_model % 8 != 0: one element at a time).
   auto load8 = [&](const uint16_t* row, int chunk, float (&v)[8]) {
-    if constexpr (VEC) {
-      const int k0 = column_of(chunk, 0);
-      if (k0 < K) {
-        const uint4 w = *reinterpret_cast<const uint4*>(row + k0);
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          v[2 * i] = Value::to_float(static_cast<uint16_t>(words[i] & 0xFFFFu));
-          v[2 * i + 1] = Value::to_float(static_cast<uint16_t>(words[i] >> 16));
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = column_of(chunk, i) < K ? Value::to_float(row[column_of(chunk, i)]) : 0.0f;
-    }
+    for (int i = 0; i < 8; ++i) v[i] = column_of(chunk, i) < K ? Value::to_float(row[column_of(chunk, i)]) : 0.0f;
   };
   for (long long item = gwarp; item < static_cast<long long>(N) * CHUNKS; item += gwarps) {
     const int j = static_cast<int>(item / CHUNKS), chunk = static_cast<int>(item % CHUNKS);
@@ -220,6 +207,39 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
         token = entry.x;
         q = entry.y < quad_base ? *reinterpret_cast<const float4*>(p.entry_grad + 4 * static_cast<long long>(entry.y))
                                 : *reinterpret_cast<const float4*>(p.backup_grad + 4 * (entry.y - quad_base));
+      }
+      if constexpr (VEC) {
+        // The 16-byte chunks stay packed until their FMAs (4 registers per 8 values, not 8): VEC_UNROLL
+        // entries' x and dy chunks in flight within the 128 registers of 512 threads per SM.
+        for (int k0 = 0; k0 < n; k0 += VEC_UNROLL) {
+          uint4 xr[VEC_UNROLL], dr[VEC_UNROLL];
+          float dg[VEC_UNROLL], du[VEC_UNROLL], h[VEC_UNROLL];
+          const int k_first = chunk * COLUMNS + lane * 8;
+#pragma unroll
+          for (int u = 0; u < VEC_UNROLL; ++u) {
+            const int k = k0 + u < n ? k0 + u : n - 1;  // past n: a repeat, not summed
+            const long long t = __shfl_sync(0xFFFFFFFFu, token, k);
+            dg[u] = __shfl_sync(0xFFFFFFFFu, q.x, k);
+            du[u] = __shfl_sync(0xFFFFFFFFu, q.y, k);
+            h[u] = __shfl_sync(0xFFFFFFFFu, q.z, k);
+            xr[u] = k_first < K ? *reinterpret_cast<const uint4*>(p.x + t * p.ldx + k_first) : uint4{0u, 0u, 0u, 0u};
+            dr[u] = k_first < K ? *reinterpret_cast<const uint4*>(p.dy + t * p.lddy + k_first) : uint4{0u, 0u, 0u, 0u};
+          }
+#pragma unroll
+          for (int u = 0; u < VEC_UNROLL; ++u) {
+            if (k0 + u >= n) break;
+            const uint32_t xw[4] = {xr[u].x, xr[u].y, xr[u].z, xr[u].w}, dw[4] = {dr[u].x, dr[u].y, dr[u].z, dr[u].w};
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const float xv = Value::to_float(static_cast<uint16_t>(xw[i / 2] >> (16 * (i % 2))));
+              const float dyv = Value::to_float(static_cast<uint16_t>(dw[i / 2] >> (16 * (i % 2))));
+              ag[i] = fmaf(dg[u], xv, ag[i]);
+              if constexpr (GATED) au[i] = fmaf(du[u], xv, au[i]);
+              ad[i] = fmaf(h[u], dyv, ad[i]);
+            }
+          }
+        }
+        continue;
       }
       for (int k0 = 0; k0 < n; k0 += UNROLL) {
         float xv[UNROLL][8], dyv[UNROLL][8], dg[UNROLL], du[UNROLL], h[UNROLL];
