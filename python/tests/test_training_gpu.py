@@ -215,6 +215,24 @@ def test_auto_dispatch_decides_per_bucket_and_stays_exact(cuda):
     assert set(decisions[0]["ms"]) == {"twell", "torch"}
     check_against_reference(x, wg, wu, wd, what="auto, decided", dispatch="auto", decision_key=77)
     assert len([d for d in training.dispatch_decisions() if d["bucket"][0] == 77]) == 1
+    # A layer that trains densely keeps no training plan (its scratch would add to PyTorch's memory).
+    key = (x.device.index, training.spec_of(x, wg, wu, "relu", 0.0))
+    assert (key in training._training_plans) == (decisions[0]["path"] == "sparse")
+
+
+def test_auto_dense_decision_releases_the_training_plan(cuda):
+    training.clear()
+    # 60% dense at 4096 rows: PyTorch's dense step is far faster, so auto takes it.
+    x, wg, wu, wd = shifted_layer(4096, 512, 1408, 0.6, cuda, seed=13)
+    key = (x.device.index, training.spec_of(x, wg, wu, "relu", 0.0))
+    check_against_reference(x, wg, wu, wd, what="auto at 60%", dispatch="auto", decision_key=78, row_wise=False)
+    decisions = [d for d in training.dispatch_decisions() if d["bucket"][0] == 78]
+    assert [d["path"] for d in decisions] == ["dense"], decisions
+    assert key not in training._training_plans
+    # Another bucket of the same shape that takes sparse makes the plan again (0.2% at 2 rows).
+    x2, _, _, _ = shifted_layer(2, 512, 1408, 0.002, cuda, seed=14)
+    tt.sparse_ffn_train(x2, wg, wu, wd, dispatch="sparse")
+    assert key in training._training_plans
 
 
 def test_bad_arguments_are_named_and_the_process_keeps_working(cuda):

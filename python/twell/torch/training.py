@@ -256,6 +256,16 @@ def _step_ms(fn, x: Tensor, weights: list, reps: int = 3) -> float:
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
+def _release_if_unused(bucket: tuple, key: tuple) -> None:
+    """After a bucket chose dense: where no bucket of the same layer shape chose sparse, drop the training
+    plan that timing made (its states and the backward's scratch: without this, a layer that trains
+    densely would hold more memory than PyTorch alone, bench/README.md v48). Steps in flight keep their
+    plan through the state they saved; a later sparse decision makes it again (kernels from the cache)."""
+    with _lock:
+        if not any(path == "sparse" and b[1:-1] == bucket[1:-1] for b, path in _paths.items()):
+            _training_plans.pop(key, None)
+
+
 def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str = "relu",
                      threshold: float = 0.0, dispatch: str = "sparse", decision_key: int = 0) -> tuple[Tensor, Tensor]:
     """(y, l1) of the FFN with twell's training kernels (see the module's documentation). PyTorch's dense
@@ -276,8 +286,11 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     d_model = w_gate.shape[1]
     tokens = x.numel() // d_model if d_model else 0
     spec = spec_of(x, w_gate, w_up, activation, threshold)
+    bucket = (decision_key, x.device.index, d_model, d_ff, w_up is not None, activation, float(threshold), x.dtype,
+              max(0, tokens - 1).bit_length())
+    # A bucket auto decided dense goes there before trainable(), which would make the training plan again.
     if dispatch == "dense" or tokens == 0 or torch.cuda.is_current_stream_capturing() or \
-            not trainable(x.device, spec, tokens):
+            (dispatch == "auto" and _paths.get(bucket) == "dense") or not trainable(x.device, spec, tokens):
         return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down))
     if not needs_grad:  # no backward will come: the forward alone, its state given back at once
@@ -285,8 +298,6 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
         entry.give_back(state)  # the stream orders the next use after this forward
         return y, row_l1.sum() / tokens
     if dispatch == "auto":
-        bucket = (decision_key, x.device.index, d_model, d_ff, w_up is not None, activation, float(threshold), x.dtype,
-                  max(0, tokens - 1).bit_length())
         path = _paths.get(bucket)
         if path is None:
             weights = [w_gate, w_up, w_down]
@@ -294,6 +305,8 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
                      "torch": _step_ms(lambda *a: _dense_train(*a, activation, threshold), x, weights)}
             path = _paths[bucket] = "sparse" if times["twell"] <= times["torch"] else "dense"
             _path_times[bucket] = times
+            if path == "dense":
+                _release_if_unused(bucket, (x.device.index, spec))
         if path == "dense":
             return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
     return _sparse_train(x, w_gate, w_up, w_down, spec, ld_x)
