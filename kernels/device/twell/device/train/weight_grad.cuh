@@ -208,6 +208,14 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
         q = entry.y < quad_base ? *reinterpret_cast<const float4*>(p.entry_grad + 4 * static_cast<long long>(entry.y))
                                 : *reinterpret_cast<const float4*>(p.backup_grad + 4 * (entry.y - quad_base));
       }
+      // Entry k of these 32 (past n: a repeat of the last, loaded but not summed): its token; dg, du, h.
+      auto take = [&](int k, float& dg, float& du, float& h) -> long long {
+        k = k < n ? k : n - 1;
+        dg = __shfl_sync(0xFFFFFFFFu, q.x, k);
+        du = __shfl_sync(0xFFFFFFFFu, q.y, k);
+        h = __shfl_sync(0xFFFFFFFFu, q.z, k);
+        return __shfl_sync(0xFFFFFFFFu, token, k);
+      };
       if constexpr (VEC) {
         // The 16-byte chunks stay packed until their FMAs (4 registers per 8 values, not 8): VEC_UNROLL
         // entries' x and dy chunks in flight within the 128 registers of 512 threads per SM.
@@ -217,11 +225,7 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
           const int k_first = chunk * COLUMNS + lane * 8;
 #pragma unroll
           for (int u = 0; u < VEC_UNROLL; ++u) {
-            const int k = k0 + u < n ? k0 + u : n - 1;  // past n: a repeat, not summed
-            const long long t = __shfl_sync(0xFFFFFFFFu, token, k);
-            dg[u] = __shfl_sync(0xFFFFFFFFu, q.x, k);
-            du[u] = __shfl_sync(0xFFFFFFFFu, q.y, k);
-            h[u] = __shfl_sync(0xFFFFFFFFu, q.z, k);
+            const long long t = take(k0 + u, dg[u], du[u], h[u]);
             xr[u] = k_first < K ? *reinterpret_cast<const uint4*>(p.x + t * p.ldx + k_first) : uint4{0u, 0u, 0u, 0u};
             dr[u] = k_first < K ? *reinterpret_cast<const uint4*>(p.dy + t * p.lddy + k_first) : uint4{0u, 0u, 0u, 0u};
           }
@@ -245,11 +249,7 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
         float xv[UNROLL][8], dyv[UNROLL][8], dg[UNROLL], du[UNROLL], h[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
-          const int k = k0 + u < n ? k0 + u : n - 1;  // past n: a repeat, not summed
-          const long long t = __shfl_sync(0xFFFFFFFFu, token, k);
-          dg[u] = __shfl_sync(0xFFFFFFFFu, q.x, k);
-          du[u] = __shfl_sync(0xFFFFFFFFu, q.y, k);
-          h[u] = __shfl_sync(0xFFFFFFFFu, q.z, k);
+          const long long t = take(k0 + u, dg[u], du[u], h[u]);
           load8(p.x + t * p.ldx, chunk, xv[u]);
           load8(p.dy + t * p.lddy, chunk, dyv[u]);
         }
