@@ -200,13 +200,19 @@ def test_training_plan_without_a_gpu_describes_and_refuses_by_name():
         ctx.training_plan(twell.FfnSpec(256, 1024), 128, backup_capacity=-3)
     with pytest.raises(twell.InvalidArgumentError, match="gradients_in_dtype"):
         ctx.training_plan(twell.FfnSpec(256, 1024), 128, gradients_in_dtype=2)
+    with pytest.raises(twell.InvalidArgumentError, match="keep_u"):
+        ctx.training_plan(twell.FfnSpec(256, 1024), 128, keep_u=1)
     with pytest.raises(twell.InvalidArgumentError, match="spec.consumer"):
         ctx.training_plan(twell.FfnSpec(256, 1024, consumer="token_block"), 128)
+    # keep_u (the default) keeps u per TwELL word: 8 bytes per word against 4 (tile_n 256, slots 31, d_ff 1024).
+    words = 1024 // 256 * 32
+    assert d["state_bytes_per_row"] == 8 * words
+    assert ctx.training_plan(twell.FfnSpec(256, 1024), 128, keep_u=False).describe()["state_bytes_per_row"] == 4 * words
     lib = _capi.lib()
     out = ctypes.c_void_p()
     spec = twell.FfnSpec(256, 1024)._struct()
     assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, -1, 7, ctypes.byref(out)) == 1
-    assert "gradients_in_dtype" in lib.twell_last_error().decode()
+    assert "flags" in lib.twell_last_error().decode()
     assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, 2 ** 33, 0, ctypes.byref(out)) == 1
     assert "backup_capacity" in lib.twell_last_error().decode()
     assert lib.twell_training_forward(None, None, None, 1, None, None) == 1

@@ -217,9 +217,11 @@ class Context:
         return DenseFfn(self, spec, max_tokens, kernels)
 
     def training_plan(self, spec: FfnSpec, max_tokens: int, backup_capacity: int | None = None,
-                      gradients_in_dtype: bool = False) -> "TrainingPlan":
-        """twell::FfnTrainingPlan (twell/training_plan.h): the training forward and backward of `spec`."""
-        return TrainingPlan(self, spec, max_tokens, backup_capacity, gradients_in_dtype)
+                      gradients_in_dtype: bool = False, keep_u: bool = True) -> "TrainingPlan":
+        """twell::FfnTrainingPlan (twell/training_plan.h): the training forward and backward of `spec`.
+        keep_u: the state keeps each entry's u from the forward (4 bytes per TwELL word) so the backward
+        reads no Wu row for it (TrainingPlanOptions::keep_u; False: recomputed, the same bits)."""
+        return TrainingPlan(self, spec, max_tokens, backup_capacity, gradients_in_dtype, keep_u)
 
 
 class Plan:
@@ -332,17 +334,20 @@ class TrainingPlan:
     (dx, dWg, dWu, dWd^T). Pointers are device addresses as ints; one plan's calls must be ordered."""
 
     def __init__(self, context: Context, spec: FfnSpec, max_tokens: int, backup_capacity: int | None,
-                 gradients_in_dtype: bool):
+                 gradients_in_dtype: bool, keep_u: bool = True):
         _int("Context.training_plan", "max_tokens", max_tokens, 1, _INT64[1])
         if backup_capacity is not None:
             _int("Context.training_plan", "backup_capacity", backup_capacity, 0, 2 ** 32 - 1)
         if not isinstance(gradients_in_dtype, bool):
             raise InvalidArgumentError(f"twell.Context.training_plan: gradients_in_dtype: expected a bool, got "
                                        f"{gradients_in_dtype!r}")
+        if not isinstance(keep_u, bool):
+            raise InvalidArgumentError(f"twell.Context.training_plan: keep_u: expected a bool, got {keep_u!r}")
+        flags = (1 if gradients_in_dtype else 0) | (0 if keep_u else 2)  # TWELL_TRAINING_* (c_api.h)
         handle = ctypes.c_void_p()
         check(lib().twell_training_plan_create(context._handle, ctypes.byref(spec._struct()), max_tokens,
                                                -1 if backup_capacity is None else backup_capacity,
-                                               int(gradients_in_dtype), ctypes.byref(handle)))
+                                               flags, ctypes.byref(handle)))
         self._handle = handle
         self.context, self.spec, self.max_tokens = context, spec, max_tokens
         self._forward, self._backward = lib().twell_training_forward, lib().twell_training_backward

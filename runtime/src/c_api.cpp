@@ -490,7 +490,7 @@ twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ff
 }
 
 twell_status_t twell_training_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
-                                          int64_t backup_capacity, int gradients_in_dtype, twell_training_plan_t* plan) {
+                                          int64_t backup_capacity, int flags, twell_training_plan_t* plan) {
   return guarded([&] {
     constexpr const char* fn = "twell_training_plan_create";
     twell_context& c = require(context, fn, "context");
@@ -502,9 +502,11 @@ twell_status_t twell_training_plan_create(twell_context_t context, const twell_f
         invalid(fn, "backup_capacity", "-1 (the default) or 0..4294967295 tile-rows", std::to_string(backup_capacity));
       o.backup_capacity = static_cast<uint32_t>(backup_capacity);
     }
-    if (gradients_in_dtype != 0 && gradients_in_dtype != 1)
-      invalid(fn, "gradients_in_dtype", "0 (fp32 weight gradients) or 1 (the spec's dtype)", std::to_string(gradients_in_dtype));
-    o.gradients_in_dtype = gradients_in_dtype == 1;
+    if ((flags & ~(TWELL_TRAINING_GRADIENTS_IN_DTYPE | TWELL_TRAINING_RECOMPUTE_U)) != 0)
+      invalid(fn, "flags", "0 or a bitwise or of TWELL_TRAINING_GRADIENTS_IN_DTYPE (1) and TWELL_TRAINING_RECOMPUTE_U (2)",
+              std::to_string(flags));
+    o.gradients_in_dtype = (flags & TWELL_TRAINING_GRADIENTS_IN_DTYPE) != 0;
+    o.keep_u = (flags & TWELL_TRAINING_RECOMPUTE_U) == 0;
     *plan = new twell_training_plan{twell::FfnTrainingPlan::create(c.context, s, max_tokens, o), {}};
   });
 }
@@ -521,6 +523,7 @@ twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const ch
                             {"layout", layout_json(p.plan.layout())},
                             {"max_tokens", p.plan.max_tokens()},
                             {"runnable", p.plan.runnable()},
+                            {"state_bytes_per_row", p.plan.state_bytes(1, 0) - p.plan.state_bytes(0, 0)},
                             {"kernels", kernels_json(p.plan.kernels())}}
                  .dump();
     *json = p.json.c_str();

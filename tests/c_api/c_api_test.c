@@ -69,9 +69,9 @@ int main(void) {
   EXPECT(twell_training_plan_create(context, &spec, 256, -2, 0, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
              training == NULL, "a backup_capacity of -2");
   EXPECT(strstr(twell_last_error(), "backup_capacity") != NULL, "the message names backup_capacity");
-  EXPECT(twell_training_plan_create(context, &spec, 256, -1, 3, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
-             training == NULL, "gradients_in_dtype 3");
-  EXPECT(strstr(twell_last_error(), "gradients_in_dtype") != NULL, "the message names gradients_in_dtype");
+  EXPECT(twell_training_plan_create(context, &spec, 256, -1, 4, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
+             training == NULL, "flags 4");
+  EXPECT(strstr(twell_last_error(), "flags") != NULL, "the message names flags");
   EXPECT(twell_training_forward(NULL, NULL, NULL, 1, NULL, NULL) == TWELL_ERROR_INVALID_ARGUMENT &&
              strstr(twell_last_error(), "plan") != NULL, "a NULL training plan is named");
   EXPECT(twell_training_plan_destroy(NULL) == TWELL_SUCCESS && twell_training_state_destroy(NULL) == TWELL_SUCCESS,

@@ -14,7 +14,7 @@
  *   twell_plan_destroy(plan); twell_context_destroy(ctx);
  *
  * Training a layer (twell/training_plan.h):
- *   twell_training_plan_t tp;  twell_training_plan_create(ctx, &spec, 16384, -1, 0, &tp);   (-1: default backup; 0: fp32 dW)
+ *   twell_training_plan_t tp;  twell_training_plan_create(ctx, &spec, 16384, -1, 0, &tp);   (-1: default backup; flags 0: fp32 dW, u kept)
  *   twell_training_state_t st; twell_training_state_create(tp, &st);
  *   twell_training_forward(tp, stream, &t, tokens, st, row_l1);                (row_l1 NULL or [tokens] fp32)
  *   twell_ffn_gradients g = {dx, dwg, dwu, dwd_t};                             (dwd_t: [d_ff, d_model] = dWd^T)
@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define TWELL_C_API_VERSION 3 /* 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
+#define TWELL_C_API_VERSION 4 /* 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
 
 typedef enum twell_status {
   TWELL_SUCCESS = 0,
@@ -136,7 +136,7 @@ typedef struct twell_ffn_tensors {
  * dw_down is dWd in the in_out layout ([d_ff, d_model], dWd^T) whatever the spec's down_layout. */
 typedef struct twell_ffn_gradients {
   void* dx;      /* [tokens, d_model] spec dtype */
-  void* dw_gate; /* [d_ff, d_model] fp32 (or the spec dtype: gradients_in_dtype) */
+  void* dw_gate; /* [d_ff, d_model] fp32 (or the spec dtype: TWELL_TRAINING_GRADIENTS_IN_DTYPE) */
   void* dw_up;   /* [d_ff, d_model]; NULL for a non-gated spec */
   void* dw_down; /* [d_ff, d_model]: dWd^T */
   int64_t ld_dx, ld_dw_gate, ld_dw_up, ld_dw_down;
@@ -217,17 +217,26 @@ twell_status_t twell_dense_destroy(twell_dense_t dense); /* NULL is a no-op */
 twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ffn_tensors* tensors, int64_t tokens);
 
 /* Training (twell::FfnTrainingPlan, twell/training_plan.h): the forward keeps the TwELL matrix of
- * act(g) in a state; the backward returns dx, dWg, dWu, dWd^T. backup_capacity -1: the default. */
+ * act(g) in a state; the backward returns dx, dWg, dWu, dWd^T. backup_capacity -1: the default. flags: 0
+ * or a bitwise or of TWELL_TRAINING_GRADIENTS_IN_DTYPE (weight gradients in the spec's dtype, not fp32) and
+ * TWELL_TRAINING_RECOMPUTE_U (TrainingPlanOptions::keep_u false: the state does not keep u per entry, 4
+ * bytes per TwELL word less; the backward recomputes it, the same bits). */
+#define TWELL_TRAINING_GRADIENTS_IN_DTYPE 1
+#define TWELL_TRAINING_RECOMPUTE_U 2
 twell_status_t twell_training_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
-                                          int64_t backup_capacity, int gradients_in_dtype, twell_training_plan_t* plan);
+                                          int64_t backup_capacity, int flags, twell_training_plan_t* plan);
 twell_status_t twell_training_plan_destroy(twell_training_plan_t plan); /* NULL is a no-op */
-/* The plan as JSON (its spec, layout, max_tokens and kernels, as twell_plan_describe); owned by the plan. */
+/* The plan as JSON (its spec, layout, max_tokens and kernels, as twell_plan_describe, and state_bytes_per_row:
+ * a state's device bytes per token row, 4 or 8 per TwELL word); owned by the plan. */
 twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const char** json);
 twell_status_t twell_training_state_create(twell_training_plan_t plan, twell_training_state_t* state);
 twell_status_t twell_training_state_destroy(twell_training_state_t state); /* NULL is a no-op */
 /* y (tensors->y) and, where row_l1 is not NULL, each row's sum |h| ([tokens] fp32 device memory: the L1
  * term is their sum / tokens); the TwELL matrix goes into `state`. tensors->y and row_l1 both NULL: the
- * gate alone (the state, all a backward reads). No host synchronization. */
+ * gate alone (the state, all a backward reads). No host synchronization unless the state must grow (its
+ * first use, more tokens, a larger backup: the stream is synchronized before its old buffers go). The
+ * backward waits on the host for the forward's gate and synchronizes the stream when its scratch grows;
+ * run a state's forward and backward on one stream (or order them yourself). */
 twell_status_t twell_training_forward(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
                                       int64_t tokens, twell_training_state_t state, float* row_l1);
 /* The gradients of L(y) + lambda * l1 for dy (FfnTrainingPlan::backward): tensors and tokens as the state's
