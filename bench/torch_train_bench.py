@@ -19,7 +19,7 @@ Inputs: "uniform" (Wg with a shifted first column so relu(g) > 0 with probabilit
 as python/tests/test_training_gpu.py), and "real" (the paper model's layer 1: its x tiled to M rows and its
 Wg from ../shared/data or $TWELL_DATA_DIR, Wu and Wd random: about 5% dense).
 
-  PYTHONPATH=python TWELL_LIB_DIR=build/lib python bench/torch_train_bench.py --tokens 16384 65536
+  PYTHONPATH=python TWELL_LIB_DIR=build/lib .venv/bin/python bench/torch_train_bench.py --tokens 16384 65536
 """
 import argparse
 import json

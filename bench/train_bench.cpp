@@ -1,9 +1,10 @@
 // twell's training kernels against the dense GEMMs they replace, in one process, at the paper's shape
-// (d_model 2048, d_ff 5632, bf16); bench/README.md v37-v45:
+// (d_model 2048, d_ff 5632, bf16); bench/README.md v37-v50:
 //   BM_TrainRowBackward  the backward by token row (train_row_backward, in_out Wd) and the weight gradients
 //                        (train_weight_grad) against cuBLAS's GEMMs of the same shapes;
 //   BM_TrainingStep      a whole FfnTrainingPlan step (forward + backward, an nn.Linear Wd, lambda 1e-3,
-//                        fp32 dW; counters forward_ms, backward_ms) against nine cuBLAS GEMMs.
+//                        fp32 dW; counters forward_ms, backward_ms) against nine cuBLAS GEMMs; path
+//                        twell_step_recompute_u without u kept from the forward (keep_u false, v48).
 //   build/bin/train_bench --benchmark_filter=BM_TrainingStep      (or BM_TrainRowBackward)
 // Layouts are the heuristic ones (PlanOptions::Tuning::Ignore): a tuning database does not move them.
 //

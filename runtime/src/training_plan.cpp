@@ -224,10 +224,10 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   s.tokens = -1;  // not a forward's state until this one's launches are enqueued (a failure leaves it so)
   auto cu = reinterpret_cast<CUstream>(stream);
   const TwellLayout& l = f.layout;
-  // The words, then (keep_u) u per entry: GatedDownParams::entry_u_after_words.
-  ensure(s.twell, size_t(tokens) * l.words_per_row(f.sparse_spec.d_ff) * (p.keep_u ? 8 : 4), cu, who);
-  ensure(s.backup, size_t(p.capacity) * l.tile_n * 2, cu, who);
+  // The words, then (keep_u, and the consumer runs) u per entry: GatedDownParams::entry_u_after_words.
   s.has_u = p.keep_u && !gate_only;
+  ensure(s.twell, size_t(tokens) * l.words_per_row(f.sparse_spec.d_ff) * (s.has_u ? 8 : 4), cu, who);
+  ensure(s.backup, size_t(p.capacity) * l.tile_n * 2, cu, who);
   const TwellBuffers matrix{reinterpret_cast<uint32_t*>(s.twell.get()), reinterpret_cast<uint16_t*>(s.backup.get()),
                             s.counter.get(), p.capacity, row_l1, s.has_u};
   f.use_block = false;

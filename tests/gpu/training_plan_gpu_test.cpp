@@ -204,6 +204,10 @@ TEST(GpuTrainingPlan, StepsAgainstTheReference) {
   const FfnSpec odd = make_spec(520, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
   const FfnSpec silu = make_spec(256, 1024, true, Activation::SiLU, 0.05f, DType::FP16, WeightLayout::OutIn);
   const FfnSpec plain = make_spec(256, 1024, false, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  // 88 tiles of 64 (slots 7): three windows of 32 tiles in both row kernels' walks.
+  FfnSpec narrow = make_spec(256, 5632, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  narrow.tile_n = 64;
+  narrow.slots = 7;
   for (const Case& c : {Case{"relu bf16 out_in M=1000 2%", relu_bf16, 1000, 0.02, {}},
                         Case{"relu bf16 out_in M=1000 0.1%", relu_bf16, 1000, 0.001, {}},
                         Case{"relu bf16 out_in M=1 5%", relu_bf16, 1, 0.05, {}},
@@ -211,7 +215,12 @@ TEST(GpuTrainingPlan, StepsAgainstTheReference) {
                         Case{"heavy rows, backup of 1 tile-row, M=300 20%", relu_bf16, 300, 0.2, 1u},
                         Case{"silu f16 M=200 5%", silu, 200, 0.05, {}},
                         Case{"non-gated M=300 2%", plain, 300, 0.02, {}},
-                        Case{"lambda 0 M=256 0.5%", relu_bf16, 256, 0.005, {}, 0.0f}})
+                        Case{"lambda 0 M=256 0.5%", relu_bf16, 256, 0.005, {}, 0.0f},
+                        // Some tile-rows overflow, others not: kept u read at ordinals shifted by overflowing
+                        // tile-rows' entries (backed up, or recomputed with a backup of one tile-row).
+                        Case{"10% M=1000", relu_bf16, 1000, 0.10, {}},
+                        Case{"10% M=1000, backup of 1 tile-row", relu_bf16, 1000, 0.10, 1u},
+                        Case{"tile_n 64, 88 tiles, M=200 8%", narrow, 200, 0.08, {}}})
     check(c);
 }
 

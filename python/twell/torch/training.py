@@ -9,8 +9,8 @@ y = (act(x Wg^T) * (x Wu^T)) Wd^T as twell.torch.sparse_gated_ffn computes it (t
 bit, on the TwELL path); l1 = sum |h| / tokens (h = act(g) * u, over every row of x; an fp32 scalar),
 the paper's sparsity penalty. Both carry gradients: the backward reads the L1 term's upstream gradient on
 the device (no host synchronization for it) and folds it into dh (TRAINING.md, "The gradients").
-The forward keeps the TwELL matrix of act(g) (an FfnTrainingState: 4 bytes per TwELL word, a few MB per
-thousand rows at the paper's shape) instead of the dense g and u autograd keeps; the backward's per-entry
+The forward keeps the TwELL matrix of act(g) and each entry's u (an FfnTrainingState: 8 bytes per TwELL word,
+about 6 MB per thousand rows at the paper's shape) instead of the dense g and u autograd keeps; the backward's per-entry
 scratch is the shared plan's.
 
 x [..., d_model], weights as nn.Linear's (w_down [d_model, d_ff]); bf16 or fp16, one CUDA device, contiguous
@@ -61,6 +61,7 @@ class _TrainingEntry:
 
 
 _refused: dict[tuple, str] = {}  # (device, spec) -> why the training kernels refuse it
+_sparse_keys: set[tuple] = set()  # (device, spec) that dispatch "sparse" calls use: auto keeps their plans
 
 
 def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int) -> _TrainingEntry:
@@ -100,6 +101,7 @@ def clear() -> None:
         _training_plans.clear()
         _paths.clear()
         _path_times.clear()
+        _sparse_keys.clear()
 
 
 def _run_forward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, spec: runtime.FfnSpec, ld_x: int,
@@ -257,12 +259,14 @@ def _step_ms(fn, x: Tensor, weights: list, reps: int = 3) -> float:
 
 
 def _release_if_unused(bucket: tuple, key: tuple) -> None:
-    """After a bucket chose dense: where no bucket of the same layer shape chose sparse, drop the training
-    plan that timing made (its states and the backward's scratch: without this, a layer that trains
-    densely would hold more memory than PyTorch alone, bench/README.md v48). Steps in flight keep their
-    plan through the state they saved; a later sparse decision makes it again (kernels from the cache)."""
+    """After a bucket chose dense: where no bucket of the same layer shape chose sparse and no dispatch
+    "sparse" call uses the shape, drop the training plan that timing made (its states and the backward's
+    scratch: without this, a layer that trains densely would hold more memory than PyTorch alone,
+    bench/README.md v48). Steps in flight keep their plan through the state they saved; a later sparse
+    decision makes it again (kernels from the cache)."""
     with _lock:
-        if not any(path == "sparse" and b[1:-1] == bucket[1:-1] for b, path in _paths.items()):
+        if key not in _sparse_keys and \
+                not any(path == "sparse" and b[1:-1] == bucket[1:-1] for b, path in list(_paths.items())):
             _training_plans.pop(key, None)
 
 
@@ -292,6 +296,9 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     if dispatch == "dense" or tokens == 0 or torch.cuda.is_current_stream_capturing() or \
             (dispatch == "auto" and _paths.get(bucket) == "dense") or not trainable(x.device, spec, tokens):
         return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
+    if dispatch == "sparse":
+        with _lock:
+            _sparse_keys.add((x.device.index, spec))
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down))
     if not needs_grad:  # no backward will come: the forward alone, its state given back at once
         y, row_l1, (entry, state, _) = _run_forward(x, w_gate, w_up, w_down, spec, ld_x)
@@ -303,8 +310,9 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
             weights = [w_gate, w_up, w_down]
             times = {"twell": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model), x, weights),
                      "torch": _step_ms(lambda *a: _dense_train(*a, activation, threshold), x, weights)}
-            path = _paths[bucket] = "sparse" if times["twell"] <= times["torch"] else "dense"
-            _path_times[bucket] = times
+            path = "sparse" if times["twell"] <= times["torch"] else "dense"
+            with _lock:
+                _paths[bucket], _path_times[bucket] = path, times
             if path == "dense":
                 _release_if_unused(bucket, (x.device.index, spec))
         if path == "dense":
@@ -327,4 +335,5 @@ def recalibrate(release_memory: bool = True) -> None:
 
 def dispatch_decisions() -> list[dict]:
     """dispatch "auto"'s decisions so far: per bucket the path and both measured step times (ms)."""
-    return [{"bucket": k, "path": v, "ms": _path_times.get(k)} for k, v in _paths.items()]
+    with _lock:
+        return [{"bucket": k, "path": v, "ms": _path_times.get(k)} for k, v in _paths.items()]

@@ -85,7 +85,8 @@ struct TrainRowBackwardTensors {
   // columns included; o below tiles * (slots + 1)), as the warp-per-row row consumer writes it
   // (GatedDownParams::entry_u; FfnTrainingPlan keeps it in its state). The warp-per-row form's entries pass
   // then reads Wd^T rows only for entries of tile-rows within their slots: the same arithmetic, the same
-  // bits. The CTA form, and overflowing tile-rows, recompute u. nullptr: u recomputed everywhere.
+  // bits. The CTA form, overflowing tile-rows and tile-rows with an entry at or past ordinal tiles * (slots
+  // + 1) recompute u. nullptr: u recomputed everywhere.
   const float* entry_u = nullptr;
   int64_t ld_x = 0, ld_gate = 0, ld_up = 0, ld_down = 0, ld_dy = 0, ld_dx = 0;
 };

@@ -122,7 +122,9 @@ class FfnTrainingPlan {
   // the L1 term's coefficient is lambda / l1_tokens (l1_tokens 0: tokens; pass the whole batch's rows when
   // a batch is split into several calls), times *l1_weight where l1_weight (a device fp32) is given.
   // Gradients are written, not accumulated. Stream-ordered; waits on the host for the forward's overflow
-  // count (an event recorded by forward(), long complete in a training step). The plan's scratch
+  // count (an event recorded by forward() after its gate, long complete in a training step; the backward
+  // does not make its stream wait for the forward's consumer, which writes u: run forward and backward on
+  // one stream, or order them yourself). The plan's scratch
   // (backward_scratch_bytes) is allocated on the first call and grown as needed (cuMemAlloc). Calls on
   // one plan must be ordered (they share the scratch). Throws Error(InvalidArgument) naming the argument
   // (a state without a forward or of another token count, a bad pointer, stride or overlap), Error(NoDevice)
@@ -137,7 +139,7 @@ class FfnTrainingPlan {
   // a 4-byte counter.
   int64_t backward_scratch_bytes(int64_t tokens, uint32_t grad_capacity) const;
   // A state's device bytes after a forward of `tokens` rows with backup capacity `capacity` (with u per
-  // entry where the plan keeps it: 8 bytes per TwELL word, else 4).
+  // entry where the plan keeps it: 8 bytes per TwELL word, else 4; a gate-only forward takes 4).
   int64_t state_bytes(int64_t tokens, uint32_t capacity) const;
 
   struct Impl;

@@ -177,8 +177,8 @@ struct TrainRowBackwardParams {
   uint32_t pad_;
   // Null, or the forward's GatedDownParams::entry_u (gated, warp-per-row consumer): the warp form's
   // entries pass takes u of the entries of tile-rows within their slots from it (where stored) instead of
-  // x . Wu_j (the same arithmetic, so the same bits; half the weight bytes). The CTA form and
-  // overflowing tile-rows recompute u.
+  // x . Wu_j (the same arithmetic, so the same bits; half the weight bytes). The CTA form, overflowing
+  // tile-rows and tile-rows with an entry at or past ordinal tiles * (slots + 1) recompute u.
   const float* entry_u;
 };
 

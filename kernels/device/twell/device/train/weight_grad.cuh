@@ -19,7 +19,7 @@
 //      lane's tile-row holds in a per-warp mask, and ranks by the lanes below it in that column's mask.
 //      So each neuron's list is its tokens ascending, whatever the grid.
 //   4. one warp per (neuron, 256 columns): one fmaf per entry and output from +0, in list order, x and
-//      dy read 8 columns per lane (16-byte loads where d_model % 8 == 0: 8 entries in flight, kept packed;
+//      dy read 8 columns per lane (16-byte loads where d_model % 8 == 0: 6 entries in flight, kept packed;
 //      else 4).
 // Every output is the sum reference_training_backward makes, in its order (tokens ascending, one fma
 // per term): on the same per-entry values, its bits; and the same bits run after run (no float atomics:
