@@ -5,7 +5,7 @@
 // gate kernel's words and overflow backup: FfnPlan::run_gate's, or any matrix with the same
 // structure), the upstream gradient dy and the L1 coefficient lambda, per active entry (t, j)
 //   dh = dy_t . Wd(:, j) + (lambda / M) sign(h)   (the second term only where lambda != 0)
-//   u  = x_t . Wu_j (recomputed, as the row consumer does),  h = a u
+//   u  = x_t . Wu_j (recomputed as the row consumer does, or the forward's: entry_u),  h = a u
 //   du = dh a,  dg = (dh u) act'(g)               (non-gated: h = a, dg = dh act'(g), no du)
 //   dx_t = sum_j du_tj Wu_j + dg_tj Wg_j          (rounded to the dtype once)
 // act'(g) as training_reference.h's activation_derivative: 1 for ReLU; for SiLU at the gate's g, which
