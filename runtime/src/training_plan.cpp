@@ -32,6 +32,15 @@ void ensure(detail::DeviceBuffer& b, size_t bytes, CUstream cu, const char* who)
   b.reset();
   b = detail::DeviceBuffer(std::max<size_t>(bytes, 1));
 }
+
+// A state's `twell` buffer: the TwELL words of `tokens` rows (4 bytes each), then, with u kept, one fp32 u
+// per word (GatedDownParams::entry_u_after_words: it starts where the words end).
+size_t words_bytes(const TwellLayout& l, int64_t d_ff, int64_t tokens) {
+  return size_t(std::max<int64_t>(tokens, 0)) * size_t(l.words_per_row(d_ff)) * 4;
+}
+size_t twell_buffer_bytes(const TwellLayout& l, int64_t d_ff, int64_t tokens, bool with_u) {
+  return words_bytes(l, d_ff, tokens) * (with_u ? 2 : 1);
+}
 }  // namespace
 
 struct FfnTrainingState::Impl {
@@ -193,8 +202,7 @@ FfnTrainingState FfnTrainingPlan::make_state() const {
 int64_t FfnTrainingPlan::state_bytes(int64_t tokens, uint32_t capacity) const {
   const Impl& p = checked(impl_, "FfnTrainingPlan::state_bytes");
   const TwellLayout& l = p.forward.layout();
-  return std::max<int64_t>(tokens, 0) * l.words_per_row(p.kernel_spec.d_ff) * (p.keep_u ? 8 : 4) +
-         int64_t{capacity} * l.tile_n * 2 + 8;
+  return int64_t(twell_buffer_bytes(l, p.kernel_spec.d_ff, tokens, p.keep_u)) + int64_t{capacity} * l.tile_n * 2 + 8;
 }
 
 int64_t FfnTrainingPlan::backward_scratch_bytes(int64_t tokens, uint32_t grad_capacity) const {
@@ -226,7 +234,7 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   const TwellLayout& l = f.layout;
   // The words, then (keep_u, and the consumer runs) u per entry: GatedDownParams::entry_u_after_words.
   s.has_u = p.keep_u && !gate_only;
-  ensure(s.twell, size_t(tokens) * l.words_per_row(f.sparse_spec.d_ff) * (s.has_u ? 8 : 4), cu, who);
+  ensure(s.twell, twell_buffer_bytes(l, f.sparse_spec.d_ff, tokens, s.has_u), cu, who);
   ensure(s.backup, size_t(p.capacity) * l.tile_n * 2, cu, who);
   const TwellBuffers matrix{reinterpret_cast<uint32_t*>(s.twell.get()), reinterpret_cast<uint16_t*>(s.backup.get()),
                             s.counter.get(), p.capacity, row_l1, s.has_u};
@@ -352,7 +360,7 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   r.backup_grad = reinterpret_cast<float*>(p.backup_grad.get());
   r.grad_overflow_count = reinterpret_cast<uint32_t*>(p.grad_overflow.get());
   r.l1_weight = l1_weight;
-  r.entry_u = s.has_u ? reinterpret_cast<const float*>(s.twell.get() + size_t(tokens) * l.words_per_row(ks.d_ff) * 4) : nullptr;
+  r.entry_u = s.has_u ? reinterpret_cast<const float*>(s.twell.get() + words_bytes(l, ks.d_ff, tokens)) : nullptr;
   r.ld_x = t.ld_x;
   r.ld_gate = t.ld_gate;
   r.ld_up = t.ld_up;
