@@ -54,7 +54,11 @@ Context::Impl::Impl(ContextOptions o)
 }
 
 Context::Impl::~Impl() {
-  if (context != nullptr) detail::Driver::get().cuDevicePrimaryCtxRelease(device);
+  if (context == nullptr) return;
+  // The kept auxiliary modules go while the primary context is still held (members go after this body).
+  detail::Driver::get().cuCtxSetCurrent(context);
+  auxiliary_loaded.clear();
+  detail::Driver::get().cuDevicePrimaryCtxRelease(device);
 }
 
 void Context::Impl::make_current() const {

@@ -23,7 +23,7 @@
 namespace twell {
 
 // A kernel ready to launch: its description, its binary and, with a GPU, its module. The module stays
-// loaded as long as any plan holds it.
+// loaded as long as any plan holds it (auxiliary kernels: as long as their context).
 struct LoadedKernel {
   kernels::KernelSource source;  // the description; source.source is the CUDA C++ ("" if the bundle has none)
   std::shared_ptr<const detail::CacheEntry> binary;
@@ -31,6 +31,9 @@ struct LoadedKernel {
   CUfunction function = nullptr;
   kernels::Occupancy occupancy;  // with a GPU: what the device holds of it at once
   KernelReport report;
+  // Set where this is a later caller's view of a kept auxiliary kernel: the module is the owner's (this
+  // one does not unload it), the report says "memory".
+  std::shared_ptr<const LoadedKernel> module_owner;
   ~LoadedKernel();
 };
 
@@ -60,6 +63,12 @@ struct Context::Impl {
   // Every kernel set this context obtained, by request key: what save_bundle writes.
   std::map<std::string, detail::BundleSet> obtained;
   std::map<std::string, std::shared_ptr<const detail::BundleKernel>> obtained_kernels;
+  // The auxiliary kernels loaded so far, by request key, kept for the context's life: callers that take
+  // one per call (train_row_backward, train_weight_grad) launch the same module every time. Loading one
+  // per call cost a generation, a module load and, when the call's reference went, cuModuleUnload, which
+  // waits for the kernel to finish: every training backward blocked the host (bench/README.md v51).
+  std::mutex auxiliary_mutex;
+  std::map<std::string, std::shared_ptr<LoadedKernel>> auxiliary_loaded;
 
   explicit Impl(ContextOptions o);
   ~Impl();
@@ -72,7 +81,8 @@ struct Context::Impl {
   // errors. Thread-safe.
   FfnKernels ffn_kernels(const FfnSpec& spec, std::optional<WeightLayout> decode_down_layout, const char* who);
   // An auxiliary kernel (kernel.h: WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp,
-  // TrainRowBackward, TrainWeightGrad), the same way. Thread-safe.
+  // TrainRowBackward, TrainWeightGrad), the same way, loaded once per context (auxiliary_loaded).
+  // Thread-safe.
   std::shared_ptr<LoadedKernel> auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who);
   // JIT-compiles `source` through the cache (no module). Throws Error(Unsupported) without a JIT.
   std::shared_ptr<LoadedKernel> compile(const kernels::KernelSource& source);

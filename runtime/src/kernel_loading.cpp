@@ -14,7 +14,7 @@
 namespace twell {
 
 LoadedKernel::~LoadedKernel() {
-  if (module != nullptr) detail::Driver::get().cuModuleUnload(module);
+  if (module != nullptr && !module_owner) detail::Driver::get().cuModuleUnload(module);
 }
 
 namespace {
@@ -248,11 +248,27 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
 
 std::shared_ptr<LoadedKernel> Context::Impl::auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who) {
   const std::string request = detail::auxiliary_request(kind, spec, target);
+  {
+    std::lock_guard lock(auxiliary_mutex);
+    if (auto it = auxiliary_loaded.find(request); it != auxiliary_loaded.end()) {
+      auto view = std::make_shared<LoadedKernel>(*it->second);
+      view->module_owner = it->second;
+      view->report.cache = "memory";
+      view->report.compile_ms = view->report.load_ms = 0;
+      return view;
+    }
+  }
+  // Found and loaded outside the lock (a JIT compile takes seconds); where two threads race, the first
+  // one kept wins and the other's module is unloaded unused.
+  const auto keep = [&](std::shared_ptr<LoadedKernel> k) {
+    std::lock_guard lock(auxiliary_mutex);
+    return auxiliary_loaded.try_emplace(request, std::move(k)).first->second;
+  };
   for (const auto& bundle : loaded_bundles()) {
     if (const detail::BundleSet* set = bundle->find(request)) {
       auto k = from_binary(*bundle->kernel(set->kernels.front()), "bundle");
       record(request, *set, {k.get()});
-      return k;
+      return keep(std::move(k));
     }
   }
   if (!jit) not_found(who, request, bundle_list(request), options);
@@ -260,7 +276,7 @@ std::shared_ptr<LoadedKernel> Context::Impl::auxiliary(kernels::KernelKind kind,
   detail::BundleSet set;
   set.kernels = {k->source.name};
   record(request, std::move(set), {k.get()});
-  return k;
+  return keep(std::move(k));
 }
 
 void Context::add_kernels(const FfnSpec& user_spec, const kernels::GeneratedFfn& generated,
