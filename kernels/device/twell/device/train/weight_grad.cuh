@@ -18,7 +18,7 @@
 //      activate j: a warp takes one tile for 32 tokens at a time (lane = token), marks the columns each
 //      lane's tile-row holds in a per-warp mask, and ranks by the lanes below it in that column's mask.
 //      So each neuron's list is its tokens ascending, whatever the grid.
-//   4. one warp per (neuron, 256 columns): one fmaf per entry and output from +0, in list order, x and
+//   4. one warp per (neuron, 256 columns), chunk-major: one fmaf per entry and output from +0, in list order, x and
 //      dy read 8 columns per lane (16-byte loads where d_model % 8 == 0: 6 entries in flight, kept packed;
 //      else 4).
 // Every output is the sum reference_training_backward makes, in its order (tokens ascending, one fma
@@ -190,8 +190,11 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = column_of(chunk, i) < K ? Value::to_float(row[column_of(chunk, i)]) : 0.0f;
   };
+  // Items column-chunk-major (all neurons of one 256-column chunk, then the next): the warps in flight
+  // gather one chunk of x and dy (2 * M * 512 bytes: 16 MB at M = 16384), which L2 holds, where
+  // neuron-major items gathered all of x and dy (128 MB) at once from DRAM (bench/README.md v52).
   for (long long item = gwarp; item < static_cast<long long>(N) * CHUNKS; item += gwarps) {
-    const int j = static_cast<int>(item / CHUNKS), chunk = static_cast<int>(item % CHUNKS);
+    const int chunk = static_cast<int>(item / N), j = static_cast<int>(item % N);
     const uint32_t begin = load_l2_u32(starts + j), end = load_l2_u32(starts + j + 1);
     const bool poison = load_l2_u32(flags + j / TILE_N) != 0u;
     float ag[8], au[8], ad[8];
