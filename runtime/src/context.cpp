@@ -55,10 +55,15 @@ Context::Impl::Impl(ContextOptions o)
 
 Context::Impl::~Impl() {
   if (context == nullptr) return;
-  // The kept auxiliary modules go while the primary context is still held (members go after this body).
-  detail::Driver::get().cuCtxSetCurrent(context);
+  // The kept auxiliary modules go while the primary context is still held (members go after this body);
+  // the thread's current context is the caller's again afterwards.
+  const detail::Driver& d = detail::Driver::get();
+  CUcontext previous = nullptr;
+  d.cuCtxGetCurrent(&previous);
+  d.cuCtxSetCurrent(context);
   auxiliary_loaded.clear();
-  detail::Driver::get().cuDevicePrimaryCtxRelease(device);
+  d.cuCtxSetCurrent(previous == context ? nullptr : previous);
+  d.cuDevicePrimaryCtxRelease(device);
 }
 
 void Context::Impl::make_current() const {
@@ -118,6 +123,11 @@ BundleInfo Context::load_bundle(const std::filesystem::path& dir) {
                       fmt::format("Context::load_bundle: {}: expected kernel sets that no loaded bundle holds differently, found "
                                   "\"{}\", which {} holds with other kernels",
                                   dir.string(), request, loaded->dir().string()));
+    {
+      // Auxiliary kernels kept from before (the JIT's) give way to the bundle's from the next call on.
+      std::lock_guard aux(impl->auxiliary_mutex);
+      for (const auto& [request, set] : bundle->sets()) impl->auxiliary_loaded.erase(request);
+    }
     impl->bundles.push_back(std::move(bundle));
   }
   info.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

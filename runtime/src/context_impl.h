@@ -31,9 +31,9 @@ struct LoadedKernel {
   CUfunction function = nullptr;
   kernels::Occupancy occupancy;  // with a GPU: what the device holds of it at once
   KernelReport report;
-  // Set where this is a later caller's view of a kept auxiliary kernel: the module is the owner's (this
-  // one does not unload it), the report says "memory".
-  std::shared_ptr<const LoadedKernel> module_owner;
+  LoadedKernel() = default;
+  LoadedKernel(const LoadedKernel&) = delete;  // one owner per module: the destructor unloads it
+  LoadedKernel& operator=(const LoadedKernel&) = delete;
   ~LoadedKernel();
 };
 
@@ -81,9 +81,11 @@ struct Context::Impl {
   // errors. Thread-safe.
   FfnKernels ffn_kernels(const FfnSpec& spec, std::optional<WeightLayout> decode_down_layout, const char* who);
   // An auxiliary kernel (kernel.h: WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp,
-  // TrainRowBackward, TrainWeightGrad), the same way, loaded once per context (auxiliary_loaded).
-  // Thread-safe.
-  std::shared_ptr<LoadedKernel> auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who);
+  // TrainRowBackward, TrainWeightGrad), the same way, loaded once per context (auxiliary_loaded; a
+  // bundle loaded later replaces the kernels it holds for later calls). `report`, where given, receives
+  // how this call obtained it ("memory" where an earlier call loaded it). Thread-safe.
+  std::shared_ptr<LoadedKernel> auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who,
+                                          KernelReport* report = nullptr);
   // JIT-compiles `source` through the cache (no module). Throws Error(Unsupported) without a JIT.
   std::shared_ptr<LoadedKernel> compile(const kernels::KernelSource& source);
 

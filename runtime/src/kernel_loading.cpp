@@ -14,7 +14,7 @@
 namespace twell {
 
 LoadedKernel::~LoadedKernel() {
-  if (module != nullptr && !module_owner) detail::Driver::get().cuModuleUnload(module);
+  if (module != nullptr) detail::Driver::get().cuModuleUnload(module);
 }
 
 namespace {
@@ -246,21 +246,24 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
   return out;
 }
 
-std::shared_ptr<LoadedKernel> Context::Impl::auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who) {
+std::shared_ptr<LoadedKernel> Context::Impl::auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who,
+                                                      KernelReport* report) {
   const std::string request = detail::auxiliary_request(kind, spec, target);
   {
     std::lock_guard lock(auxiliary_mutex);
     if (auto it = auxiliary_loaded.find(request); it != auxiliary_loaded.end()) {
-      auto view = std::make_shared<LoadedKernel>(*it->second);
-      view->module_owner = it->second;
-      view->report.cache = "memory";
-      view->report.compile_ms = view->report.load_ms = 0;
-      return view;
+      if (report) {
+        *report = it->second->report;
+        report->cache = "memory";
+        report->compile_ms = report->load_ms = 0;
+      }
+      return it->second;
     }
   }
   // Found and loaded outside the lock (a JIT compile takes seconds); where two threads race, the first
   // one kept wins and the other's module is unloaded unused.
   const auto keep = [&](std::shared_ptr<LoadedKernel> k) {
+    if (report) *report = k->report;
     std::lock_guard lock(auxiliary_mutex);
     return auxiliary_loaded.try_emplace(request, std::move(k)).first->second;
   };

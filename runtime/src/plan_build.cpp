@@ -116,8 +116,9 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
                               : std::string()) +
          generated.ir;
   if (transpose_down) {
-    p.transpose = ctx->auxiliary(kernels::KernelKind::WeightTranspose, spec, "Context::plan");
-    p.reports.push_back(p.transpose->report);
+    KernelReport report;
+    p.transpose = ctx->auxiliary(kernels::KernelKind::WeightTranspose, spec, "Context::plan", &report);
+    p.reports.push_back(std::move(report));
   }
   if (generated.kernels.size() != 2 || generated.kernels[0]->source.kind != kernels::KernelKind::GateTwell ||
       generated.kernels[1]->source.kind != kernels::KernelKind::GatedDown)

@@ -146,8 +146,9 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
     p.reports = f.reports;
     bool warp_row_backward = false;
     for (const auto kind : {kernels::KernelKind::TrainRowBackward, kernels::KernelKind::TrainWeightGrad}) {
-      const std::shared_ptr<LoadedKernel> k = p.context->auxiliary(kind, p.kernel_spec, who);
-      p.reports.push_back(k->report);
+      KernelReport report;
+      const std::shared_ptr<LoadedKernel> k = p.context->auxiliary(kind, p.kernel_spec, who, &report);
+      p.reports.push_back(std::move(report));
       if (kind == kernels::KernelKind::TrainRowBackward) warp_row_backward = k->source.consumer == kernels::ConsumerKind::WarpRow;
     }
     p.keep_u = options.keep_u && p.kernel_spec.gated && warp_row_backward && f.consumer &&

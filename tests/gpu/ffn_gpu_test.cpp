@@ -1143,8 +1143,9 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
     }
     return std::string();
   };
-  if (!fused)
+  if (!fused) {
     EXPECT_EQ(first_difference(h_decode, h_large), "") << what << ": the decode gate's TwELL matrix differs from the large-M gate's";
+  }
   EXPECT_EQ(first_difference(h_four, h_large), "") << what << ": the four decode kernels' TwELL matrix differs from the large-M gate's";
   EXPECT_TRUE(y_four == y_large) << what << ": the four decode kernels' y differs from the large-M kernels' bits";
   EXPECT_TRUE(y_decode == y_large) << what << ": y differs from the large-M kernels' bits";

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "plan_setup.h"
@@ -69,6 +70,39 @@ TEST(TrainingPlan, MadeWithoutAGpuReportsEveryKernel) {
   EXPECT_EQ(plan.backward_scratch_bytes(100, 10),
             100 * words * 16 + 10 * 256 * 16 + train_weight_grad_workspace_bytes(small_spec()) +
                 train_weight_grad_list_bytes(small_spec(), 100, 10) + 4);
+}
+
+// The training kernels (and the transpose) are loaded once per context and kept: train_row_backward and
+// train_weight_grad take them on every backward (loading one per call made each backward wait for its
+// kernels, bench/README.md v51). A second plan of the same spec reports them as "memory" under the same
+// names; another tile_n gets other kernels.
+TEST(TrainingPlan, KeepsItsAuxiliaryKernelsPerContext) {
+  ContextOptions o;  // a context of its own: nothing loaded before this test
+  o.device = ContextOptions::kNoDevice;
+  o.disk_cache = false;
+  Context ctx(o);
+  const auto names = [](const FfnTrainingPlan& plan) {
+    std::map<std::string, KernelReport> out;
+    for (const KernelReport& k : plan.kernels())
+      if (k.kind == "transpose" || k.kind.rfind("train_", 0) == 0) out[k.kind] = k;
+    return out;
+  };
+  const auto first = names(FfnTrainingPlan::create(ctx, small_spec(), 256));
+  const auto second = names(FfnTrainingPlan::create(ctx, small_spec(), 512));
+  ASSERT_EQ(first.size(), 3u);
+  ASSERT_EQ(second.size(), 3u);
+  for (const auto& [kind, k] : second) {
+    EXPECT_EQ(k.name, first.at(kind).name) << kind;
+    EXPECT_EQ(k.cache, "memory") << kind;
+    EXPECT_EQ(k.compile_ms, 0.0) << kind;
+  }
+  FfnSpec narrow = small_spec();
+  narrow.tile_n = 64;
+  narrow.slots = 7;
+  const auto other = names(FfnTrainingPlan::create(ctx, narrow, 256));
+  EXPECT_NE(other.at("train_row_backward").name, first.at("train_row_backward").name);
+  EXPECT_NE(other.at("train_weight_grad").name, first.at("train_weight_grad").name);
+  EXPECT_NE(other.at("train_weight_grad").cache, "memory");
 }
 
 TEST(TrainingPlan, RefusesWhatItCannotTrainByName) {

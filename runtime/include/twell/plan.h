@@ -92,8 +92,9 @@ struct KernelReport {
                           // "decode_gate" | "decode_gate_small" | "decode_up" | "decode_down" | "decode_fused"
                           // (PlanOptions::decode_max_tokens, decode_fused_max_tokens)
   std::string cache;      // "memory" | "disk" | "miss" (compiled now by the JIT) | "miss (corrupt entry replaced)"
-                          // (compiled now, a damaged disk entry was found) | "bundle" (ahead of time); a
-                          // transpose or training kernel, loaded once per Context, reports its first load
+                          // (compiled now, a damaged disk entry was found) | "bundle" (ahead of time); an
+                          // auxiliary kernel (transpose, training, dense helpers) is loaded once per Context:
+                          // later plans report "memory"
   double compile_ms = 0;  // NVRTC time (0 on a cache hit)
   double load_ms = 0;     // cache lookup or module load time
   size_t ptx_bytes = 0;
