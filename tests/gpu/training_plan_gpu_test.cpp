@@ -58,6 +58,29 @@ FfnTensors tensors(const RandomFfn& f, DeviceMemory& x, DeviceMemory& wg, Device
   return t;
 }
 
+// A gated layer on the device: x, the weights and dy uploaded, y, dx and fp32 weight gradients allocated;
+// t and g point at them.
+struct GatedLayer {
+  DeviceMemory x, wg, wu, wd, y, dy, dx, dwg, dwu, dwd;
+  FfnTensors t;
+  FfnGradients g;
+  GatedLayer(Context& c, const RandomFfn& f, const std::vector<uint16_t>& dy_host)
+      : x(c, f.x.size() * 2), wg(c, f.w_gate.size() * 2), wu(c, f.w_up.size() * 2), wd(c, f.w_down.size() * 2),
+        y(c, f.x.size() * 2), dy(c, dy_host.size() * 2), dx(c, f.x.size() * 2), dwg(c, f.w_gate.size() * 4),
+        dwu(c, f.w_up.size() * 4), dwd(c, f.w_down.size() * 4) {
+    x.upload(f.x);
+    wg.upload(f.w_gate);
+    wu.upload(f.w_up);
+    wd.upload(f.w_down);
+    dy.upload(dy_host);
+    t = tensors(f, x, wg, wu, wd, y);
+    g.dx = dx.data();
+    g.dw_gate = dwg.data();
+    g.dw_up = dwu.data();
+    g.dw_down = dwd.data();
+  }
+};
+
 Step run_step(FfnTrainingPlan& plan, FfnTrainingState& state, const RandomFfn& f, const std::vector<uint16_t>& dy,
               float lambda, const float* l1_weight_host, StreamHandle& stream) {
   Context& c = plan_context();
@@ -259,22 +282,11 @@ TEST(GpuTrainingPlan, ForwardAndBackwardDoNotWaitForTheirKernels) {
   FfnTrainingPlan plan = FfnTrainingPlan::create(c, s, f.tokens);
   FfnTrainingState state = plan.make_state();
   StreamHandle stream(c);
-  DeviceMemory x(c, f.x.size() * 2), wg(c, f.w_gate.size() * 2), wu(c, f.w_up.size() * 2), wd(c, f.w_down.size() * 2),
-      dy(c, f.x.size() * 2), y(c, f.x.size() * 2), dx(c, f.x.size() * 2), row_l1(c, f.tokens * 4),
-      dwg(c, f.w_gate.size() * 4), dwu(c, f.w_up.size() * 4), dwd(c, f.w_down.size() * 4);
-  x.upload(f.x);
-  wg.upload(f.w_gate);
-  wu.upload(f.w_up);
-  wd.upload(f.w_down);
-  dy.upload(random_bits(s.dtype, f.x.size(), -1.0f, 1.0f, 12));
-  const FfnTensors t = tensors(f, x, wg, wu, wd, y);
-  FfnGradients g;
-  g.dx = dx.data();
-  g.dw_gate = dwg.data();
-  g.dw_up = dwu.data();
-  g.dw_down = dwd.data();
+  GatedLayer d(c, f, random_bits(s.dtype, f.x.size(), -1.0f, 1.0f, 12));
+  DeviceMemory row_l1(c, f.tokens * 4);
+  const FfnTensors& t = d.t;
   auto forward = [&] { plan.forward(stream.get(), t, f.tokens, state, static_cast<float*>(row_l1.data())); };
-  auto backward = [&] { plan.backward(stream.get(), t, dy.data(), 0, f.tokens, state, g, 1e-3f); };
+  auto backward = [&] { plan.backward(stream.get(), t, d.dy.data(), 0, f.tokens, state, d.g, 1e-3f); };
   forward();  // sizes the state and the backward's scratch (growth may wait, once)
   backward();
   stream.synchronize();
@@ -305,21 +317,10 @@ TEST(GpuTrainingPlan, RefusesBadArguments) {
   FfnTrainingPlan other = FfnTrainingPlan::create(plan_context(), s, f.tokens);
   FfnTrainingState state = plan.make_state(), foreign = other.make_state();
   StreamHandle stream(plan_context());
-  Context& c = plan_context();
-  DeviceMemory x(c, f.x.size() * 2), wg(c, f.w_gate.size() * 2), wu(c, f.w_up.size() * 2), wd(c, f.w_down.size() * 2),
-      y(c, f.x.size() * 2), dyd(c, dy.size() * 2), dx(c, f.x.size() * 2), dwg(c, f.w_gate.size() * 4),
-      dwu(c, f.w_up.size() * 4), dwd(c, f.w_down.size() * 4);
-  x.upload(f.x);
-  wg.upload(f.w_gate);
-  wu.upload(f.w_up);
-  wd.upload(f.w_down);
-  dyd.upload(dy);
-  const FfnTensors t = tensors(f, x, wg, wu, wd, y);
-  FfnGradients g;
-  g.dx = dx.data();
-  g.dw_gate = dwg.data();
-  g.dw_up = dwu.data();
-  g.dw_down = dwd.data();
+  GatedLayer d(plan_context(), f, dy);
+  const FfnTensors& t = d.t;
+  const FfnGradients& g = d.g;
+  DeviceMemory &x = d.x, &wg = d.wg, &dx = d.dx, &dwg = d.dwg, &dyd = d.dy;
   auto refused = [](const std::function<void()>& fn, const std::string& needle) {
     try {
       fn();
