@@ -1,5 +1,5 @@
 // twell's training kernels against the dense GEMMs they replace, in one process, at the paper's shape
-// (d_model 2048, d_ff 5632, bf16); bench/README.md v37-v50:
+// (d_model 2048, d_ff 5632, bf16); bench/README.md v37-v52:
 //   BM_TrainRowBackward  the backward by token row (train_row_backward, in_out Wd) and the weight gradients
 //                        (train_weight_grad) against cuBLAS's GEMMs of the same shapes;
 //   BM_TrainingStep      a whole FfnTrainingPlan step (forward + backward, an nn.Linear Wd, lambda 1e-3,

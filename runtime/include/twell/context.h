@@ -8,6 +8,10 @@
 // compile`), else from the JIT when twell::jit is linked (it registers itself: twell/jit_registry.h)
 // through the kernel cache. A program that links twell::runtime alone runs bundles only.
 //
+// Modules: a plan holds its FFN kernels' modules (unloaded when the plan goes: cuModuleUnload waits for
+// their kernels). The auxiliary kernels (the transpose, the training kernels, the dense path's helpers,
+// one per kind and the spec fields it depends on) are loaded once and held until the Context goes.
+//
 // Thread safety: a Context may be shared by threads (plan(), load_bundle() and the cache are synchronized).
 #pragma once
 #include <cstdint>
