@@ -386,18 +386,21 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
       if (in_k(i)) dh = dot8<Value>(*reinterpret_cast<const uint4*>(dys + 8 * lane + 256 * i), d4[i], dh);
     return warp_sum(dh);
   };
-  auto entry_grads = [&](int64_t j, float a) {
-    uint4 d4[XS], u4[XS];
-    const uint16_t* wd = p.w_down + j * p.ldwd + 8 * lane;
-    const uint16_t* wu = p.w_up + j * p.ldwu + 8 * lane;
+  // Two weight rows at the lane's chunks (8l + 256i), both in flight before either is used: v0 = r0's
+  // (a row pointer), v1 = r1's where live1, zeros past d_model or where !live1.
+  auto load_two_rows = [&](const uint16_t* r0, uint4 (&v0)[XS], const uint16_t* r1, bool live1, uint4 (&v1)[XS]) {
+    r0 += 8 * lane;
+    r1 += 8 * lane;
 #pragma unroll
     for (int i = 0; i < XS; ++i) {
-      d4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd + 256 * i) : uint4{0u, 0u, 0u, 0u};
-      if constexpr (Config::gated)
-        u4[i] = in_k(i) ? *reinterpret_cast<const uint4*>(wu + 256 * i) : uint4{0u, 0u, 0u, 0u};
-      else
-        u4[i] = uint4{0u, 0u, 0u, 0u};  // unused
+      v0[i] = in_k(i) ? *reinterpret_cast<const uint4*>(r0 + 256 * i) : uint4{0u, 0u, 0u, 0u};
+      v1[i] = live1 && in_k(i) ? *reinterpret_cast<const uint4*>(r1 + 256 * i) : uint4{0u, 0u, 0u, 0u};
     }
+  };
+  auto entry_grads = [&](int64_t j, float a) {
+    uint4 d4[XS], u4[XS];
+    // Non-gated: u4 zeros, unused.
+    load_two_rows(p.w_down + j * p.ldwd, d4, p.w_up + j * p.ldwu, Config::gated, u4);
     const float dh = dot_dy(d4);
     float u = 0.0f;
     if constexpr (Config::gated) {
@@ -470,13 +473,8 @@ __device__ __forceinline__ void train_row_backward_warp(const TrainRowBackwardPa
               const bool two = e + 1 < nnz;
               const uint32_t w0 = header[1 + e], w1 = two ? header[2 + e] : w0;
               uint4 d4[2][XS];
-              const uint16_t* wd0 = p.w_down + static_cast<int64_t>(n0 + static_cast<int>(w0 & 0xFFFFu)) * p.ldwd + 8 * lane;
-              const uint16_t* wd1 = p.w_down + static_cast<int64_t>(n0 + static_cast<int>(w1 & 0xFFFFu)) * p.ldwd + 8 * lane;
-#pragma unroll
-              for (int i = 0; i < XS; ++i) {
-                d4[0][i] = in_k(i) ? *reinterpret_cast<const uint4*>(wd0 + 256 * i) : uint4{0u, 0u, 0u, 0u};
-                d4[1][i] = two && in_k(i) ? *reinterpret_cast<const uint4*>(wd1 + 256 * i) : uint4{0u, 0u, 0u, 0u};
-              }
+              load_two_rows(p.w_down + static_cast<int64_t>(n0 + static_cast<int>(w0 & 0xFFFFu)) * p.ldwd, d4[0],
+                            p.w_down + static_cast<int64_t>(n0 + static_cast<int>(w1 & 0xFFFFu)) * p.ldwd, two, d4[1]);
               const float u0 = u_of[e], u1 = two ? u_of[e + 1] : 0.0f;
               const float a0 = Value::to_float(static_cast<uint16_t>(w0 >> 16)), a1 = Value::to_float(static_cast<uint16_t>(w1 >> 16));
               const Grads g0 = grads_of(dot_dy(d4[0]), u0, a0);
