@@ -202,6 +202,11 @@ def test_training_plan_without_a_gpu_describes_and_refuses_by_name():
         ctx.training_plan(twell.FfnSpec(256, 1024), 128, gradients_in_dtype=2)
     with pytest.raises(twell.InvalidArgumentError, match="keep_u"):
         ctx.training_plan(twell.FfnSpec(256, 1024), 128, keep_u=1)
+    with pytest.raises(twell.InvalidArgumentError, match="dw_down_as_weight"):
+        ctx.training_plan(twell.FfnSpec(256, 1024), 128, dw_down_as_weight=1)
+    with pytest.raises(twell.InvalidArgumentError, match="options.dw_down_as_weight"):  # out_in: a 16-bit transpose
+        ctx.training_plan(twell.FfnSpec(256, 1024), 128, dw_down_as_weight=True)
+    ctx.training_plan(twell.FfnSpec(256, 1024), 128, gradients_in_dtype=True, dw_down_as_weight=True)
     with pytest.raises(twell.InvalidArgumentError, match="spec.consumer"):
         ctx.training_plan(twell.FfnSpec(256, 1024, consumer="token_block"), 128)
     # keep_u (the default) keeps u per TwELL word: 8 bytes per word against 4 (tile_n 256, slots 31, d_ff 1024).
@@ -211,7 +216,7 @@ def test_training_plan_without_a_gpu_describes_and_refuses_by_name():
     lib = _capi.lib()
     out = ctypes.c_void_p()
     spec = twell.FfnSpec(256, 1024)._struct()
-    assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, -1, 7, ctypes.byref(out)) == 1
+    assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, -1, 15, ctypes.byref(out)) == 1
     assert "flags" in lib.twell_last_error().decode()
     assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, 2 ** 33, 0, ctypes.byref(out)) == 1
     assert "backup_capacity" in lib.twell_last_error().decode()

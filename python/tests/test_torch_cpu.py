@@ -258,12 +258,12 @@ def test_the_backward_operator_dense_branch_matches_its_fake(gated, tokens):
     wd, dy = torch.randn(d_model, d_ff, generator=gen), torch.randn(tokens, d_model, generator=gen)
     args = (x, wg, wu, wd, dy, "relu", 0.0)
     torch.library.opcheck(torch.ops.twell.sparse_ffn_backward.default, args)
-    dx, dwg, dwu, dwd_t = torch.ops.twell.sparse_ffn_backward(*args)
-    assert dwd_t.shape == (d_ff, d_model) and dwd_t.is_contiguous()
+    dx, dwg, dwu, dwd = torch.ops.twell.sparse_ffn_backward(*args)
+    assert dwd.shape == (d_model, d_ff) and dwd.is_contiguous()  # as the weight (nn.Linear's layout)
     leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, wg, wu, wd)]
     lx, lg, lu, ld = leaves
     h = torch.relu(lx @ lg.t()) * (lx @ lu.t() if gated else 1)
     ((h @ ld.t()) * dy).sum().backward()
-    for got, ref in ((dx, lx.grad), (dwg, lg.grad), (dwd_t.t(), ld.grad)) + (((dwu, lu.grad),) if gated else ()):
+    for got, ref in ((dx, lx.grad), (dwg, lg.grad), (dwd, ld.grad)) + (((dwu, lu.grad),) if gated else ()):
         torch.testing.assert_close(got, ref)
     assert gated or dwu.numel() == 0

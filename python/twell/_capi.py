@@ -14,7 +14,7 @@ import threading
 
 from ._errors import InvalidArgumentError, error_for_status
 
-C_API_VERSION = 4  # TWELL_C_API_VERSION this module was written for
+C_API_VERSION = 5  # TWELL_C_API_VERSION this module was written for
 
 # Enum values of c_api.h.
 DTYPES = {"bf16": 0, "fp16": 1}

@@ -217,11 +217,14 @@ class Context:
         return DenseFfn(self, spec, max_tokens, kernels)
 
     def training_plan(self, spec: FfnSpec, max_tokens: int, backup_capacity: int | None = None,
-                      gradients_in_dtype: bool = False, keep_u: bool = True) -> "TrainingPlan":
+                      gradients_in_dtype: bool = False, keep_u: bool = True,
+                      dw_down_as_weight: bool = False) -> "TrainingPlan":
         """twell::FfnTrainingPlan (twell/training_plan.h): the training forward and backward of `spec`.
         keep_u: the state keeps each entry's u from the forward (4 bytes per TwELL word) so the backward
-        reads no Wu row for it (TrainingPlanOptions::keep_u; False: recomputed, the same bits)."""
-        return TrainingPlan(self, spec, max_tokens, backup_capacity, gradients_in_dtype, keep_u)
+        reads no Wu row for it (TrainingPlanOptions::keep_u; False: recomputed, the same bits).
+        dw_down_as_weight: the backward's dw_down in Wd's own layout ([d_model, d_ff] for an out_in Wd, which
+        then needs gradients_in_dtype), not dWd^T (TrainingPlanOptions::dw_down_as_weight)."""
+        return TrainingPlan(self, spec, max_tokens, backup_capacity, gradients_in_dtype, keep_u, dw_down_as_weight)
 
 
 class Plan:
@@ -334,7 +337,7 @@ class TrainingPlan:
     (dx, dWg, dWu, dWd^T). Pointers are device addresses as ints; one plan's calls must be ordered."""
 
     def __init__(self, context: Context, spec: FfnSpec, max_tokens: int, backup_capacity: int | None,
-                 gradients_in_dtype: bool, keep_u: bool = True):
+                 gradients_in_dtype: bool, keep_u: bool = True, dw_down_as_weight: bool = False):
         _int("Context.training_plan", "max_tokens", max_tokens, 1, _INT64[1])
         if backup_capacity is not None:
             _int("Context.training_plan", "backup_capacity", backup_capacity, 0, 2 ** 32 - 1)
@@ -343,7 +346,11 @@ class TrainingPlan:
                                        f"{gradients_in_dtype!r}")
         if not isinstance(keep_u, bool):
             raise InvalidArgumentError(f"twell.Context.training_plan: keep_u: expected a bool, got {keep_u!r}")
-        flags = (1 if gradients_in_dtype else 0) | (0 if keep_u else 2)  # TWELL_TRAINING_* (c_api.h)
+        if not isinstance(dw_down_as_weight, bool):
+            raise InvalidArgumentError(f"twell.Context.training_plan: dw_down_as_weight: expected a bool, got "
+                                       f"{dw_down_as_weight!r}")
+        # TWELL_TRAINING_* (c_api.h)
+        flags = (1 if gradients_in_dtype else 0) | (0 if keep_u else 2) | (4 if dw_down_as_weight else 0)
         handle = ctypes.c_void_p()
         check(lib().twell_training_plan_create(context._handle, ctypes.byref(spec._struct()), max_tokens,
                                                -1 if backup_capacity is None else backup_capacity,

@@ -502,11 +502,13 @@ twell_status_t twell_training_plan_create(twell_context_t context, const twell_f
         invalid(fn, "backup_capacity", "-1 (the default) or 0..4294967295 tile-rows", std::to_string(backup_capacity));
       o.backup_capacity = static_cast<uint32_t>(backup_capacity);
     }
-    if ((flags & ~(TWELL_TRAINING_GRADIENTS_IN_DTYPE | TWELL_TRAINING_RECOMPUTE_U)) != 0)
-      invalid(fn, "flags", "0 or a bitwise or of TWELL_TRAINING_GRADIENTS_IN_DTYPE (1) and TWELL_TRAINING_RECOMPUTE_U (2)",
+    if ((flags & ~(TWELL_TRAINING_GRADIENTS_IN_DTYPE | TWELL_TRAINING_RECOMPUTE_U | TWELL_TRAINING_DW_DOWN_AS_WEIGHT)) != 0)
+      invalid(fn, "flags", "0 or a bitwise or of TWELL_TRAINING_GRADIENTS_IN_DTYPE (1), TWELL_TRAINING_RECOMPUTE_U (2) "
+              "and TWELL_TRAINING_DW_DOWN_AS_WEIGHT (4)",
               std::to_string(flags));
     o.gradients_in_dtype = (flags & TWELL_TRAINING_GRADIENTS_IN_DTYPE) != 0;
     o.keep_u = (flags & TWELL_TRAINING_RECOMPUTE_U) == 0;
+    o.dw_down_as_weight = (flags & TWELL_TRAINING_DW_DOWN_AS_WEIGHT) != 0;
     *plan = new twell_training_plan{twell::FfnTrainingPlan::create(c.context, s, max_tokens, o), {}};
   });
 }

@@ -115,6 +115,9 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
   if (spec.d_model > kernels::TrainRowBackwardConstraints::kMaxDModel)
     fail(who, fmt::format("spec.d_model: expected at most {} (train_row_backward keeps a row of dx in registers), got {}",
                           kernels::TrainRowBackwardConstraints::kMaxDModel, spec.d_model));
+  if (options.dw_down_as_weight && spec.down_layout == WeightLayout::OutIn && !options.gradients_in_dtype)
+    fail(who, "options.dw_down_as_weight: expected gradients_in_dtype with it for an out_in Wd (dWd is transposed "
+              "into Wd's layout as 16-bit values), got fp32 gradients");
   PlanOptions plan_options;
   plan_options.dispatch = Dispatch::Sparse;
   plan_options.decode_max_tokens = 0;
@@ -270,17 +273,21 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   // written. dx may not overlap a weight (read while dx is written) or a weight gradient.
   const int64_t K = f.spec.d_model, N = f.spec.d_ff;
   const int out_bytes = p.options.gradients_in_dtype ? 2 : 4;
+  const bool out_in = f.spec.down_layout == WeightLayout::OutIn;
+  // dWd as an out_in Wd ([K, N]): the weight gradients write dWd^T into w_down_t, then a transpose.
+  const bool dw_down_transposed = p.options.dw_down_as_weight && out_in;
+  const int64_t dw_down_rows = dw_down_transposed ? K : N, dw_down_cols = dw_down_transposed ? N : K;
   struct Out {
     const char* name;
     const void* ptr;
     const char* ld_name;
-    int64_t ld, rows;
+    int64_t ld, rows, cols;
     int bytes;
   };
-  const Out outs[] = {{"g.dx", g.dx, "g.ld_dx", g.ld_dx, tokens, 2},
-                      {"g.dw_gate", g.dw_gate, "g.ld_dw_gate", g.ld_dw_gate, N, out_bytes},
-                      {"g.dw_up", g.dw_up, "g.ld_dw_up", g.ld_dw_up, f.spec.gated ? N : 0, out_bytes},
-                      {"g.dw_down", g.dw_down, "g.ld_dw_down", g.ld_dw_down, N, out_bytes}};
+  const Out outs[] = {{"g.dx", g.dx, "g.ld_dx", g.ld_dx, tokens, K, 2},
+                      {"g.dw_gate", g.dw_gate, "g.ld_dw_gate", g.ld_dw_gate, N, K, out_bytes},
+                      {"g.dw_up", g.dw_up, "g.ld_dw_up", g.ld_dw_up, f.spec.gated ? N : 0, K, out_bytes},
+                      {"g.dw_down", g.dw_down, "g.ld_dw_down", g.ld_dw_down, dw_down_rows, dw_down_cols, out_bytes}};
   if (!f.spec.gated && (g.dw_up != nullptr || g.ld_dw_up != 0))
     fail(who, fmt::format("g.dw_up: a non-gated spec has no up weight; expected nullptr and ld_dw_up 0, got {} and {}",
                           g.dw_up, g.ld_dw_up));
@@ -288,21 +295,20 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
     if (o.rows == 0 && o.ptr == nullptr) continue;
     if (std::string problem = pointer_problem(o.name, o.ptr, o.bytes); !problem.empty()) fail(who, problem);
     if (!is_device_memory(o.ptr)) fail(who, fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {}", o.name, o.ptr));
-    if (o.ld != 0 && (o.ld < K || o.ld > (int64_t{1} << 36)))
-      fail(who, fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense), got {}", o.ld_name, K, o.ld));
+    if (o.ld != 0 && (o.ld < o.cols || o.ld > (int64_t{1} << 36)))
+      fail(who, fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense), got {}", o.ld_name, o.cols, o.ld));
   }
   // (run_arguments.h's saturating byte ranges; a null or rowless buffer spans nothing.)
   const auto matrix = [&](const char* name, const void* ptr, int64_t ld, int64_t rows, int64_t row_elements, int bytes) {
     return matrix_range(name, ptr, rows, ld ? ld : row_elements, row_elements, bytes);
   };
-  const bool out_in = f.spec.down_layout == WeightLayout::OutIn;
   const ByteRange dx_range = matrix("g.dx", g.dx, g.ld_dx, tokens, K, 2);
   const ByteRange others[] = {
       matrix("t.w_gate", t.w_gate, t.ld_gate, N, K, 2), matrix("t.w_up", t.w_up, t.ld_up, f.spec.gated ? N : 0, K, 2),
       matrix("t.w_down", t.w_down, t.ld_down, out_in ? K : N, out_in ? N : K, 2),
       matrix("g.dw_gate", g.dw_gate, g.ld_dw_gate, N, K, out_bytes),
       matrix("g.dw_up", g.dw_up, g.ld_dw_up, f.spec.gated ? N : 0, K, out_bytes),
-      matrix("g.dw_down", g.dw_down, g.ld_dw_down, N, K, out_bytes)};
+      matrix("g.dw_down", g.dw_down, g.ld_dw_down, dw_down_rows, dw_down_cols, out_bytes)};
   for (const ByteRange& other : others)
     if (std::string problem = overlap_problem(dx_range, other); !problem.empty()) fail(who, problem);
   const detail::Driver& d = detail::Driver::get();
@@ -378,7 +384,8 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   w.backup_grad = r.backup_grad;
   w.dw_gate = g.dw_gate;
   w.dw_up = g.dw_up;
-  w.dw_down = g.dw_down;
+  // Wd^T's rows are read by now (the row backward runs first on the stream): its buffer takes dWd^T.
+  w.dw_down = dw_down_transposed ? reinterpret_cast<void*>(f.w_down_t->get()) : g.dw_down;
   w.output_dtype = p.options.gradients_in_dtype;
   w.workspace = reinterpret_cast<void*>(p.workspace.get());
   w.entry_list = reinterpret_cast<void*>(p.entry_list.get());
@@ -386,8 +393,14 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   w.ld_dy = ld_dy;
   w.ld_dw_gate = g.ld_dw_gate;
   w.ld_dw_up = g.ld_dw_up;
-  w.ld_dw_down = g.ld_dw_down;
+  w.ld_dw_down = dw_down_transposed ? K : g.ld_dw_down;
   named([&] { detail::train_weight_grad(p.context, stream, ks, w, tokens, grad_capacity); });
+  if (dw_down_transposed) {  // dWd^T [N, K] -> dWd [K, N] (16-bit: create() required gradients_in_dtype)
+    device::TransposeParams tp{reinterpret_cast<const uint16_t*>(f.w_down_t->get()), static_cast<uint16_t*>(g.dw_down), N, K, K,
+                               g.ld_dw_down ? g.ld_dw_down : N};
+    void* args[1] = {&tp};
+    detail::launch(*f.transpose, kernels::LaunchShape{0, N, K}, args, cu, who);
+  }
 }
 
 }  // namespace twell

@@ -69,9 +69,13 @@ int main(void) {
   EXPECT(twell_training_plan_create(context, &spec, 256, -2, 0, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
              training == NULL, "a backup_capacity of -2");
   EXPECT(strstr(twell_last_error(), "backup_capacity") != NULL, "the message names backup_capacity");
-  EXPECT(twell_training_plan_create(context, &spec, 256, -1, 4, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
-             training == NULL, "flags 4");
+  EXPECT(twell_training_plan_create(context, &spec, 256, -1, 8, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
+             training == NULL, "flags 8");
   EXPECT(strstr(twell_last_error(), "flags") != NULL, "the message names flags");
+  /* v5: dWd in an out_in Wd's layout (the default spec's) needs gradients in the spec's dtype. */
+  EXPECT(twell_training_plan_create(context, &spec, 256, -1, TWELL_TRAINING_DW_DOWN_AS_WEIGHT, &training) ==
+             TWELL_ERROR_INVALID_ARGUMENT && training == NULL && strstr(twell_last_error(), "dw_down_as_weight") != NULL,
+         "TWELL_TRAINING_DW_DOWN_AS_WEIGHT with fp32 gradients is refused by name");
   EXPECT(twell_training_forward(NULL, NULL, NULL, 1, NULL, NULL) == TWELL_ERROR_INVALID_ARGUMENT &&
              strstr(twell_last_error(), "plan") != NULL, "a NULL training plan is named");
   EXPECT(twell_training_plan_destroy(NULL) == TWELL_SUCCESS && twell_training_state_destroy(NULL) == TWELL_SUCCESS,

@@ -269,6 +269,54 @@ TEST(GpuTrainingPlan, L1WeightOnTheDevice) {
   EXPECT_GT(relative_error(none.dw_gate, host.dw_gate), 1e-2);
 }
 
+// dw_down_as_weight (an out_in Wd, gradients in its dtype): dw_down is [K, N] like the weight, the bits of
+// the default plan's dWd^T transposed, also into rows padded to a longer stride (left untouched past N).
+TEST(GpuTrainingPlan, DwDownAsWeightIsTheTransposeBitForBit) {
+  REQUIRE_GPU();
+  Context& c = plan_context();
+  const FfnSpec s = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  for (const double density : {0.02, 0.3}) {  // 30%: tile-rows overflow (backed up and recomputed)
+    SCOPED_TRACE(density);
+    const RandomFfn f = make_random_ffn(s, 1000, density, 21);
+    const int64_t K = s.d_model, N = s.d_ff, ld = N + 24;
+    StreamHandle stream(c);
+    GatedLayer d(c, f, random_bits(s.dtype, f.x.size(), -1.0f, 1.0f, 22));
+    TrainingPlanOptions o;
+    o.gradients_in_dtype = true;
+    o.backup_capacity = 2u;
+    FfnTrainingPlan rows = FfnTrainingPlan::create(c, s, f.tokens, o);
+    o.dw_down_as_weight = true;
+    FfnTrainingPlan as_weight = FfnTrainingPlan::create(c, s, f.tokens, o);
+    DeviceMemory padded(c, size_t(K * ld) * 2);
+    std::vector<uint16_t> dwd_t, dwd;
+    for (FfnTrainingPlan* plan : {&rows, &as_weight}) {
+      FfnTrainingState state = plan->make_state();
+      d.dwd.fill(0xFF);
+      padded.fill(0xFF);
+      plan->forward(stream.get(), d.t, f.tokens, state, nullptr);
+      FfnGradients g = d.g;
+      if (plan == &as_weight) {
+        g.dw_down = padded.data();
+        g.ld_dw_down = ld;
+      }
+      plan->backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, g, 1e-3f);
+      stream.synchronize();
+      (plan == &rows ? dwd_t : dwd) = (plan == &rows ? d.dwd : padded).download_vector<uint16_t>(plan == &rows ? size_t(N * K) : size_t(K * ld));
+    }
+    size_t differ = 0, pad_touched = 0, nonzero = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      for (int64_t j = 0; j < N; ++j) {
+        differ += dwd[size_t(k * ld + j)] != dwd_t[size_t(j * K + k)];
+        nonzero += (dwd_t[size_t(j * K + k)] & 0x7FFF) != 0;
+      }
+      for (int64_t j = N; j < ld; ++j) pad_touched += dwd[size_t(k * ld + j)] != 0xFFFF;
+    }
+    EXPECT_EQ(differ, 0u) << "dWd as the weight is not dWd^T transposed";
+    EXPECT_EQ(pad_touched, 0u) << "the transpose wrote past N in a padded row";
+    EXPECT_GT(nonzero, size_t(N * K / 4)) << "dWd^T mostly zero: the comparison would prove little";
+  }
+}
+
 // The backward enqueues its kernels and returns (training_plan.h: its one host wait is the forward's
 // overflow count): called while the stream is held by a host function (time_on_stream's hold, released
 // when the call returns, or after 200 ms), it returns at once; a backward that waited for its own kernels

@@ -113,6 +113,18 @@ TEST(TrainingPlan, RefusesWhatItCannotTrainByName) {
   wide.d_model = 16392;
   expect_error([&] { FfnTrainingPlan::create(no_gpu(), wide, 64); }, ErrorCode::InvalidArgument, "spec.d_model");
   expect_error([&] { FfnTrainingPlan::create(no_gpu(), small_spec(), 0); }, ErrorCode::InvalidArgument, "max_tokens");
+  // dWd in an out_in Wd's layout goes through a 16-bit transpose: fp32 gradients are refused by name.
+  FfnSpec out_in = small_spec();
+  out_in.down_layout = WeightLayout::OutIn;
+  TrainingPlanOptions as_weight;
+  as_weight.dw_down_as_weight = true;
+  expect_error([&] { FfnTrainingPlan::create(no_gpu(), out_in, 64, as_weight); }, ErrorCode::InvalidArgument,
+               "options.dw_down_as_weight");
+  FfnSpec in_out = small_spec();
+  in_out.down_layout = WeightLayout::InOut;  // dWd^T is that layout already: no transpose, any gradient type
+  EXPECT_NO_THROW(FfnTrainingPlan::create(no_gpu(), in_out, 64, as_weight));
+  as_weight.gradients_in_dtype = true;
+  EXPECT_NO_THROW(FfnTrainingPlan::create(no_gpu(), out_in, 64, as_weight));
 }
 
 TEST(TrainingPlan, RunTimeCallsWithoutAGpuOrOnAnEmptyPlanAreClearErrors) {

@@ -251,7 +251,8 @@ def _dense_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tens
 @torch.library.custom_op("twell::sparse_ffn_backward", mutates_args=())
 def sparse_ffn_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor, activation: str,
                         threshold: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, dWg, dWu, dWd^T [d_ff, d_model]) of the FFN for dy (dWu empty for w_up None): twell's sparse
+    """(dx, dWg, dWu, dWd [d_model, d_ff], each in its weight's layout) of the FFN for dy (dWu empty for
+    w_up None): twell's sparse
     backward after re-running the training forward (twell.torch.training.recompute_backward), or the
     dense formula where the training kernels refuse the shape (training.trainable) or there are no
     rows. The operators' autograd formula, an operator itself so that torch.compile traces it (fake
@@ -260,17 +261,16 @@ def sparse_ffn_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
     tokens = x.numel() // w_gate.shape[1] if w_gate.shape[1] else 0
     if tokens > 0 and x.is_cuda and trainable(x.device, spec_of(x, w_gate, w_up, activation, threshold), tokens):
         dx, d_w_gate, d_w_up, d_w_down = recompute_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
-        d_w_down_t = d_w_down.t()  # the kernel's dWd^T, contiguous
     else:
         dx, d_w_gate, d_w_up, d_w_down = _dense_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
-        d_w_down_t = d_w_down.t().contiguous()  # the fake's strides in every branch (torch.compile checks them)
-    return dx, d_w_gate, d_w_up if d_w_up is not None else x.new_empty(0), d_w_down_t
+    # Contiguous in every branch: the fake's strides (torch.compile checks them).
+    return dx, d_w_gate, d_w_up if d_w_up is not None else x.new_empty(0), d_w_down.contiguous()
 
 
 @sparse_ffn_backward.register_fake
 def _(x, w_gate, w_up, w_down, dy, activation, threshold):
     return (x.new_empty(x.shape), w_gate.new_empty(w_gate.shape),
-            w_up.new_empty(w_up.shape) if w_up is not None else x.new_empty(0), w_gate.new_empty(w_gate.shape))
+            w_up.new_empty(w_up.shape) if w_up is not None else x.new_empty(0), w_down.new_empty(w_down.shape))
 
 
 def _setup_context(ctx, inputs, output):
@@ -293,8 +293,7 @@ def _backward(ctx, dy):
     rest = (None,) * 7
     from .training import sparse_backward_applies
     if ctx.dispatch != "dense" and sparse_backward_applies(x):
-        dx, d_w_gate, d_w_up, d_w_down_t = sparse_ffn_backward(x, w_gate, w_up, w_down, dy, ctx.activation, ctx.threshold)
-        d_w_down = d_w_down_t.t()
+        dx, d_w_gate, d_w_up, d_w_down = sparse_ffn_backward(x, w_gate, w_up, w_down, dy, ctx.activation, ctx.threshold)
     else:
         dx, d_w_gate, d_w_up, d_w_down = _dense_backward(x, w_gate, w_up, w_down, dy, ctx.activation, ctx.threshold)
     if ctx.gated:

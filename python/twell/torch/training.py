@@ -74,7 +74,9 @@ def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int) -> _Trainin
         if entry is None or entry.capacity < tokens:
             capacity = max(_plans.MIN_CAPACITY, 1 << max(0, tokens - 1).bit_length())
             ctx = _plans.context(device)
-            entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True), capacity)
+            # dWd in nn.Linear's layout: autograd then adds contiguous rows into w_down.grad (bench/README.md v54).
+            entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True, dw_down_as_weight=True),
+                                   capacity)
             _training_plans[key] = entry
     return entry
 
@@ -131,7 +133,7 @@ def _run_backward(saved, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down:
     """FfnTrainingPlan::backward for the forward `saved` came from; gives its state back. The operands'
     pointers are taken from the tensors given here (autograd's unpacked saved tensors: saved-tensor hooks,
     checkpointing or resharding may have moved them since the forward). Returns (dx, dWg, dWu or None, dWd
-    in nn.Linear's layout: a transposed view of the kernel's dWd^T)."""
+    in nn.Linear's layout, contiguous: the plan's dw_down_as_weight)."""
     entry, state, tokens = saved
     d_ff, d_model = w_gate.shape
     try:
@@ -146,16 +148,16 @@ def _run_backward(saved, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down:
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         dw_gate = torch.empty((d_ff, d_model), dtype=w_gate.dtype, device=x.device)
         dw_up = torch.empty((d_ff, d_model), dtype=w_up.dtype, device=x.device) if w_up is not None else None
-        dw_down_t = torch.empty((d_ff, d_model), dtype=w_down.dtype, device=x.device)  # dWd^T
+        dw_down = torch.empty((d_model, d_ff), dtype=w_down.dtype, device=x.device)  # as the weight
         g = _capi.FfnGradients(dx.data_ptr(), dw_gate.data_ptr(), dw_up.data_ptr() if dw_up is not None else None,
-                               dw_down_t.data_ptr(), d_model, d_model, d_model if dw_up is not None else 0, d_model)
+                               dw_down.data_ptr(), d_model, d_model, d_model if dw_up is not None else 0, d_ff)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         entry.plan.backward_struct(stream, t, dy.data_ptr(), d_model, tokens, state, g,
                                    1.0 if l1_weight is not None else 0.0, tokens,
                                    l1_weight.data_ptr() if l1_weight is not None else None)
     finally:
         entry.give_back(state)
-    return dx, dw_gate, dw_up, dw_down_t.t()
+    return dx, dw_gate, dw_up, dw_down
 
 
 class _SparseFfnTraining(torch.autograd.Function):

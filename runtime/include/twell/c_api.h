@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define TWELL_C_API_VERSION 4 /* 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
+#define TWELL_C_API_VERSION 5 /* 5: TWELL_TRAINING_DW_DOWN_AS_WEIGHT; 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
 
 typedef enum twell_status {
   TWELL_SUCCESS = 0,
@@ -133,12 +133,13 @@ typedef struct twell_ffn_tensors {
 } twell_ffn_tensors;
 
 /* FfnGradients (twell/training_plan.h): the backward's outputs, device pointers; strides in elements (0: dense).
- * dw_down is dWd in the in_out layout ([d_ff, d_model], dWd^T) whatever the spec's down_layout. */
+ * dw_down is dWd in the in_out layout ([d_ff, d_model], dWd^T) whatever the spec's down_layout, or, where the
+ * plan has TWELL_TRAINING_DW_DOWN_AS_WEIGHT, in the spec's down_layout ([d_model, d_ff] for out_in). */
 typedef struct twell_ffn_gradients {
   void* dx;      /* [tokens, d_model] spec dtype */
   void* dw_gate; /* [d_ff, d_model] fp32 (or the spec dtype: TWELL_TRAINING_GRADIENTS_IN_DTYPE) */
   void* dw_up;   /* [d_ff, d_model]; NULL for a non-gated spec */
-  void* dw_down; /* [d_ff, d_model]: dWd^T */
+  void* dw_down; /* [d_ff, d_model]: dWd^T (TWELL_TRAINING_DW_DOWN_AS_WEIGHT with out_in: [d_model, d_ff]) */
   int64_t ld_dx, ld_dw_gate, ld_dw_up, ld_dw_down;
 } twell_ffn_gradients;
 
@@ -220,9 +221,12 @@ twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ff
  * act(g) in a state; the backward returns dx, dWg, dWu, dWd^T. backup_capacity -1: the default. flags: 0
  * or a bitwise or of TWELL_TRAINING_GRADIENTS_IN_DTYPE (weight gradients in the spec's dtype, not fp32) and
  * TWELL_TRAINING_RECOMPUTE_U (TrainingPlanOptions::keep_u false: the state does not keep u per entry, 4
- * bytes per TwELL word less; the backward recomputes it, the same bits). */
+ * bytes per TwELL word less; the backward recomputes it, the same bits) and TWELL_TRAINING_DW_DOWN_AS_WEIGHT
+ * (TrainingPlanOptions::dw_down_as_weight: dWd in Wd's own layout; with an out_in Wd it needs
+ * TWELL_TRAINING_GRADIENTS_IN_DTYPE). */
 #define TWELL_TRAINING_GRADIENTS_IN_DTYPE 1
 #define TWELL_TRAINING_RECOMPUTE_U 2
+#define TWELL_TRAINING_DW_DOWN_AS_WEIGHT 4
 twell_status_t twell_training_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
                                           int64_t backup_capacity, int flags, twell_training_plan_t* plan);
 twell_status_t twell_training_plan_destroy(twell_training_plan_t plan); /* NULL is a no-op */

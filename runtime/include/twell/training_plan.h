@@ -41,6 +41,13 @@ struct TrainingPlanOptions {
   // gated and both the consumer and the row backward are the warp-per-row forms), so the backward reads
   // no Wu row to recompute it (bench/README.md v48). false: recompute (less memory). Same bits either way.
   bool keep_u = true;
+  // dWd in Wd's own layout (spec.down_layout): for an out_in (nn.Linear) Wd, FfnGradients::dw_down is then
+  // [K, N] like the weight, not the rows of dWd^T. The weight gradients write dWd^T into the plan's Wd^T
+  // buffer (free once the row backward has read it) and a 16-bit transpose puts it in place: a framework
+  // that accumulates into the weight's .grad then adds contiguous rows instead of a transposed view
+  // (0.08 ms strided against 0.03 + 0.02 at the paper shape, bench/README.md v54). An out_in spec needs
+  // gradients_in_dtype with it (the transpose moves 16-bit values); an in_out spec's dWd^T is its layout.
+  bool dw_down_as_weight = false;
   // Where the layout (tile_n, slots, gate cluster) comes from: PlanOptions::tuning and its fields (a tuned
   // layout the training kernels refuse gives way to the heuristic one).
   PlanOptions::Tuning tuning = PlanOptions::Tuning::Use;
@@ -77,7 +84,8 @@ struct FfnGradients {
   void* dw_gate = nullptr;  // [N, K] dL/dWg (nn.Linear layout), fp32 or spec.dtype (gradients_in_dtype)
   void* dw_up = nullptr;    // [N, K] dL/dWu; nullptr for a non-gated spec
   // [N, K]: dL/dWd in the in_out layout, the rows of dWd^T, whatever spec.down_layout is (an nn.Linear
-  // Wd's gradient is its transpose: PyTorch takes .t()).
+  // Wd's gradient is its transpose: PyTorch takes .t()); [K, N] like an out_in Wd where the plan's
+  // TrainingPlanOptions::dw_down_as_weight is set.
   void* dw_down = nullptr;
   int64_t ld_dx = 0, ld_dw_gate = 0, ld_dw_up = 0, ld_dw_down = 0;
 };
