@@ -22,7 +22,8 @@ through). Weights may change every step: nothing is precomputed from them.
 dispatch: "sparse" (always twell), "dense" (PyTorch's own autograd of the same function, exact threshold
 semantics), "auto": per (layer key, power-of-two token bucket) the first call times both full steps
 (forward and backward, on up to TIMING_ROWS of its own rows, synchronizing) and keeps the faster, so
-that no density trains slower than dense; recalibrate() re-times (call it as the density moves). Eager mode only (the forward keeps an opaque state: torch.compile graph-breaks here).
+a dense bucket trains within a few % of PyTorch's own time (bench/README.md v51, v53), plus the one-time
+timing and compilation; recalibrate() re-times (call it as the density moves). Eager mode only (the forward keeps an opaque state: torch.compile graph-breaks here).
 """
 from __future__ import annotations
 

@@ -218,7 +218,8 @@ twell_status_t twell_dense_destroy(twell_dense_t dense); /* NULL is a no-op */
 twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ffn_tensors* tensors, int64_t tokens);
 
 /* Training (twell::FfnTrainingPlan, twell/training_plan.h): the forward keeps the TwELL matrix of
- * act(g) in a state; the backward returns dx, dWg, dWu, dWd^T. backup_capacity -1: the default. flags: 0
+ * act(g) in a state; the backward returns dx, dWg, dWu, dWd^T (dWd as the weight with
+ * TWELL_TRAINING_DW_DOWN_AS_WEIGHT). backup_capacity -1: the default. flags: 0
  * or a bitwise or of TWELL_TRAINING_GRADIENTS_IN_DTYPE (weight gradients in the spec's dtype, not fp32) and
  * TWELL_TRAINING_RECOMPUTE_U (TrainingPlanOptions::keep_u false: the state does not keep u per entry, 4
  * bytes per TwELL word less; the backward recomputes it, the same bits) and TWELL_TRAINING_DW_DOWN_AS_WEIGHT

@@ -126,7 +126,8 @@ class FfnTrainingPlan {
 
   // The gradients of L(y) + lambda * l1 for dy = dL/dy ([tokens, d_model] spec.dtype, row stride ld_dy,
   // 0 = dense) after forward(state) with the same t (x and the weights, unchanged; y is not read) and
-  // tokens: dx (rounded to spec.dtype once), dWg, dWu, dWd^T (twell/training.h). lambda: finite, >= 0;
+  // tokens: dx (rounded to spec.dtype once), dWg, dWu, dWd^T (twell/training.h; dWd as the weight with
+  // dw_down_as_weight). lambda: finite, >= 0;
   // the L1 term's coefficient is lambda / l1_tokens (l1_tokens 0: tokens; pass the whole batch's rows when
   // a batch is split into several calls), times *l1_weight where l1_weight (a device fp32) is given.
   // Gradients are written, not accumulated. Stream-ordered; waits on the host for the forward's overflow
