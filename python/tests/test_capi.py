@@ -206,7 +206,8 @@ def test_training_plan_without_a_gpu_describes_and_refuses_by_name():
         ctx.training_plan(twell.FfnSpec(256, 1024), 128, dw_down_as_weight=1)
     with pytest.raises(twell.InvalidArgumentError, match="options.dw_down_as_weight"):  # out_in: a 16-bit transpose
         ctx.training_plan(twell.FfnSpec(256, 1024), 128, dw_down_as_weight=True)
-    ctx.training_plan(twell.FfnSpec(256, 1024), 128, gradients_in_dtype=True, dw_down_as_weight=True)
+    d = ctx.training_plan(twell.FfnSpec(256, 1024), 128, gradients_in_dtype=True, dw_down_as_weight=True).describe()
+    assert d["gradients_in_dtype"] is True and d["dw_down_as_weight"] is True and d["keep_u"] is True
     with pytest.raises(twell.InvalidArgumentError, match="spec.consumer"):
         ctx.training_plan(twell.FfnSpec(256, 1024, consumer="token_block"), 128)
     # keep_u (the default) keeps u per TwELL word: 8 bytes per word against 4 (tile_n 256, slots 31, d_ff 1024).

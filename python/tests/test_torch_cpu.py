@@ -249,7 +249,7 @@ def test_auto_path_decides_once_per_bucket(monkeypatch):
 @pytest.mark.parametrize("gated,tokens", [(True, 6), (False, 6), (True, 0)])
 def test_the_backward_operator_dense_branch_matches_its_fake(gated, tokens):
     # Off CUDA, with no rows, or for a shape the training kernels refuse, twell::sparse_ffn_backward takes
-    # the dense formula: its outputs must have the fake's shapes and strides (dWd^T contiguous), which
+    # the dense formula: its outputs must have the fake's shapes and strides (dWd contiguous, as the weight), which
     # opcheck and torch.compile check, and equal PyTorch's autograd of the same function.
     gen = torch.Generator().manual_seed(0)
     d_model, d_ff = 16, 48

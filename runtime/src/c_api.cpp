@@ -526,6 +526,9 @@ twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const ch
                             {"max_tokens", p.plan.max_tokens()},
                             {"runnable", p.plan.runnable()},
                             {"state_bytes_per_row", p.plan.state_bytes(1, 0) - p.plan.state_bytes(0, 0)},
+                            {"gradients_in_dtype", p.plan.options().gradients_in_dtype},
+                            {"keep_u", p.plan.options().keep_u},
+                            {"dw_down_as_weight", p.plan.options().dw_down_as_weight},
                             {"kernels", kernels_json(p.plan.kernels())}}
                  .dump();
     *json = p.json.c_str();

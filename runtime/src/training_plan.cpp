@@ -180,6 +180,7 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
 const FfnSpec& FfnTrainingPlan::spec() const { return checked(impl_, "FfnTrainingPlan::spec").forward.spec(); }
 const TwellLayout& FfnTrainingPlan::layout() const { return checked(impl_, "FfnTrainingPlan::layout").forward.layout(); }
 int64_t FfnTrainingPlan::max_tokens() const { return checked(impl_, "FfnTrainingPlan::max_tokens").max_tokens; }
+const TrainingPlanOptions& FfnTrainingPlan::options() const { return checked(impl_, "FfnTrainingPlan::options").options; }
 const std::vector<KernelReport>& FfnTrainingPlan::kernels() const { return checked(impl_, "FfnTrainingPlan::kernels").reports; }
 bool FfnTrainingPlan::runnable() const { return impl_ && impl_->context->gpu; }
 
@@ -296,21 +297,30 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
     if (std::string problem = pointer_problem(o.name, o.ptr, o.bytes); !problem.empty()) fail(who, problem);
     if (!is_device_memory(o.ptr)) fail(who, fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {}", o.name, o.ptr));
     if (o.ld != 0 && (o.ld < o.cols || o.ld > (int64_t{1} << 36)))
-      fail(who, fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense), got {}", o.ld_name, o.cols, o.ld));
+      fail(who, fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense{}), got {}", o.ld_name, o.cols,
+                            o.ptr == g.dw_down && dw_down_transposed ? "; dw_down_as_weight: rows of d_ff" : "", o.ld));
   }
   // (run_arguments.h's saturating byte ranges; a null or rowless buffer spans nothing.)
   const auto matrix = [&](const char* name, const void* ptr, int64_t ld, int64_t rows, int64_t row_elements, int bytes) {
     return matrix_range(name, ptr, rows, ld ? ld : row_elements, row_elements, bytes);
   };
   const ByteRange dx_range = matrix("g.dx", g.dx, g.ld_dx, tokens, K, 2);
+  const ByteRange dw_gate_range = matrix("g.dw_gate", g.dw_gate, g.ld_dw_gate, N, K, out_bytes),
+                  dw_up_range = matrix("g.dw_up", g.dw_up, g.ld_dw_up, f.spec.gated ? N : 0, K, out_bytes),
+                  dw_down_range = matrix("g.dw_down", g.dw_down, g.ld_dw_down, dw_down_rows, dw_down_cols, out_bytes);
   const ByteRange others[] = {
       matrix("t.w_gate", t.w_gate, t.ld_gate, N, K, 2), matrix("t.w_up", t.w_up, t.ld_up, f.spec.gated ? N : 0, K, 2),
-      matrix("t.w_down", t.w_down, t.ld_down, out_in ? K : N, out_in ? N : K, 2),
-      matrix("g.dw_gate", g.dw_gate, g.ld_dw_gate, N, K, out_bytes),
-      matrix("g.dw_up", g.dw_up, g.ld_dw_up, f.spec.gated ? N : 0, K, out_bytes),
-      matrix("g.dw_down", g.dw_down, g.ld_dw_down, dw_down_rows, dw_down_cols, out_bytes)};
+      matrix("t.w_down", t.w_down, t.ld_down, out_in ? K : N, out_in ? N : K, 2), dw_gate_range, dw_up_range, dw_down_range};
   for (const ByteRange& other : others)
     if (std::string problem = overlap_problem(dx_range, other); !problem.empty()) fail(who, problem);
+  if (dw_down_transposed) {
+    // train_weight_grad checks its outputs against its inputs and each other; here it writes the plan's
+    // buffer, and the transpose writes g.dw_down last: the same rules for it, checked here.
+    const ByteRange read_or_written[] = {matrix("t.x", t.x, t.ld_x, tokens, K, 2), matrix("dy", dy, ld_dy, tokens, K, 2),
+                                         dw_gate_range, dw_up_range};
+    for (const ByteRange& other : read_or_written)
+      if (std::string problem = overlap_problem(dw_down_range, other); !problem.empty()) fail(who, problem);
+  }
   const detail::Driver& d = detail::Driver::get();
   auto cu = reinterpret_cast<CUstream>(stream);
   // The forward's overflow count: its copy was enqueued before everything after the forward.

@@ -270,15 +270,17 @@ TEST(GpuTrainingPlan, L1WeightOnTheDevice) {
 }
 
 // dw_down_as_weight (an out_in Wd, gradients in its dtype): dw_down is [K, N] like the weight, the bits of
-// the default plan's dWd^T transposed, also into rows padded to a longer stride (left untouched past N).
+// the default plan's dWd^T transposed, into dense rows (ld 0) and into rows padded to a longer stride (left
+// untouched past N, and nothing written past row K); dx, dWg and dWu keep their bits (the plan's Wd^T
+// buffer, which now takes dWd^T, is read by the row backward first). Bad dw_down arguments are refused.
 TEST(GpuTrainingPlan, DwDownAsWeightIsTheTransposeBitForBit) {
   REQUIRE_GPU();
   Context& c = plan_context();
   const FfnSpec s = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const int64_t K = s.d_model, N = s.d_ff;
   for (const double density : {0.02, 0.3}) {  // 30%: tile-rows overflow (backed up and recomputed)
     SCOPED_TRACE(density);
     const RandomFfn f = make_random_ffn(s, 1000, density, 21);
-    const int64_t K = s.d_model, N = s.d_ff, ld = N + 24;
     StreamHandle stream(c);
     GatedLayer d(c, f, random_bits(s.dtype, f.x.size(), -1.0f, 1.0f, 22));
     TrainingPlanOptions o;
@@ -287,34 +289,79 @@ TEST(GpuTrainingPlan, DwDownAsWeightIsTheTransposeBitForBit) {
     FfnTrainingPlan rows = FfnTrainingPlan::create(c, s, f.tokens, o);
     o.dw_down_as_weight = true;
     FfnTrainingPlan as_weight = FfnTrainingPlan::create(c, s, f.tokens, o);
-    DeviceMemory padded(c, size_t(K * ld) * 2);
-    std::vector<uint16_t> dwd_t, dwd;
-    for (FfnTrainingPlan* plan : {&rows, &as_weight}) {
-      FfnTrainingState state = plan->make_state();
-      d.dwd.fill(0xFF);
-      padded.fill(0xFF);
-      plan->forward(stream.get(), d.t, f.tokens, state, nullptr);
+    struct Out {
+      std::vector<uint16_t> dx, dwg, dwu, dwd;
+    };
+    // One step into d's buffers, dw_down into `dwd` (poisoned; `elements` of it downloaded).
+    const auto step = [&](FfnTrainingPlan& plan, DeviceMemory& dwd, size_t elements, int64_t ld_arg) {
+      FfnTrainingState state = plan.make_state();
+      for (DeviceMemory* m : {&d.dx, &d.dwg, &d.dwu, &dwd}) m->fill(0xFF);
+      plan.forward(stream.get(), d.t, f.tokens, state, nullptr);
       FfnGradients g = d.g;
-      if (plan == &as_weight) {
-        g.dw_down = padded.data();
-        g.ld_dw_down = ld;
-      }
-      plan->backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, g, 1e-3f);
+      g.dw_down = dwd.data();
+      g.ld_dw_down = ld_arg;
+      plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, g, 1e-3f);
       stream.synchronize();
-      (plan == &rows ? dwd_t : dwd) = (plan == &rows ? d.dwd : padded).download_vector<uint16_t>(plan == &rows ? size_t(N * K) : size_t(K * ld));
+      return Out{d.dx.download_vector<uint16_t>(f.x.size()), d.dwg.download_vector<uint16_t>(size_t(N * K)),
+                 d.dwu.download_vector<uint16_t>(size_t(N * K)), dwd.download_vector<uint16_t>(elements)};
+    };
+    DeviceMemory dense(c, size_t((K + 1) * N) * 2), padded(c, size_t((K + 1) * (N + 24)) * 2);
+    const Out ref = step(rows, d.dwd, size_t(N * K), 0);  // dWd^T [N, K]
+    for (const int64_t ld : {N, N + 24}) {
+      SCOPED_TRACE(ld);
+      // [K, N] in rows of ld, and one more row of ld that nothing may write.
+      const Out got = step(as_weight, ld == N ? dense : padded, size_t((K + 1) * ld), ld == N ? 0 : ld);
+      EXPECT_EQ(got.dx, ref.dx) << "dx";
+      EXPECT_EQ(got.dwg, ref.dwg) << "dWg";
+      EXPECT_EQ(got.dwu, ref.dwu) << "dWu";
+      size_t differ = 0, outside = 0, nonzero = 0;
+      for (int64_t k = 0; k <= K; ++k)
+        for (int64_t j = 0; j < ld; ++j) {
+          const uint16_t v = got.dwd[size_t(k * ld + j)];
+          if (k == K || j >= N) {
+            outside += v != 0xFFFF;
+            continue;
+          }
+          differ += v != ref.dwd[size_t(j * K + k)];
+          nonzero += (ref.dwd[size_t(j * K + k)] & 0x7FFF) != 0;
+        }
+      EXPECT_EQ(differ, 0u) << "dWd as the weight is not dWd^T transposed";
+      EXPECT_EQ(outside, 0u) << "the transpose wrote past N in a row or past row K";
+      EXPECT_GT(nonzero, size_t(N * K / 4)) << "dWd^T mostly zero: the comparison would prove little";
     }
-    size_t differ = 0, pad_touched = 0, nonzero = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      for (int64_t j = 0; j < N; ++j) {
-        differ += dwd[size_t(k * ld + j)] != dwd_t[size_t(j * K + k)];
-        nonzero += (dwd_t[size_t(j * K + k)] & 0x7FFF) != 0;
-      }
-      for (int64_t j = N; j < ld; ++j) pad_touched += dwd[size_t(k * ld + j)] != 0xFFFF;
-    }
-    EXPECT_EQ(differ, 0u) << "dWd as the weight is not dWd^T transposed";
-    EXPECT_EQ(pad_touched, 0u) << "the transpose wrote past N in a padded row";
-    EXPECT_GT(nonzero, size_t(N * K / 4)) << "dWd^T mostly zero: the comparison would prove little";
   }
+  // Bad dw_down arguments under the option, refused by name before any launch.
+  const RandomFfn f = make_random_ffn(s, 64, 0.02, 23);
+  GatedLayer d(c, f, random_bits(s.dtype, f.x.size(), -1.0f, 1.0f, 24));
+  TrainingPlanOptions o;
+  o.gradients_in_dtype = true;
+  o.dw_down_as_weight = true;
+  FfnTrainingPlan plan = FfnTrainingPlan::create(c, s, f.tokens, o);
+  FfnTrainingState state = plan.make_state();
+  StreamHandle stream(c);
+  plan.forward(stream.get(), d.t, f.tokens, state, nullptr);
+  const auto refused = [&](const FfnGradients& g, const void* dy, const std::string& needle) {
+    try {
+      plan.backward(stream.get(), d.t, dy, 0, f.tokens, state, g, 0.1f);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << "not refused: " << needle;
+  };
+  FfnGradients short_rows = d.g;
+  short_rows.ld_dw_down = K;  // rows of d_ff now: K < N
+  refused(short_rows, d.dy.data(), "g.ld_dw_down");
+  FfnGradients on_gate = d.g;
+  on_gate.dw_down = d.dwg.data();
+  refused(on_gate, d.dy.data(), "g.dw_gate");
+  FfnGradients on_x = d.g;
+  on_x.dw_down = d.x.data();
+  refused(on_x, d.dy.data(), "t.x");
+  refused(d.g, d.dwd.data(), "dy");  // dy over dw_down
+  plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);  // still works
+  stream.synchronize();
 }
 
 // The backward enqueues its kernels and returns (training_plan.h: its one host wait is the forward's

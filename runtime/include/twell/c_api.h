@@ -231,8 +231,9 @@ twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ff
 twell_status_t twell_training_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
                                           int64_t backup_capacity, int flags, twell_training_plan_t* plan);
 twell_status_t twell_training_plan_destroy(twell_training_plan_t plan); /* NULL is a no-op */
-/* The plan as JSON (its spec, layout, max_tokens and kernels, as twell_plan_describe, and state_bytes_per_row:
- * a state's device bytes per token row, 4 or 8 per TwELL word); owned by the plan. */
+/* The plan as JSON (its spec, layout, max_tokens and kernels, as twell_plan_describe, state_bytes_per_row:
+ * a state's device bytes per token row, 4 or 8 per TwELL word, and the flags as gradients_in_dtype, keep_u
+ * (the option asked; state_bytes_per_row says whether the kernels keep u) and dw_down_as_weight); owned by the plan. */
 twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const char** json);
 twell_status_t twell_training_state_create(twell_training_plan_t plan, twell_training_state_t* state);
 twell_status_t twell_training_state_destroy(twell_training_state_t state); /* NULL is a no-op */

@@ -5,7 +5,8 @@
 //             row's sum |h_j| (the L1 term: sum over rows / tokens). The TwELL matrix of a = act(g) stays
 //             in an FfnTrainingState for the backward (not the dense g, u or h a dense autograd keeps).
 //   backward: [transpose an nn.Linear Wd] -> train_row_backward (dh, u, du, dg per active entry, dx)
-//             -> train_weight_grad (dWg, dWu, dWd^T, sorted by neuron, fp32 sums in token order).
+//             -> train_weight_grad (dWg, dWu, dWd^T, sorted by neuron, fp32 sums in token order)
+//             [-> transpose dWd^T into an nn.Linear Wd's layout: TrainingPlanOptions::dw_down_as_weight].
 //
 // Exact on every input: tile-rows that overflow their slots go to the state's backup or, where that is
 // full, are recomputed from x and Wg by the consumer and by the backward; the backward's per-entry
@@ -109,6 +110,7 @@ class FfnTrainingPlan {
   const FfnSpec& spec() const;
   const TwellLayout& layout() const;
   int64_t max_tokens() const;
+  const TrainingPlanOptions& options() const;        // as given to create()
   const std::vector<KernelReport>& kernels() const;  // the forward's and the backward's
   bool runnable() const;                             // false without a GPU
 
@@ -135,7 +137,9 @@ class FfnTrainingPlan {
   // does not make its stream wait for the forward's consumer, which writes u: run forward and backward on
   // one stream, or order them yourself). The plan's scratch
   // (backward_scratch_bytes) is allocated on the first call and grown as needed (cuMemAlloc). Calls on
-  // one plan must be ordered (they share the scratch). Throws Error(InvalidArgument) naming the argument
+  // one plan must be ordered (they share the scratch and, for an out_in Wd, the Wd^T buffer: every forward's
+  // consumer and every backward transpose Wd into it, and with dw_down_as_weight the backward then writes
+  // dWd^T there). Throws Error(InvalidArgument) naming the argument
   // (a state without a forward or of another token count, a bad pointer, stride or overlap), Error(NoDevice)
   // without a GPU, Error(Cuda).
   void backward(Stream stream, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens,
