@@ -27,8 +27,9 @@ void launch(const LoadedKernel& k, const kernels::LaunchShape& shape, void** arg
   config.hStream = stream;
   config.attrs = attributes;
   config.numAttrs = count;
-  check(Driver::get().cuLaunchKernelEx(&config, k.function, args, nullptr),
-        fmt::format("{}: launching {} ({})", who, k.source.name, c.describe()).c_str());
+  // The message is formatted only on failure: this is every kernel's host path.
+  if (const CUresult r = Driver::get().cuLaunchKernelEx(&config, k.function, args, nullptr); r != CUDA_SUCCESS)
+    check(r, fmt::format("{}: launching {} ({})", who, k.source.name, c.describe()).c_str());
 }
 
 }  // namespace twell::detail
