@@ -334,7 +334,8 @@ class TrainingState:
 
 class TrainingPlan:
     """twell::FfnTrainingPlan: forward(x -> y, each row's sum |h|) into a TrainingState, then backward
-    (dx, dWg, dWu, dWd^T, or dWd as the weight with dw_down_as_weight). Pointers are device addresses as ints; one plan's calls must be ordered."""
+    (dx, dWg, dWu, dWd^T, or dWd as the weight with dw_down_as_weight). Pointers are device addresses as
+    ints; one plan's calls must be ordered."""
 
     def __init__(self, context: Context, spec: FfnSpec, max_tokens: int, backup_capacity: int | None,
                  gradients_in_dtype: bool, keep_u: bool = True, dw_down_as_weight: bool = False):

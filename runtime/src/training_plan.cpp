@@ -298,7 +298,7 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
     if (!is_device_memory(o.ptr)) fail(who, fmt::format("{}: expected device memory (cuMemAlloc/cudaMalloc), got {}", o.name, o.ptr));
     if (o.ld != 0 && (o.ld < o.cols || o.ld > (int64_t{1} << 36)))
       fail(who, fmt::format("{}: expected a row stride in {}..2^36 elements (0 = dense{}), got {}", o.ld_name, o.cols,
-                            o.ptr == g.dw_down && dw_down_transposed ? "; dw_down_as_weight: rows of d_ff" : "", o.ld));
+                            &o == &outs[3] && dw_down_transposed ? "; dw_down_as_weight: rows of d_ff" : "", o.ld));
   }
   // (run_arguments.h's saturating byte ranges; a null or rowless buffer spans nothing.)
   const auto matrix = [&](const char* name, const void* ptr, int64_t ld, int64_t rows, int64_t row_elements, int bytes) {
