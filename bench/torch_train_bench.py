@@ -9,7 +9,9 @@ operands, weights and x requiring grad, gradients in bf16 as autograd gives them
   twell auto      dispatch="auto" (per bucket, the faster whole step of the two, timed once)
 Time: CUDA events around whole steps on the current stream (the host's work inside, as a training loop
 sees it: twell's backward waits on the host for its forward's overflow count), median of --reps after
-warm-up, the variants interleaved round by round.
+warm-up, the variants interleaved round by round; "in a row": --in-a-row steps enqueued back to back
+between two events, per step (median of 3), as a training loop runs layers while the GPU works (the host's
+launch latency before a step's first kernel then overlaps the previous step; not the issue's measure).
 Memory ("peak MB over inputs"): the most memory the step held beyond its inputs (x, dy, the weights and
 their gradient buffers, allocated before): torch's peak allocation during the step, plus, for twell, the
 device memory its plans hold outside torch's allocator (states, backups, the backward's scratch: the
@@ -88,6 +90,7 @@ def main():
                     help="also the paper model's layer 1 (needs paper_l1_*.safetensors in ../shared/data or $TWELL_DATA_DIR)")
     ap.add_argument("--lam", type=float, default=1e-3, help="the L1 term's coefficient lambda in (y * dy).sum() + lambda * l1")
     ap.add_argument("--reps", type=int, default=12, help="timed steps per variant (in three interleaved rounds)")
+    ap.add_argument("--in-a-row", type=int, default=8, help="steps per 'in a row' timing (0: none)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     if a.real:  # checked first: a missing file must not cost the uniform cases' results
@@ -146,6 +149,16 @@ def main():
                     stop.record()
                     stop.synchronize()
                     times[k].append(start.elapsed_time(stop))
+        in_a_row = {k: [] for k in variants}
+        for _ in range(3 if a.in_a_row > 0 else 0):
+            for k, fn in variants.items():
+                start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(a.in_a_row):
+                    fn()
+                stop.record()
+                stop.synchronize()
+                in_a_row[k].append(start.elapsed_time(stop) / a.in_a_row)
         base_ms = statistics.median(times["torch dense"])
         # auto's buckets are keyed by bit_length(tokens - 1): name them by their largest token count.
         decisions = {f"<={1 << d['bucket'][-1]} rows": d["path"] for d in tt.training.dispatch_decisions()}
@@ -153,13 +166,16 @@ def main():
             med = statistics.median(v)
             results.append({"tokens": m, "pattern": pattern, "density": density_measured, "variant": k,
                             "median_ms": med, "min_ms": min(v), "speedup": base_ms / med,
+                            "in_a_row_ms": statistics.median(in_a_row[k]) if in_a_row[k] else None,
                             "peak_mb_over_inputs": memory[k],
                             "auto_path": decisions if k == "twell auto" else None})
         del ops, leaves, dy
-    print(f"\n{'M':>6} | {'pattern':20} | {'density':>7} | {'variant':12} | {'median ms':>9} | {'speedup':>7} | peak MB over inputs")
+    print(f"\n{'M':>6} | {'pattern':20} | {'density':>7} | {'variant':12} | {'median ms':>9} | {'speedup':>7} | "
+          f"{'in a row ms':>11} | peak MB over inputs")
     for r in results:
+        row_ms = f"{r['in_a_row_ms']:11.2f}" if r["in_a_row_ms"] is not None else f"{'-':>11}"
         print(f"{r['tokens']:>6} | {r['pattern']:20} | {100 * r['density']:6.2f}% | {r['variant']:12} | "
-              f"{r['median_ms']:9.2f} | {r['speedup']:6.2f}x | {r['peak_mb_over_inputs']:8.0f}"
+              f"{r['median_ms']:9.2f} | {r['speedup']:6.2f}x | {row_ms} | {r['peak_mb_over_inputs']:8.0f}"
               + (f"  (auto: {r['auto_path']})" if r["auto_path"] else ""))
     if a.json:
         with open(a.json, "w") as f:
