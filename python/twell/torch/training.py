@@ -23,7 +23,8 @@ dispatch: "sparse" (always twell), "dense" (PyTorch's own autograd of the same f
 semantics), "auto": per (layer key, power-of-two token bucket) the first call times both full steps
 (forward and backward, on up to TIMING_ROWS of its own rows, synchronizing) and keeps the faster, so
 a dense bucket trains within a few % of PyTorch's own time (bench/README.md v51, v53), plus the one-time
-timing and compilation; recalibrate() re-times (call it as the density moves). Eager mode only (the forward keeps an opaque state: torch.compile graph-breaks here).
+timing and compilation; recalibrate() re-times (call it as the density moves). Eager mode only (the
+forward keeps an opaque state: torch.compile graph-breaks here).
 """
 from __future__ import annotations
 
