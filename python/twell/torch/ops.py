@@ -253,9 +253,10 @@ def sparse_ffn_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
                         threshold: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dx, dWg, dWu, dWd [d_model, d_ff], each in its weight's layout) of the FFN for dy (dWu empty for
     w_up None): twell's sparse backward after re-running the training forward
-    (twell.torch.training.recompute_backward), or the dense formula where the training kernels refuse the shape (training.trainable) or there are no
-    rows. The operators' autograd formula, an operator itself so that torch.compile traces it (fake
-    below); the shape decision is made here, on real sizes, not while tracing."""
+    (twell.torch.training.recompute_backward), or the dense formula where the training kernels refuse the
+    shape (training.trainable) or there are no rows. The operators' autograd formula, an operator itself so
+    that torch.compile traces it (fake below); the shape decision is made here, on real sizes, not while
+    tracing."""
     from .training import recompute_backward, trainable, spec_of
     tokens = x.numel() // w_gate.shape[1] if w_gate.shape[1] else 0
     if tokens > 0 and x.is_cuda and trainable(x.device, spec_of(x, w_gate, w_up, activation, threshold), tokens):
