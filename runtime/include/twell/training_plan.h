@@ -138,7 +138,8 @@ class FfnTrainingPlan {
   // one stream, or order them yourself). The plan's scratch
   // (backward_scratch_bytes) is allocated on the first call and grown as needed (cuMemAlloc). Calls on
   // one plan must be ordered (they share the scratch and, for an out_in Wd, the Wd^T buffer: every forward's
-  // consumer and every backward transpose Wd into it, and with dw_down_as_weight the backward then writes
+  // consumer transposes Wd into it, a backward too unless it still holds its own forward's transpose of the
+  // same t.w_down (no forward of the plan between them), and with dw_down_as_weight the backward then writes
   // dWd^T there). Throws Error(InvalidArgument) naming the argument
   // (a state without a forward or of another token count, a bad pointer, stride or overlap), Error(NoDevice)
   // without a GPU, Error(Cuda).
