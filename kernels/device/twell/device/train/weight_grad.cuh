@@ -95,7 +95,10 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
       if (p.backup_grad[4 * (row + column) + 3] != 0.0f) f(column, static_cast<uint32_t>(quad_base + row + column));
   };
 
-  // Phase 1: this range's entries per neuron.
+  // Phase 1: this range's entries per neuron. (CTA 0 also zeroes phase 4's item counter, which the
+  // launch's memset cleared too: three grid barriers order it before the first claim, so a replay of the
+  // kernel alone still takes every item.)
+  if (c == 0 && tid == 0) p.workspace[W::kItems] = 0u;
   for (int j = tid; j < N; j += THREADS) local[j] = 0u;
   for (int i = tid; i < WARPS * TILE_N; i += THREADS) colmask[i] = 0u;
   __syncthreads();
