@@ -49,7 +49,12 @@ void DeviceMemory::upload(const void* host, size_t bytes, size_t offset) {
   if (offset > bytes_ || bytes > bytes_ - offset)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("DeviceMemory::upload: [{}, {}) outside the {}-byte allocation", offset, offset + bytes, bytes_));
-  if (bytes) detail::check(detail::Driver::get().cuMemcpyHtoD(ptr_ + offset, host, bytes), "DeviceMemory::upload: cuMemcpyHtoD");
+  if (bytes == 0) return;
+  const detail::Driver& d = detail::Driver::get();
+  detail::check(d.cuMemcpyHtoD(ptr_ + offset, host, bytes), "DeviceMemory::upload: cuMemcpyHtoD");
+  // From pageable memory the call may return before its DMA lands, and it is ordered on the legacy stream
+  // only: a kernel on a non-blocking stream (StreamHandle) could read the old bytes.
+  detail::check(d.cuStreamSynchronize(nullptr), "DeviceMemory::upload: cuStreamSynchronize");
 }
 
 void DeviceMemory::download(void* host, size_t bytes, size_t offset) const {
@@ -60,7 +65,12 @@ void DeviceMemory::download(void* host, size_t bytes, size_t offset) const {
 }
 
 void DeviceMemory::fill(uint8_t byte) {
-  detail::check(detail::Driver::get().cuMemsetD8(ptr_, byte, bytes_), "DeviceMemory::fill: cuMemsetD8");
+  const detail::Driver& d = detail::Driver::get();
+  detail::check(d.cuMemsetD8(ptr_, byte, bytes_), "DeviceMemory::fill: cuMemsetD8");
+  // cuMemsetD8 is asynchronous on the legacy stream: without this wait a kernel on a non-blocking stream
+  // could run while the memset still writes, and the poison land over its outputs (seen: a second
+  // train_weight_grad call's dWd differed from the first's only where the late memset overwrote it).
+  detail::check(d.cuStreamSynchronize(nullptr), "DeviceMemory::fill: cuStreamSynchronize");
 }
 
 StreamHandle::StreamHandle(Context& context) {

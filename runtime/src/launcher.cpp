@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "twell/device/params.h"
+
 namespace twell::detail {
 
 void launch(const LoadedKernel& k, const kernels::LaunchShape& shape, void** args, CUstream stream, const char* who) {
@@ -30,6 +32,13 @@ void launch(const LoadedKernel& k, const kernels::LaunchShape& shape, void** arg
   // The message is formatted only on failure: this is every kernel's host path.
   if (const CUresult r = Driver::get().cuLaunchKernelEx(&config, k.function, args, nullptr); r != CUDA_SUCCESS)
     check(r, fmt::format("{}: launching {} ({})", who, k.source.name, c.describe()).c_str());
+}
+
+void launch_transpose16(const LoadedKernel& k, const void* in, int64_t rows, int64_t cols, int64_t ld_in, void* out,
+                        int64_t ld_out, CUstream stream, const char* who) {
+  device::TransposeParams p{static_cast<const uint16_t*>(in), static_cast<uint16_t*>(out), rows, cols, ld_in, ld_out};
+  void* args[1] = {&p};
+  launch(k, kernels::LaunchShape{0, rows, cols}, args, stream, who);
 }
 
 }  // namespace twell::detail

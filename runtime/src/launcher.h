@@ -15,4 +15,10 @@ namespace twell::detail {
 // and the kernel when the driver refuses.
 void launch(const LoadedKernel& k, const kernels::LaunchShape& shape, void** args, CUstream stream, const char* who);
 
+// out = in^T for a [rows, cols] matrix of 16-bit values (row strides ld_in >= cols, ld_out >= rows, in
+// elements) with the WeightTranspose kernel `k` (device/aux/transpose.cuh): an nn.Linear Wd into the consumer's Wd^T
+// rows, and dWd^T back into the weight's layout. Throws as launch().
+void launch_transpose16(const LoadedKernel& k, const void* in, int64_t rows, int64_t cols, int64_t ld_in, void* out,
+                        int64_t ld_out, CUstream stream, const char* who);
+
 }  // namespace twell::detail

@@ -153,6 +153,9 @@ void permute_neurons(Context& context, Stream stream, const FfnSpec& spec, std::
   std::vector<uint32_t> order32(order.begin(), order.end());
   detail::DeviceBuffer order_d(order32.size() * 4);
   detail::check(d.cuMemcpyHtoD(order_d.get(), order32.data(), order32.size() * 4), "permute_neurons: cuMemcpyHtoD(order)");
+  // A pageable copy may return before its DMA lands, ordered on the legacy stream only: wait for it
+  // before kernels on `stream` (which may be non-blocking) read the order.
+  detail::check(d.cuStreamSynchronize(nullptr), "permute_neurons: cuStreamSynchronize(order's copy)");
   auto cu = reinterpret_cast<CUstream>(stream);
   for (const Job& j : jobs) {
     device::PermuteParams p{static_cast<const uint16_t*>(j.in), static_cast<uint16_t*>(j.out),

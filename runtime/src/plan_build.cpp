@@ -200,6 +200,10 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
       p.fused_barrier = std::make_unique<detail::DeviceBuffer>(8);
       detail::check(detail::Driver::get().cuMemsetD8(p.fused_barrier->get(), 0, 8), "Context::plan: cuMemsetD8(decode_fused barrier)");
     }
+    // cuMemsetD8 runs on the legacy stream, asynchronously: the plan's first call, on any stream (a
+    // non-blocking one does not wait for the legacy stream), must find the zeros in place.
+    if (p.decode_gate || p.decode_fused)
+      detail::check(detail::Driver::get().cuStreamSynchronize(nullptr), "Context::plan: cuStreamSynchronize(decode buffers' memsets)");
     p.counter = std::make_unique<detail::DeviceBuffer>(8);  // the overflow count, the consumer's row counter
     if (transpose_down) p.w_down_t = std::make_unique<detail::DeviceBuffer>(size_t(sparse_d_ff) * spec.d_model * 2);
     const int64_t tile_rows = max_tokens * p.layout.tiles(sparse_d_ff);

@@ -127,9 +127,8 @@ bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchS
     return launch_decode(p, gate, down, tokens, cu);  // reads w_down as given: no transpose
   }
   if (p.transpose && !gate_only) {
-    device::TransposeParams tp{u16(t.w_down), reinterpret_cast<uint16_t*>(p.w_down_t->get()), s.d_model, s.d_ff, down.ldwd, s.d_model};
-    void* args[1] = {&tp};
-    detail::launch(*p.transpose, kernels::LaunchShape{0, s.d_model, s.d_ff}, args, cu, who);
+    detail::launch_transpose16(*p.transpose, t.w_down, s.d_model, s.d_ff, down.ldwd, reinterpret_cast<void*>(p.w_down_t->get()),
+                               s.d_model, cu, who);
     down.w_down = reinterpret_cast<const uint16_t*>(p.w_down_t->get());
     down.ldwd = s.d_model;
   }

@@ -64,6 +64,9 @@ void FfnPlan::upload_twell(Stream stream, const TwellMatrix& m) {
   if (!m.words.empty()) detail::check(d.cuMemcpyHtoD(p.twell->get(), m.words.data(), m.words.size() * 4), "cuMemcpyHtoD(twell)");
   if (!m.backup.empty()) detail::check(d.cuMemcpyHtoD(p.backup->get(), m.backup.data(), m.backup.size() * 2), "cuMemcpyHtoD(backup)");
   detail::check(d.cuMemcpyHtoD(p.counter->get(), &m.overflow_count, 4), "cuMemcpyHtoD(overflow count)");
+  // Pageable copies may return before their DMA lands, ordered on the legacy stream only: the next run()
+  // on a non-blocking stream must read the uploaded matrix.
+  detail::check(d.cuStreamSynchronize(nullptr), "FfnPlan::upload_twell: cuStreamSynchronize(the copies)");
   p.last_tokens = m.rows;
   p.last_path = "twell";
   p.matrix_capacity = m.backup_capacity;

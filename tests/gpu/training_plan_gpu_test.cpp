@@ -364,6 +364,93 @@ TEST(GpuTrainingPlan, DwDownAsWeightIsTheTransposeBitForBit) {
   stream.synchronize();
 }
 
+// Two layers (other weights, one spec) sharing one plan, as twell.torch's layers do: forwards and
+// backwards interleaved in every order give each layer's own step's bits. The plan's Wd^T buffer then holds
+// another layer's transpose, or this state's (a backward right after its forward reads it without a new
+// transpose, training_plan.h), or dWd^T (dw_down_as_weight): a backward that read the wrong one would differ.
+TEST(GpuTrainingPlan, LayersSharingThePlanInAnyOrder) {
+  REQUIRE_GPU();
+  Context& c = plan_context();
+  const FfnSpec s = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const RandomFfn fa = make_random_ffn(s, 300, 0.05, 31), fb = make_random_ffn(s, 300, 0.05, 32);
+  GatedLayer a(c, fa, random_bits(s.dtype, fa.x.size(), -1.0f, 1.0f, 33)), b(c, fb, random_bits(s.dtype, fb.x.size(), -1.0f, 1.0f, 34));
+  StreamHandle stream(c);
+  using Grads = std::vector<std::vector<uint8_t>>;
+  const auto download = [&](GatedLayer& l) {
+    stream.synchronize();
+    return Grads{l.dx.download_vector<uint8_t>(l.dx.bytes()), l.dwg.download_vector<uint8_t>(l.dwg.bytes()),
+                 l.dwu.download_vector<uint8_t>(l.dwu.bytes()), l.dwd.download_vector<uint8_t>(l.dwd.bytes())};
+  };
+  const auto poison = [](GatedLayer& l) {
+    for (DeviceMemory* m : {&l.dx, &l.dwg, &l.dwu, &l.dwd}) m->fill(0xFF);
+  };
+  for (const bool as_weight : {false, true}) {
+    SCOPED_TRACE(as_weight ? "dw_down_as_weight" : "dWd^T");
+    TrainingPlanOptions o;
+    o.gradients_in_dtype = true;
+    o.dw_down_as_weight = as_weight;
+    // Each layer alone on its own plan: the expected bits.
+    const auto alone = [&](GatedLayer& l, const RandomFfn& f) {
+      FfnTrainingPlan own = FfnTrainingPlan::create(c, s, f.tokens, o);
+      FfnTrainingState st = own.make_state();
+      poison(l);
+      own.forward(stream.get(), l.t, f.tokens, st, nullptr);
+      own.backward(stream.get(), l.t, l.dy.data(), 0, f.tokens, st, l.g, 1e-3f);
+      return download(l);
+    };
+    const Grads ref_a = alone(a, fa), ref_b = alone(b, fb);
+    ASSERT_NE(ref_a[3], ref_b[3]) << "the two layers' dWd should differ";
+    FfnTrainingPlan shared = FfnTrainingPlan::create(c, s, fa.tokens, o);
+    FfnTrainingState sa = shared.make_state(), sb = shared.make_state();
+    // Orders: A's backward after B's forward (B's Wd^T in the buffer), after B's backward (B's dWd^T or Wd^T),
+    // then B's after A's backward (A's transpose carries another state's number); and each right after its forward.
+    // "FaBaBa": a second backward of one forward after dWd^T took the buffer (dw_down_as_weight).
+    for (const char* order : {"FaFbBbBa", "FaFbBaBb", "FaBaFbBb", "FaBaBa"}) {
+      SCOPED_TRACE(order);
+      poison(a);
+      poison(b);
+      Grads got_a, got_b;
+      for (const char* op = order; *op != '\0'; op += 2) {
+        GatedLayer& l = op[1] == 'a' ? a : b;
+        FfnTrainingState& st = op[1] == 'a' ? sa : sb;
+        const int64_t tokens = op[1] == 'a' ? fa.tokens : fb.tokens;
+        if (op[0] == 'F') {
+          shared.forward(stream.get(), l.t, tokens, st, nullptr);
+        } else {
+          shared.backward(stream.get(), l.t, l.dy.data(), 0, tokens, st, l.g, 1e-3f);
+          (op[1] == 'a' ? got_a : got_b) = download(l);
+        }
+      }
+      EXPECT_TRUE(got_a == ref_a) << "layer A's gradients differ from its own step's";
+      if (std::string(order).find('b') != std::string::npos) EXPECT_TRUE(got_b == ref_b) << "layer B's gradients differ from its own step's";
+    }
+    // The reuse is taken: Wd overwritten after the forward (against the contract) leaves the backward on the
+    // forward's transpose, so A's own gradients come back.
+    poison(a);
+    shared.forward(stream.get(), a.t, fa.tokens, sa, nullptr);
+    stream.synchronize();  // (upload() does not wait for the stream's transpose of the old Wd)
+    a.wd.upload(fb.w_down);
+    shared.backward(stream.get(), a.t, a.dy.data(), 0, fa.tokens, sa, a.g, 1e-3f);
+    EXPECT_TRUE(download(a) == ref_a) << "the backward right after its forward transposed Wd again";
+    // A gate-only forward of the state in between (no consumer, no transpose) gets a new number: the backward
+    // transposes the Wd it is given (here B's, in A's buffer): the step of layer A with B's Wd.
+    a.wd.upload(fa.w_down);
+    shared.forward(stream.get(), a.t, fa.tokens, sa, nullptr);  // A's transpose, numbered for this forward
+    stream.synchronize();
+    a.wd.upload(fb.w_down);
+    FfnTensors gate_only = a.t;
+    gate_only.y = nullptr;
+    shared.forward(stream.get(), gate_only, fa.tokens, sa, nullptr);
+    poison(a);
+    shared.backward(stream.get(), a.t, a.dy.data(), 0, fa.tokens, sa, a.g, 1e-3f);
+    const Grads got_mixed = download(a);
+    const Grads ref_mixed = alone(a, fa);  // a.wd holds B's Wd
+    EXPECT_TRUE(got_mixed == ref_mixed) << "after a gate-only forward the backward read the earlier forward's Wd^T";
+    EXPECT_FALSE(got_mixed == ref_a) << "A's step with B's Wd should differ from A's own";
+    a.wd.upload(fa.w_down);
+  }
+}
+
 // The backward enqueues its kernels and returns (training_plan.h: its one host wait is the forward's
 // overflow count): called while the stream is held by a host function (time_on_stream's hold, released
 // when the call returns, or after 200 ms), it returns at once; a backward that waited for its own kernels

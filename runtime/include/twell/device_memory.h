@@ -25,7 +25,8 @@ class DeviceMemory {
 
   void* data() const { return reinterpret_cast<void*>(ptr_); }
   size_t bytes() const { return bytes_; }
-  // Synchronous copies; `offset + bytes` must lie inside the allocation (else Error(InvalidArgument)).
+  // Synchronous copies and fill (complete on the device when they return, so work on any stream sees
+  // them); `offset + bytes` must lie inside the allocation (else Error(InvalidArgument)).
   void upload(const void* host, size_t bytes, size_t offset = 0);
   void download(void* host, size_t bytes, size_t offset = 0) const;
   void fill(uint8_t byte);  // poisons or clears the whole allocation

@@ -134,11 +134,13 @@ class FfnTrainingPlan {
   // a batch is split into several calls), times *l1_weight where l1_weight (a device fp32) is given.
   // Gradients are written, not accumulated. Stream-ordered; waits on the host for the forward's overflow
   // count (an event recorded by forward() after its gate, long complete in a training step; the backward
-  // does not make its stream wait for the forward's consumer, which writes u: run forward and backward on
+  // does not make its stream wait for the forward's consumer, which writes u and Wd^T: run forward and backward on
   // one stream, or order them yourself). The plan's scratch
   // (backward_scratch_bytes) is allocated on the first call and grown as needed (cuMemAlloc). Calls on
   // one plan must be ordered (they share the scratch and, for an out_in Wd, the Wd^T buffer: every forward's
-  // consumer and every backward transpose Wd into it, and with dw_down_as_weight the backward then writes
+  // consumer transposes Wd into it, a backward too unless the buffer still holds the transpose its state's
+  // forward made of the same t.w_down (no other forward's consumer, other state's backward or dWd^T written
+  // there in between), and with dw_down_as_weight the backward then writes
   // dWd^T there). Throws Error(InvalidArgument) naming the argument
   // (a state without a forward or of another token count, a bad pointer, stride or overlap), Error(NoDevice)
   // without a GPU, Error(Cuda).

@@ -129,7 +129,9 @@ TWELL_HOST_DEVICE constexpr long long train_weight_grad_bytes(long long d_ff, lo
 // stream first), each neuron's start in the sorted list ([d_ff + 1]), and the per-range counts
 // ([d_ff][CTAs], for up to kTrainWeightGradMaxCtas CTAs).
 struct TrainWeightGradWorkspace {
-  static constexpr long long kBarrier = 0, kFlags = 4;
+  // kBarrier: grid_barrier's two words; kItems: phase 4's next item (train/weight_grad.cuh); all cleared
+  // per launch with the flags.
+  static constexpr long long kBarrier = 0, kItems = 2, kFlags = 4;
   TWELL_HOST_DEVICE static constexpr long long cleared(long long tiles) { return (kFlags + tiles + 3) / 4 * 4; }
   TWELL_HOST_DEVICE static constexpr long long starts(long long tiles) { return cleared(tiles); }
   TWELL_HOST_DEVICE static constexpr long long counts(long long tiles, long long d_ff) {

@@ -18,7 +18,8 @@
 //      activate j: a warp takes one tile for 32 tokens at a time (lane = token), marks the columns each
 //      lane's tile-row holds in a per-warp mask, and ranks by the lanes below it in that column's mask.
 //      So each neuron's list is its tokens ascending, whatever the grid.
-//   4. one warp per (neuron, 256 columns), chunk-major: one fmaf per entry and output from +0, in list order, x and
+//   4. one warp per (neuron, 256 columns), chunk-major, taken from a counter by the next free warp (an
+//      odd d_model: every gwarps-th item): one fmaf per entry and output from +0, in list order, x and
 //      dy read 8 columns per lane (16-byte loads where d_model % 8 == 0: 6 entries in flight, kept packed;
 //      else 4).
 // Every output is the sum reference_training_backward makes, in its order (tokens ascending, one fma
@@ -94,7 +95,10 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
       if (p.backup_grad[4 * (row + column) + 3] != 0.0f) f(column, static_cast<uint32_t>(quad_base + row + column));
   };
 
-  // Phase 1: this range's entries per neuron.
+  // Phase 1: this range's entries per neuron. (CTA 0 also zeroes phase 4's item counter, which the
+  // launch's memset cleared too: three grid barriers order it before the first claim, so a replay of the
+  // kernel alone still takes every item.)
+  if (c == 0 && tid == 0) p.workspace[W::kItems] = 0u;
   for (int j = tid; j < N; j += THREADS) local[j] = 0u;
   for (int i = tid; i < WARPS * TILE_N; i += THREADS) colmask[i] = 0u;
   __syncthreads();
@@ -193,7 +197,20 @@ __device__ __forceinline__ void train_weight_grad(const TrainWeightGradParams& p
   // Items column-chunk-major (all neurons of one 256-column chunk, then the next): the warps in flight
   // gather one chunk of x and dy (2 * M * 512 bytes: 16 MB at M = 16384), which L2 holds, where
   // neuron-major items gathered all of x and dy (128 MB) at once from DRAM (bench/README.md v52).
-  for (long long item = gwarp; item < static_cast<long long>(N) * CHUNKS; item += gwarps) {
+  // Each warp takes its next item from a counter (one atomicAdd per item, issued when the previous item
+  // starts so that its latency hides behind that item's work) instead of every gwarps-th item: a hot
+  // neuron's list is many times the mean (v53: 7136 of 16384 tokens on a real layer against ~800), and a
+  // static share left the warps that drew several such items running long after the others. Which warp
+  // sums an item changes nothing in the sum: the same bits.
+  // The unpacked form (d_model % 8 != 0) holds 8 more registers per entry in flight: there the counter's
+  // loop spilled (sm_80, and f16 on sm_90a), so it keeps the static share (every gwarps-th item).
+  uint32_t* next_item = p.workspace + W::kItems;  // zeroed with the workspace's cleared words
+  const long long items = static_cast<long long>(N) * CHUNKS;
+  uint32_t claimed = 0u;
+  if constexpr (VEC) claimed = lane == 0 ? atomicAdd(next_item, 1u) : 0u;
+  for (long long item = VEC ? __shfl_sync(0xFFFFFFFFu, claimed, 0) : gwarp; item < items;
+       item = VEC ? __shfl_sync(0xFFFFFFFFu, claimed, 0) : item + gwarps) {
+    if constexpr (VEC) claimed = lane == 0 ? atomicAdd(next_item, 1u) : 0u;  // the next one, in flight during this one
     const int chunk = static_cast<int>(item / N), j = static_cast<int>(item % N);
     const uint32_t begin = load_l2_u32(starts + j), end = load_l2_u32(starts + j + 1);
     const bool poison = load_l2_u32(flags + j / TILE_N) != 0u;
