@@ -86,7 +86,7 @@ def stream_handle(device: torch.device) -> int:
     it: torch.cuda.current_stream(device) builds a Stream object per call, ~10-20 us of the host's time before
     a step's first kernel on the H200's host (bench/README.md v57)."""
     if _get_raw_stream is not None:
-        return _get_raw_stream(device.index)
+        return _get_raw_stream(device.index if device.index is not None else torch.cuda.current_device())
     return torch.cuda.current_stream(device).cuda_stream
 
 
