@@ -61,6 +61,16 @@ def test_gated_matches_dense_on_random_inputs(cuda, dtype, dispatch):
     assert_as_close_as_dense(y, x, wg, wu, wd, "relu", thr)
 
 
+def test_stream_handle_is_the_current_stream(cuda):
+    # ops.stream_handle (the operators' and training's stream, bench/README.md v57) against torch's Stream object.
+    dev = torch.device("cuda")
+    assert ops.stream_handle(dev) == torch.cuda.current_stream(dev).cuda_stream
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert ops.stream_handle(dev) == side.cuda_stream != torch.cuda.default_stream(dev).cuda_stream
+    assert ops.stream_handle(dev) == torch.cuda.current_stream(dev).cuda_stream
+
+
 def test_relu_threshold_zero_and_silu_and_non_gated(cuda):
     wg, wu, wd, thr = layer(512, 1408, cuda)
     x = torch.randn(100, 512, device=cuda, dtype=torch.bfloat16)

@@ -196,7 +196,7 @@ class SparseGatedMLP(nn.Module):
         options = runtime.PlanOptions(dispatch="sparse", decode_max_tokens=0)
         plan = _plans.context(x.device).plan(spec, max(1, x2.shape[0]), options)
         y = torch.empty_like(x2)
-        stream = torch.cuda.current_stream(x.device).cuda_stream
+        stream = ops.stream_handle(x.device)
         for _ in range(2):
             plan.run(stream, x=x2.data_ptr(), w_gate=w_gate.data_ptr(), w_up=w_up.data_ptr() if w_up is not None else None,
                      w_down=w_down.data_ptr(), y=y.data_ptr(), tokens=x2.shape[0], ld_gate=w_gate.stride(0),

@@ -76,6 +76,20 @@ def _check_weight(op: str, name: str, w: Tensor, shape: tuple, x: Tensor) -> Non
         _fail(op, name, "contiguous rows (stride (>= columns, 1))", f"strides {w.stride()}; call .contiguous()")
 
 
+_DTYPE_MAX = {dtype: torch.finfo(dtype).max for dtype in DTYPES}  # (torch.finfo per call: microseconds per step)
+_get_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def stream_handle(device: torch.device) -> int:
+    """The current CUDA stream of `device` (a CUDA tensor's device: its index is set) as the handle the C API
+    takes. torch's _cuda_getCurrentRawStream (what torch.compile's generated code calls) where this torch has
+    it: torch.cuda.current_stream(device) builds a Stream object per call, ~10-20 us of the host's time before
+    a step's first kernel on the H200's host (bench/README.md v57)."""
+    if _get_raw_stream is not None:
+        return _get_raw_stream(device.index if device.index is not None else torch.cuda.current_device())
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str,
                threshold: float, dispatch: str, decode_max_tokens: int, dense_neurons: int, max_tokens: int,
                gated: bool | None = None) -> int:
@@ -101,8 +115,8 @@ def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
     _check_weight(op, "w_down", w_down, (d_model, d_ff), x)
     check_options(op, d_ff, activation, threshold, dispatch, decode_max_tokens, dense_neurons, max_tokens)
     # The gate's output is rounded to x's dtype: a threshold above its largest finite value keeps nothing.
-    if threshold > torch.finfo(x.dtype).max:
-        _fail(op, "threshold", f"at most {torch.finfo(x.dtype).max:g} with x's dtype {x.dtype} (its largest finite value: "
+    if threshold > _DTYPE_MAX[x.dtype]:
+        _fail(op, "threshold", f"at most {_DTYPE_MAX[x.dtype]:g} with x's dtype {x.dtype} (its largest finite value: "
               "no activation could pass a larger threshold)", threshold)
     return ld_x
 
@@ -148,7 +162,7 @@ def _forward(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Te
     spec, options = made
     capturing = torch.cuda.is_current_stream_capturing()
     entry = _plans.plan_for(x.device, spec, options, max_tokens, tokens, capturing)
-    stream = torch.cuda.current_stream(x.device).cuda_stream
+    stream = stream_handle(x.device)
     elem = x.element_size()
     t = runtime.tensors_struct(x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr() if w_up is not None else None,
                                w_down.data_ptr(), y.data_ptr(), ld_x, w_gate.stride(0),

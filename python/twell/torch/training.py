@@ -28,6 +28,7 @@ forward keeps an opaque state: torch.compile graph-breaks here).
 """
 from __future__ import annotations
 
+import functools
 import threading
 
 import torch
@@ -118,7 +119,7 @@ def _run_forward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor,
     row_l1 = torch.empty(max(tokens, 1), dtype=torch.float32, device=x.device) if outputs else None
     entry = _entry(x.device, spec, max(tokens, 1))
     state = entry.take_state()
-    stream = torch.cuda.current_stream(x.device).cuda_stream
+    stream = ops.stream_handle(x.device)
     t = runtime.tensors_struct(x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr() if w_up is not None else None,
                                w_down.data_ptr(), y.data_ptr() if outputs else None, ld_x, w_gate.stride(0),
                                w_up.stride(0) if w_up is not None else 0, w_down.stride(0), d_model if outputs else 0)
@@ -153,7 +154,7 @@ def _run_backward(saved, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down:
         dw_down = torch.empty((d_model, d_ff), dtype=w_down.dtype, device=x.device)  # as the weight
         g = _capi.FfnGradients(dx.data_ptr(), dw_gate.data_ptr(), dw_up.data_ptr() if dw_up is not None else None,
                                dw_down.data_ptr(), d_model, d_model, d_model if dw_up is not None else 0, d_ff)
-        stream = torch.cuda.current_stream(x.device).cuda_stream
+        stream = ops.stream_handle(x.device)
         entry.plan.backward_struct(stream, t, dy.data_ptr(), d_model, tokens, state, g,
                                    1.0 if l1_weight is not None else 0.0, tokens,
                                    l1_weight.data_ptr() if l1_weight is not None else None)
@@ -211,8 +212,13 @@ def sparse_backward_applies(x: Tensor) -> bool:
 def spec_of(x: Tensor, w_gate: Tensor, w_up: Tensor | None, activation: str, threshold: float) -> runtime.FfnSpec:
     """The FfnSpec of a call (sizes from w_gate [d_ff, d_model], dtype from x)."""
     d_ff, d_model = w_gate.shape
-    return runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
-                           dtype=ops.DTYPES[x.dtype])
+    return _spec(d_model, d_ff, w_up is not None, activation, float(threshold), ops.DTYPES[x.dtype])
+
+
+@functools.lru_cache(maxsize=256)
+def _spec(d_model: int, d_ff: int, gated: bool, activation: str, threshold: float, dtype: str) -> runtime.FfnSpec:
+    # One FfnSpec per layer shape (frozen: shared safely): its validation runs once, not on every step.
+    return runtime.FfnSpec(d_model, d_ff, gated=gated, activation=activation, threshold=threshold, dtype=dtype)
 
 
 def _dense_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str,
