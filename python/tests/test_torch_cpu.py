@@ -267,3 +267,17 @@ def test_the_backward_operator_dense_branch_matches_its_fake(gated, tokens):
     for got, ref in ((dx, lx.grad), (dwg, lg.grad), (dwd, ld.grad)) + (((dwu, lu.grad),) if gated else ()):
         torch.testing.assert_close(got, ref)
     assert gated or dwu.numel() == 0
+
+
+def test_training_spec_is_one_object_per_layer_shape_and_threshold_sign_free():
+    # training.spec_of caches one FfnSpec per layer shape (bench/README.md v57); -0.0 and 0.0 are one spec
+    # with threshold +0.0 (the kernels key the threshold's bits), other thresholds and dtypes other specs.
+    from twell.torch import training
+    x = torch.empty(8, 64, dtype=torch.bfloat16, device="meta")
+    wg = torch.empty(128, 64, dtype=torch.bfloat16, device="meta")
+    a = training.spec_of(x, wg, wg, "relu", 0.0)
+    b = training.spec_of(x, wg, wg, "relu", -0.0)
+    assert a is b and str(b.threshold) == "0.0"
+    assert training.spec_of(x, wg, wg, "relu", 0.5).threshold == 0.5
+    assert training.spec_of(x, wg, None, "relu", 0.0).gated is False
+    assert training.spec_of(x.half(), wg.half(), wg.half(), "relu", 0.0).dtype == "fp16"

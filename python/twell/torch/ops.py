@@ -152,7 +152,8 @@ def _forward(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Te
     tokens = x.numel() // d_model if d_model else 0
     if tokens == 0:
         return y
-    key = (d_model, d_ff, w_up is not None, activation, float(threshold), x.dtype, dispatch, dense_neurons, decode_max_tokens)
+    threshold = float(threshold) + 0.0  # -0.0 -> +0.0: equal keys, and the kernels key the threshold's bits
+    key = (d_model, d_ff, w_up is not None, activation, threshold, x.dtype, dispatch, dense_neurons, decode_max_tokens)
     made = _specs.get(key)
     if made is None:  # built (and validated) once per distinct call signature: per-call host time matters
         made = _specs[key] = (

@@ -212,7 +212,8 @@ def sparse_backward_applies(x: Tensor) -> bool:
 def spec_of(x: Tensor, w_gate: Tensor, w_up: Tensor | None, activation: str, threshold: float) -> runtime.FfnSpec:
     """The FfnSpec of a call (sizes from w_gate [d_ff, d_model], dtype from x)."""
     d_ff, d_model = w_gate.shape
-    return _spec(d_model, d_ff, w_up is not None, activation, float(threshold), ops.DTYPES[x.dtype])
+    # (+ 0.0: -0.0 == 0.0 share a cache key, and the kernels key the threshold's bits: always +0.0.)
+    return _spec(d_model, d_ff, w_up is not None, activation, float(threshold) + 0.0, ops.DTYPES[x.dtype])
 
 
 @functools.lru_cache(maxsize=256)
