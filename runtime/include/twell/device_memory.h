@@ -25,8 +25,10 @@ class DeviceMemory {
 
   void* data() const { return reinterpret_cast<void*>(ptr_); }
   size_t bytes() const { return bytes_; }
-  // Synchronous copies and fill (complete on the device when they return, so work on any stream sees
-  // them); `offset + bytes` must lie inside the allocation (else Error(InvalidArgument)).
+  // Copies and fill on the legacy default stream, complete when they return: work enqueued afterwards on
+  // any stream sees them. They wait for the legacy stream's earlier work (and so for blocking streams'),
+  // not for a non-blocking stream's (StreamHandle): synchronize a stream whose kernels still read or write
+  // the buffer first. `offset + bytes` must lie inside the allocation (else Error(InvalidArgument)).
   void upload(const void* host, size_t bytes, size_t offset = 0);
   void download(void* host, size_t bytes, size_t offset = 0) const;
   void fill(uint8_t byte);  // poisons or clears the whole allocation

@@ -137,10 +137,12 @@ class FfnTrainingPlan {
   // does not make its stream wait for the forward's consumer, which writes u and Wd^T: run forward and backward on
   // one stream, or order them yourself). The plan's scratch
   // (backward_scratch_bytes) is allocated on the first call and grown as needed (cuMemAlloc). Calls on
-  // one plan must be ordered (they share the scratch and, for an out_in Wd, the Wd^T buffer: every forward's
-  // consumer transposes Wd into it, a backward too unless the buffer still holds the transpose its state's
-  // forward made of the same t.w_down (no other forward's consumer, other state's backward or dWd^T written
-  // there in between), and with dw_down_as_weight the backward then writes
+  // one plan must run on the device in the order they are called (one stream, or events: they share the
+  // scratch and, for an out_in Wd, the Wd^T buffer: every forward's consumer transposes Wd into it, a
+  // backward too unless the buffer still holds the transpose its state's forward made from the same
+  // t.w_down address and stride (no other forward's consumer, other state's backward or dWd^T written there
+  // in between; the plan records this on the host, so Wd's contents must be what that forward read, as
+  // above), and with dw_down_as_weight the backward then writes
   // dWd^T there). Throws Error(InvalidArgument) naming the argument
   // (a state without a forward or of another token count, a bad pointer, stride or overlap), Error(NoDevice)
   // without a GPU, Error(Cuda).
