@@ -274,7 +274,9 @@ def sparse_ffn_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
     tracing."""
     from .training import recompute_backward, trainable, spec_of
     tokens = x.numel() // w_gate.shape[1] if w_gate.shape[1] else 0
-    if tokens > 0 and x.is_cuda and trainable(x.device, spec_of(x, w_gate, w_up, activation, threshold), tokens):
+    # (A dtype twell does not take, from a direct call: the dense formula, as off CUDA.)
+    if tokens > 0 and x.is_cuda and x.dtype in DTYPES and \
+            trainable(x.device, spec_of(x, w_gate, w_up, activation, threshold), tokens):
         dx, d_w_gate, d_w_up, d_w_down = recompute_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
     else:
         dx, d_w_gate, d_w_up, d_w_down = _dense_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
