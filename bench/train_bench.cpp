@@ -17,10 +17,12 @@
 //
 // GPU time (time_on_stream: the stream held while the calls are queued), one warm-up, median of the
 // timed calls; inputs from make_random_ffn (uniform activity at the density), the TwELL matrix from the
-// plan's own gate kernel.
+// plan's own gate kernel. BM_TrainingStep's twell paths also report the host's microseconds in forward()
+// and backward() called on an idle GPU (forward_host_us, backward_host_us).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include <fmt/format.h>
 
@@ -205,6 +207,26 @@ void BM_TrainingStep(benchmark::State& state, int path) {
     ms = {f_ms[f_ms.size() / 2] + b_ms[b_ms.size() / 2]};
     state.counters["forward_ms"] = f_ms[f_ms.size() / 2];
     state.counters["backward_ms"] = b_ms[b_ms.size() / 2];
+    // The host's time in each call with the GPU idle before it (launches are asynchronous: the calls' checks,
+    // driver calls and launches), the latency before a step's first kernel (bench/README.md v56-v57).
+    std::vector<double> f_host, b_host;
+    for (int i = 0; i < 11; ++i) {
+      stream.synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      forward();
+      const auto t1 = std::chrono::steady_clock::now();
+      stream.synchronize();
+      const auto t2 = std::chrono::steady_clock::now();
+      backward();
+      const auto t3 = std::chrono::steady_clock::now();
+      f_host.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+      b_host.push_back(std::chrono::duration<double, std::micro>(t3 - t2).count());
+    }
+    stream.synchronize();
+    std::sort(f_host.begin(), f_host.end());
+    std::sort(b_host.begin(), b_host.end());
+    state.counters["forward_host_us"] = f_host[f_host.size() / 2];
+    state.counters["backward_host_us"] = b_host[b_host.size() / 2];
     std::sort(ms.begin(), ms.end());
     state.SetLabel(fmt::format("twell step: state {:.1f} MB, backward scratch {:.1f} MB without overflowing tile-rows",
                                st.device_bytes() / 1e6, plan.backward_scratch_bytes(m, 0) / 1e6));
