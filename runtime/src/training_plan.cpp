@@ -94,8 +94,8 @@ struct FfnTrainingPlan::Impl {
   // An out_in Wd's transpose in the forward plan's Wd^T buffer: forward number `w_down_t_forward` (0: none
   // a backward may use) made it from (w_down_t_source, w_down_t_ld). A backward of that forward's state
   // with the same Wd reads it as it is instead of transposing again (the weights are unchanged between a
-  // forward and its backward: training_plan.h); any later forward, or a backward that writes dWd^T there,
-  // replaces it.
+  // forward and its backward: training_plan.h); a later forward's consumer, another state's backward
+  // transpose, or dWd^T written there replaces it (a gate-only forward writes nothing there).
   uint64_t forwards = 0, w_down_t_forward = 0;
   const void* w_down_t_source = nullptr;
   int64_t w_down_t_ld = 0;
