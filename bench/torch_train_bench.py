@@ -5,8 +5,9 @@ Per M and density, the steps (each: y, l1 = FFN(x); backward of (y * dy).sum() +
 operands, weights and x requiring grad, gradients in bf16 as autograd gives them):
   torch dense     PyTorch autograd of h = relu(x Wg^T) * (x Wu^T), y = h Wd^T (cuBLAS), l1 = sum |h| / M
                   (summed in fp32 without an fp32 copy of h)
+  twell dense     dispatch="twell_dense": FfnTrainingPlan's dense path (cuBLASLt GEMMs, two elementwise kernels)
   twell sparse    twell.torch.sparse_ffn_train(..., dispatch="sparse"): FfnTrainingPlan's forward and backward
-  twell auto      dispatch="auto" (per bucket, the faster whole step of the two, timed once)
+  twell auto      dispatch="auto" (per bucket, the fastest whole step of the three, timed once)
 Time: CUDA events around whole steps on the current stream (the host's work inside, as a training loop
 sees it: twell's backward waits on the host for its forward's overflow count), median of --reps after
 warm-up, the variants interleaved round by round; "in a row": --in-a-row steps enqueued back to back
@@ -16,7 +17,7 @@ Memory ("peak MB over inputs"): the most memory the step held beyond its inputs 
 their gradient buffers, allocated before): torch's peak allocation during the step, plus, for twell, the
 device memory its plans hold outside torch's allocator (states, backups, the backward's scratch: the
 device-wide used memory after the variant's warm-up steps less torch's reserved memory, against the same
-at the case's start; "twell auto" shares "twell sparse"'s plans, so it is charged for them too).
+before them; "twell auto" may use every twell plan of the case, so it is charged for all of them).
 Inputs: "uniform" (Wg with a shifted first column so relu(g) > 0 with probability --densities, x uniform,
 as python/tests/test_training_gpu.py), and "real" (the paper model's layer 1: its x tiled to M rows and its
 Wg from ../shared/data or $TWELL_DATA_DIR, Wu and Wd random: about 5% dense).
@@ -122,6 +123,7 @@ def main():
 
         variants = {
             "torch dense": lambda: step(torch_dense),
+            "twell dense": lambda: step(lambda *t: tt.sparse_ffn_train(*t, dispatch="twell_dense")),
             "twell sparse": lambda: step(lambda *t: tt.sparse_ffn_train(*t, dispatch="sparse")),
             "twell auto": lambda: step(lambda *t: tt.sparse_ffn_train(*t, dispatch="auto")),
         }
@@ -130,10 +132,12 @@ def main():
         outside0 = used_device_bytes() - torch.cuda.memory_reserved()  # before twell makes anything
         for name, fn in variants.items():  # warm-up (JIT, auto's timing), then the step's memory
             log(f"M={m} {pattern}: warm-up {name}")
+            torch.cuda.synchronize()
+            before = used_device_bytes() - torch.cuda.memory_reserved()
             fn()
             fn()
             torch.cuda.synchronize()
-            outside = max(0, used_device_bytes() - torch.cuda.memory_reserved() - outside0)
+            outside = max(0, used_device_bytes() - torch.cuda.memory_reserved() - (outside0 if name == "twell auto" else before))
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
             fn()

@@ -4,7 +4,9 @@
 //                        (train_weight_grad) against cuBLAS's GEMMs of the same shapes;
 //   BM_TrainingStep      a whole FfnTrainingPlan step (forward + backward, an nn.Linear Wd, lambda 1e-3,
 //                        fp32 dW; counters forward_ms, backward_ms) against nine cuBLAS GEMMs; path
-//                        twell_step_recompute_u without u kept from the forward (keep_u false, v48).
+//                        twell_step_recompute_u without u kept from the forward (keep_u false, v48);
+//                        twell_dense_step: the plan's dense path (TrainingDispatch::Dense, v58), twell_auto_step:
+//                        TrainingDispatch::Auto (counters auto_sparse_ms, auto_dense_ms: its timing).
 //   build/bin/train_bench --benchmark_filter=BM_TrainingStep      (or BM_TrainRowBackward)
 // Layouts are the heuristic ones (PlanOptions::Tuning::Ignore): a tuning database does not move them.
 //
@@ -185,7 +187,8 @@ void BM_TrainingStep(benchmark::State& state, int path) {
   } else {
     TrainingPlanOptions options;
     options.tuning = PlanOptions::Tuning::Ignore;
-    options.keep_u = path == 0;
+    options.keep_u = path != 2;
+    options.dispatch = path == 3 ? TrainingDispatch::Dense : path == 4 ? TrainingDispatch::Auto : TrainingDispatch::Sparse;
     FfnTrainingPlan plan = FfnTrainingPlan::create(ctx, spec, m, options);
     FfnTrainingState st = plan.make_state();
     DeviceMemory dwg(ctx, w_elems * 4), dwu(ctx, w_elems * 4), dwd(ctx, w_elems * 4), row_l1(ctx, size_t(m) * 4);
@@ -199,14 +202,25 @@ void BM_TrainingStep(benchmark::State& state, int path) {
     forward();  // sizes the state and the scratch, grows the backup if the first step overflowed it
     backward();
     stream.synchronize();
-    // Timed apart: the backward waits on the host for its forward's overflow count, which time_on_stream's
-    // held stream would delay (the forward's event is complete here). A step is the sum of the medians.
-    const std::vector<double> f_ms = time_on_stream(stream.get(), forward, 1, 11);
-    stream.synchronize();
-    const std::vector<double> b_ms = time_on_stream(stream.get(), backward, 1, 11);
-    ms = {f_ms[f_ms.size() / 2] + b_ms[b_ms.size() / 2]};
-    state.counters["forward_ms"] = f_ms[f_ms.size() / 2];
-    state.counters["backward_ms"] = b_ms[b_ms.size() / 2];
+    if (st.path() == TrainingPath::Dense) {
+      // The dense path's backward consumes its forward's state (and waits for nothing on the host): whole
+      // steps.
+      const std::vector<double> s_ms = time_on_stream(stream.get(), [&] { forward(); backward(); }, 1, 11);
+      ms = {s_ms[s_ms.size() / 2]};
+    } else {
+      // Timed apart: the backward waits on the host for its forward's overflow count, which time_on_stream's
+      // held stream would delay (the forward's event is complete here). A step is the sum of the medians.
+      const std::vector<double> f_ms = time_on_stream(stream.get(), forward, 1, 11);
+      stream.synchronize();
+      const std::vector<double> b_ms = time_on_stream(stream.get(), backward, 1, 11);
+      ms = {f_ms[f_ms.size() / 2] + b_ms[b_ms.size() / 2]};
+      state.counters["forward_ms"] = f_ms[f_ms.size() / 2];
+      state.counters["backward_ms"] = b_ms[b_ms.size() / 2];
+    }
+    for (const TrainingDecision& d : plan.decisions()) {
+      state.counters["auto_sparse_ms"] = d.sparse_ms;
+      state.counters["auto_dense_ms"] = d.dense_ms;
+    }
     // The host's time in each call with the GPU idle before it (launches are asynchronous: the calls' checks,
     // driver calls and launches), the latency before a step's first kernel (bench/README.md v56-v57).
     std::vector<double> f_host, b_host;
@@ -228,8 +242,9 @@ void BM_TrainingStep(benchmark::State& state, int path) {
     state.counters["forward_host_us"] = f_host[f_host.size() / 2];
     state.counters["backward_host_us"] = b_host[b_host.size() / 2];
     std::sort(ms.begin(), ms.end());
-    state.SetLabel(fmt::format("twell step: state {:.1f} MB, backward scratch {:.1f} MB without overflowing tile-rows",
-                               st.device_bytes() / 1e6, plan.backward_scratch_bytes(m, 0) / 1e6));
+    state.SetLabel(fmt::format("twell step ({} path): state {:.1f} MB, backward scratch {:.1f} MB without overflowing tile-rows",
+                               st.path() == TrainingPath::Dense ? "dense" : "sparse", st.device_bytes() / 1e6,
+                               plan.backward_scratch_bytes(m, 0) / 1e6));
   }
   const double median = ms[ms.size() / 2];
   for (auto _ : state) state.SetIterationTime(median / 1e3);
@@ -250,4 +265,6 @@ BENCHMARK_CAPTURE(BM_TrainRowBackward, twell_weight_grad, 2)->Apply(Args);
 BENCHMARK_CAPTURE(BM_TrainingStep, twell_step, 0)->Apply(Args);
 BENCHMARK_CAPTURE(BM_TrainingStep, dense_step, 1)->Apply(Args);
 BENCHMARK_CAPTURE(BM_TrainingStep, twell_step_recompute_u, 2)->Apply(Args);
+BENCHMARK_CAPTURE(BM_TrainingStep, twell_dense_step, 3)->Apply(Args);
+BENCHMARK_CAPTURE(BM_TrainingStep, twell_auto_step, 4)->Apply(Args);
 BENCHMARK_MAIN();

@@ -217,8 +217,19 @@ def test_training_plan_without_a_gpu_describes_and_refuses_by_name():
     lib = _capi.lib()
     out = ctypes.c_void_p()
     spec = twell.FfnSpec(256, 1024)._struct()
-    assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, -1, 15, ctypes.byref(out)) == 1
-    assert "flags" in lib.twell_last_error().decode()
+    for flags in (32, 8 | 16):  # an unknown bit; both dispatch flags
+        assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, -1, flags, ctypes.byref(out)) == 1
+        assert "flags" in lib.twell_last_error().decode()
+    # v6: the dispatch (the dense path's kernels made and reported beside the TwELL ones), recalibrate.
+    for dispatch in ("dense", "auto"):
+        dp = ctx.training_plan(twell.FfnSpec(256, 1024), 128, dispatch=dispatch)
+        dd = dp.describe()
+        assert dd["dispatch"] == dispatch and dd["decisions"] == []
+        assert {"train_dense_forward", "train_dense_backward", "train_row_backward"} <= {k["kind"] for k in dd["kernels"]}
+        dp.recalibrate()
+    assert d["dispatch"] == "sparse"
+    with pytest.raises(twell.InvalidArgumentError, match="dispatch"):
+        ctx.training_plan(twell.FfnSpec(256, 1024), 128, dispatch="fast")
     assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, 2 ** 33, 0, ctypes.byref(out)) == 1
     assert "backup_capacity" in lib.twell_last_error().decode()
     assert lib.twell_training_forward(None, None, None, 1, None, None) == 1

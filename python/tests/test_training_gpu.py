@@ -213,24 +213,28 @@ def test_auto_dispatch_decides_per_bucket_and_stays_exact(cuda):
     x, wg, wu, wd = shifted_layer(2048, 512, 1408, 0.2, cuda, seed=11)
     check_against_reference(x, wg, wu, wd, what="auto at 20%", dispatch="auto", decision_key=77)
     decisions = [d for d in training.dispatch_decisions() if d["bucket"][0] == 77]
-    assert len(decisions) == 1 and decisions[0]["path"] in ("sparse", "dense")
-    assert set(decisions[0]["ms"]) == {"twell", "torch"}
+    assert len(decisions) == 1 and decisions[0]["path"] in ("sparse", "dense", "twell_dense")
+    assert set(decisions[0]["ms"]) == {"twell", "twell_dense", "torch"}
     check_against_reference(x, wg, wu, wd, what="auto, decided", dispatch="auto", decision_key=77)
     assert len([d for d in training.dispatch_decisions() if d["bucket"][0] == 77]) == 1
-    # A layer that trains densely keeps no training plan (its scratch would add to PyTorch's memory).
-    key = (x.device.index, training.spec_of(x, wg, wu, "relu", 0.0))
-    assert (key in training._training_plans) == (decisions[0]["path"] == "sparse")
+    # Only the plan of the path taken stays (the others' scratch would add to the memory).
+    spec = training.spec_of(x, wg, wu, "relu", 0.0)
+    assert ((x.device.index, spec, "sparse") in training._training_plans) == (decisions[0]["path"] == "sparse")
+    assert ((x.device.index, spec, "dense") in training._training_plans) == (decisions[0]["path"] == "twell_dense")
 
 
 def test_auto_dense_decision_releases_the_training_plan(cuda):
     training.clear()
-    # 60% dense at 4096 rows: PyTorch's dense step is far faster, so auto takes it.
+    # 60% dense at 4096 rows: a dense step (PyTorch's or twell's dense path) is far faster, so auto takes one.
     x, wg, wu, wd = shifted_layer(4096, 512, 1408, 0.6, cuda, seed=13)
-    key = (x.device.index, training.spec_of(x, wg, wu, "relu", 0.0))
+    spec = training.spec_of(x, wg, wu, "relu", 0.0)
+    key, dense_key = (x.device.index, spec, "sparse"), (x.device.index, spec, "dense")
     check_against_reference(x, wg, wu, wd, what="auto at 60%", dispatch="auto", decision_key=78, row_wise=False)
     decisions = [d for d in training.dispatch_decisions() if d["bucket"][0] == 78]
-    assert [d["path"] for d in decisions] == ["dense"], decisions
+    assert [d["path"] for d in decisions] in (["dense"], ["twell_dense"]), decisions
+    dense_path = decisions[0]["path"]
     assert key not in training._training_plans
+    assert (dense_key in training._training_plans) == (dense_path == "twell_dense")
     # A later call of that bucket stays dense without making the plan again.
     check_against_reference(x, wg, wu, wd, what="auto at 60%, decided", dispatch="auto", decision_key=78, row_wise=False)
     assert key not in training._training_plans
@@ -239,15 +243,29 @@ def test_auto_dense_decision_releases_the_training_plan(cuda):
         training._paths[(79, x.device.index, 512, 1408, True, "relu", 0.0, x.dtype, 1)] = "sparse"
     check_against_reference(x, wg, wu, wd, what="auto at 60%, key 80", dispatch="auto", decision_key=80,
                             row_wise=False)
-    assert [d["path"] for d in training.dispatch_decisions() if d["bucket"][0] == 80] == ["dense"]
+    assert [d["path"] for d in training.dispatch_decisions() if d["bucket"][0] == 80] in (["dense"], ["twell_dense"])
     assert key in training._training_plans
     # ... and so does a dispatch "sparse" call of that shape.
     training.clear()
     tt.sparse_ffn_train(x[:2], wg, wu, wd, dispatch="sparse")
     check_against_reference(x, wg, wu, wd, what="auto at 60%, key 81", dispatch="auto", decision_key=81,
                             row_wise=False)
-    assert [d["path"] for d in training.dispatch_decisions() if d["bucket"][0] == 81] == ["dense"]
+    assert [d["path"] for d in training.dispatch_decisions() if d["bucket"][0] == 81] in (["dense"], ["twell_dense"])
     assert key in training._training_plans
+
+
+def test_twell_dense_path_matches_the_reference(cuda):
+    # twell's dense training path (FfnTrainingPlan's TrainingPath::Dense) at several densities, silu, an odd
+    # d_ff, through the same reference as the TwELL path; its state serves one backward.
+    for density, d_ff in ((0.005, 1408), (0.05, 1408), (0.5, 1000)):
+        x, wg, wu, wd = shifted_layer(1000, 512, d_ff, density, cuda, seed=31)
+        check_against_reference(x, wg, wu, wd, what=f"twell_dense {density}", dispatch="twell_dense")
+    x, wg, wu, wd = shifted_layer(300, 256, 1024, 0.05, cuda, seed=32)
+    check_against_reference(x, wg, wu, wd, what="twell_dense silu", dispatch="twell_dense", activation="silu",
+                            threshold=0.05)
+    check_against_reference(x, wg, None, wd, what="twell_dense non-gated", dispatch="twell_dense")
+    spec = training.spec_of(x, wg, None, "relu", 0.0)  # the non-gated call's plan
+    assert training._training_plans[(cuda.index, spec, "dense")].plan.describe()["dispatch"] == "dense"
 
 
 def test_bad_arguments_are_named_and_the_process_keeps_working(cuda):
@@ -286,7 +304,7 @@ def test_without_grad_the_forward_runs_alone_and_keeps_no_state(cuda):
     assert rel(y, y_ref) < 1e-2 and abs(l1.item() - l1_ref.item()) <= 1e-3 * l1_ref.item()
     assert not [d for d in training.dispatch_decisions() if d["bucket"][0] == 91]  # nothing timed without grad
     spec = tt.training.runtime.FfnSpec(512, 1408, gated=True, activation="relu", threshold=0.0, dtype="bf16")
-    assert len(training._training_plans[(cuda.index, spec)].free_states) >= 1  # the state went back to the pool
+    assert len(training._training_plans[(cuda.index, spec, "sparse")].free_states) >= 1  # the state went back to the pool
 
 
 def test_checkpointed_calls_read_the_recomputed_operands(cuda):

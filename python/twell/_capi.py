@@ -14,7 +14,7 @@ import threading
 
 from ._errors import InvalidArgumentError, error_for_status
 
-C_API_VERSION = 5  # TWELL_C_API_VERSION this module was written for
+C_API_VERSION = 6  # TWELL_C_API_VERSION this module was written for
 
 # Enum values of c_api.h.
 DTYPES = {"bf16": 0, "fp16": 1}
@@ -143,6 +143,7 @@ _SIGNATURES = {
     "twell_training_plan_create": (_STATUS, [_P, ctypes.POINTER(FfnSpec), _I64, _I64, ctypes.c_int, ctypes.POINTER(_P)]),
     "twell_training_plan_destroy": (_STATUS, [_P]),
     "twell_training_plan_describe": (_STATUS, [_P, ctypes.POINTER(ctypes.c_char_p)]),
+    "twell_training_plan_recalibrate": (_STATUS, [_P]),
     "twell_training_state_create": (_STATUS, [_P, ctypes.POINTER(_P)]),
     "twell_training_state_destroy": (_STATUS, [_P]),
     "twell_training_forward": (_STATUS, [_P, _P, ctypes.POINTER(FfnTensors), _I64, _P, _P]),

@@ -218,13 +218,18 @@ class Context:
 
     def training_plan(self, spec: FfnSpec, max_tokens: int, backup_capacity: int | None = None,
                       gradients_in_dtype: bool = False, keep_u: bool = True,
-                      dw_down_as_weight: bool = False) -> "TrainingPlan":
+                      dw_down_as_weight: bool = False, dispatch: str = "sparse") -> "TrainingPlan":
         """twell::FfnTrainingPlan (twell/training_plan.h): the training forward and backward of `spec`.
         keep_u: the state keeps each entry's u from the forward (4 bytes per TwELL word) so the backward
         reads no Wu row for it (TrainingPlanOptions::keep_u; False: recomputed, the same bits).
         dw_down_as_weight: the backward's dw_down in Wd's own layout ([d_model, d_ff] for an out_in Wd, which
-        then needs gradients_in_dtype), not dWd^T (TrainingPlanOptions::dw_down_as_weight)."""
-        return TrainingPlan(self, spec, max_tokens, backup_capacity, gradients_in_dtype, keep_u, dw_down_as_weight)
+        then needs gradients_in_dtype), not dWd^T (TrainingPlanOptions::dw_down_as_weight).
+        dispatch: "sparse" (the TwELL kernels), "dense" (cuBLASLt GEMMs and two elementwise kernels: the same
+        function at a dense framework's cost) or "auto" (per power-of-two token bucket, the first forward
+        times a step of both and keeps the faster; TrainingPlan.recalibrate() forgets; describe()'s
+        "decisions" lists them) (TrainingPlanOptions::dispatch)."""
+        return TrainingPlan(self, spec, max_tokens, backup_capacity, gradients_in_dtype, keep_u, dw_down_as_weight,
+                            dispatch)
 
 
 class Plan:
@@ -338,7 +343,8 @@ class TrainingPlan:
     ints; one plan's calls must be ordered."""
 
     def __init__(self, context: Context, spec: FfnSpec, max_tokens: int, backup_capacity: int | None,
-                 gradients_in_dtype: bool, keep_u: bool = True, dw_down_as_weight: bool = False):
+                 gradients_in_dtype: bool, keep_u: bool = True, dw_down_as_weight: bool = False,
+                 dispatch: str = "sparse"):
         _int("Context.training_plan", "max_tokens", max_tokens, 1, _INT64[1])
         if backup_capacity is not None:
             _int("Context.training_plan", "backup_capacity", backup_capacity, 0, 2 ** 32 - 1)
@@ -350,8 +356,13 @@ class TrainingPlan:
         if not isinstance(dw_down_as_weight, bool):
             raise InvalidArgumentError(f"twell.Context.training_plan: dw_down_as_weight: expected a bool, got "
                                        f"{dw_down_as_weight!r}")
+        dispatch_flags = {"sparse": 0, "dense": 8, "auto": 16}  # TWELL_TRAINING_DISPATCH_* (c_api.h)
+        if dispatch not in dispatch_flags:
+            raise InvalidArgumentError(f"twell.Context.training_plan: dispatch: expected 'sparse', 'dense' or 'auto', got "
+                                       f"{dispatch!r}")
         # TWELL_TRAINING_* (c_api.h)
-        flags = (1 if gradients_in_dtype else 0) | (0 if keep_u else 2) | (4 if dw_down_as_weight else 0)
+        flags = (1 if gradients_in_dtype else 0) | (0 if keep_u else 2) | (4 if dw_down_as_weight else 0) | \
+            dispatch_flags[dispatch]
         handle = ctypes.c_void_p()
         check(lib().twell_training_plan_create(context._handle, ctypes.byref(spec._struct()), max_tokens,
                                                -1 if backup_capacity is None else backup_capacity,
@@ -373,6 +384,10 @@ class TrainingPlan:
         p = ctypes.c_char_p()
         check(lib().twell_training_plan_describe(self._handle, ctypes.byref(p)))
         return json.loads(p.value.decode())
+
+    def recalibrate(self) -> None:
+        """Forgets dispatch "auto"'s decisions: the next forward of each bucket times both paths again."""
+        check(lib().twell_training_plan_recalibrate(self._handle))
 
     def forward_struct(self, stream: int, tensors: _capi.FfnTensors, tokens: int, state: TrainingState,
                        row_l1: int | None) -> None:

@@ -342,6 +342,8 @@ void Bundle::check_set(const Bundle& b, const BundleSet& set) {
     if (*parsed == KernelKind::DenseGatedUp)
       expected = fmt::format("twell_dense_gated_up_k{}_n{}_{}_{}", field_of("d_model"), field_of("d_ff"), field_of("activation"),
                              field_of("dtype"));
+    if (*parsed == KernelKind::TrainDenseForward || *parsed == KernelKind::TrainDenseBackward)
+      expected = fmt::format("twell_{}_{}_{}", kernels::to_string(*parsed), field_of("dtype"), field_of("activation"));
     if (*parsed == KernelKind::WeightTranspose) expected = "twell_transpose16";
     if (*parsed == KernelKind::NeuronPermute) expected = "twell_permute16";
     if (*parsed == KernelKind::TrainRowBackward)

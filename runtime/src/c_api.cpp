@@ -178,6 +178,19 @@ nlohmann::json describe(const twell::FfnPlan& plan) {
           {"kernels", kernels_json(plan.kernels())}};
 }
 
+const char* dispatch_name(twell::TrainingDispatch d) {
+  return d == twell::TrainingDispatch::Dense ? "dense" : d == twell::TrainingDispatch::Auto ? "auto" : "sparse";
+}
+
+nlohmann::json decisions_json(const std::vector<twell::TrainingDecision>& decisions) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const twell::TrainingDecision& d : decisions)
+    out.push_back({{"decision_key", d.decision_key}, {"max_tokens", d.max_tokens},
+                   {"path", d.path == twell::TrainingPath::Dense ? "dense" : "sparse"}, {"sparse_ms", d.sparse_ms},
+                   {"dense_ms", d.dense_ms}});
+  return out;
+}
+
 }  // namespace
 
 extern "C" {
@@ -502,10 +515,17 @@ twell_status_t twell_training_plan_create(twell_context_t context, const twell_f
         invalid(fn, "backup_capacity", "-1 (the default) or 0..4294967295 tile-rows", std::to_string(backup_capacity));
       o.backup_capacity = static_cast<uint32_t>(backup_capacity);
     }
-    if ((flags & ~(TWELL_TRAINING_GRADIENTS_IN_DTYPE | TWELL_TRAINING_RECOMPUTE_U | TWELL_TRAINING_DW_DOWN_AS_WEIGHT)) != 0)
-      invalid(fn, "flags", "0 or a bitwise or of TWELL_TRAINING_GRADIENTS_IN_DTYPE (1), TWELL_TRAINING_RECOMPUTE_U (2) "
-              "and TWELL_TRAINING_DW_DOWN_AS_WEIGHT (4)",
+    constexpr int dispatch_flags = TWELL_TRAINING_DISPATCH_DENSE | TWELL_TRAINING_DISPATCH_AUTO;
+    if ((flags & ~(TWELL_TRAINING_GRADIENTS_IN_DTYPE | TWELL_TRAINING_RECOMPUTE_U | TWELL_TRAINING_DW_DOWN_AS_WEIGHT |
+                   dispatch_flags)) != 0 ||
+        (flags & dispatch_flags) == dispatch_flags)
+      invalid(fn, "flags", "0 or a bitwise or of TWELL_TRAINING_GRADIENTS_IN_DTYPE (1), TWELL_TRAINING_RECOMPUTE_U (2), "
+              "TWELL_TRAINING_DW_DOWN_AS_WEIGHT (4) and at most one of TWELL_TRAINING_DISPATCH_DENSE (8) and "
+              "TWELL_TRAINING_DISPATCH_AUTO (16)",
               std::to_string(flags));
+    o.dispatch = (flags & TWELL_TRAINING_DISPATCH_DENSE) ? twell::TrainingDispatch::Dense
+                 : (flags & TWELL_TRAINING_DISPATCH_AUTO) ? twell::TrainingDispatch::Auto
+                                                          : twell::TrainingDispatch::Sparse;
     o.gradients_in_dtype = (flags & TWELL_TRAINING_GRADIENTS_IN_DTYPE) != 0;
     o.keep_u = (flags & TWELL_TRAINING_RECOMPUTE_U) == 0;
     o.dw_down_as_weight = (flags & TWELL_TRAINING_DW_DOWN_AS_WEIGHT) != 0;
@@ -529,10 +549,16 @@ twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const ch
                             {"gradients_in_dtype", p.plan.options().gradients_in_dtype},
                             {"keep_u", p.plan.options().keep_u},
                             {"dw_down_as_weight", p.plan.options().dw_down_as_weight},
+                            {"dispatch", dispatch_name(p.plan.options().dispatch)},
+                            {"decisions", decisions_json(p.plan.decisions())},
                             {"kernels", kernels_json(p.plan.kernels())}}
                  .dump();
     *json = p.json.c_str();
   });
+}
+
+twell_status_t twell_training_plan_recalibrate(twell_training_plan_t plan) {
+  return guarded([&] { require(plan, "twell_training_plan_recalibrate", "plan").plan.recalibrate(); });
 }
 
 twell_status_t twell_training_state_create(twell_training_plan_t plan, twell_training_state_t* state) {

@@ -81,7 +81,7 @@ struct Context::Impl {
   // errors. Thread-safe.
   FfnKernels ffn_kernels(const FfnSpec& spec, std::optional<WeightLayout> decode_down_layout, const char* who);
   // An auxiliary kernel (kernel.h: WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp,
-  // TrainRowBackward, TrainWeightGrad), the same way, loaded once per context (auxiliary_loaded; a
+  // TrainRowBackward, TrainWeightGrad, TrainDenseForward, TrainDenseBackward), the same way, loaded once per context (auxiliary_loaded; a
   // bundle loaded later replaces the kernels it holds for later calls). `report`, where given, receives
   // how this call obtained it ("memory" where an earlier call loaded it). Thread-safe.
   std::shared_ptr<LoadedKernel> auxiliary(kernels::KernelKind kind, const FfnSpec& spec, const char* who,

@@ -201,6 +201,13 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   return *this;
 }
 
+void ensure_bytes(DeviceBuffer& b, size_t bytes, CUstream stream, const char* who) {
+  if (b.bytes() >= std::max<size_t>(bytes, 1)) return;
+  if (b) check(Driver::get().cuStreamSynchronize(stream), (std::string(who) + ": cuStreamSynchronize").c_str());
+  b.reset();
+  b = DeviceBuffer(std::max<size_t>(bytes, 1));
+}
+
 void DeviceBuffer::reset() noexcept {
   // A non-zero pointer implies Driver::get() succeeded when it was allocated.
   if (ptr_ != 0) (void)loaded().driver->cuMemFree(ptr_);

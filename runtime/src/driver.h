@@ -54,6 +54,8 @@ namespace twell::detail {
   X(cuMemsetD8Async)                                                                                 \
   X(cuMemsetD32Async)                                                                                \
   X(cuMemsetD16)                                                                                     \
+  X(cuMemsetD16Async)                                                                                \
+  X(cuMemsetD2D8Async)                                                                               \
   X(cuStreamCreate)                                                                                  \
   X(cuStreamDestroy)                                                                                 \
   X(cuStreamSynchronize)                                                                             \
@@ -151,5 +153,9 @@ class DeviceBuffer {
   CUdeviceptr ptr_ = 0;
   size_t bytes_ = 0;
 };
+
+// Makes `b` hold at least `bytes` (at least 1): where smaller, it is replaced by a new allocation after
+// the stream's earlier work (which may still read the old one) has finished. `who` prefixes errors.
+void ensure_bytes(DeviceBuffer& b, size_t bytes, CUstream stream, const char* who);
 
 }  // namespace twell::detail

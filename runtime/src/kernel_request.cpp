@@ -27,7 +27,8 @@ std::string ffn_request(const FfnSpec& s, const Target& target, std::optional<We
 std::string auxiliary_request(kernels::KernelKind kind, const FfnSpec& s, const Target& target) {
   using kernels::KernelKind;
   std::string key = fmt::format("aux {} target={}", kernels::to_string(kind), target.arch());
-  if (kind == KernelKind::DenseGatedMul) key += fmt::format(" dtype={} activation={}", to_string(s.dtype), to_string(s.activation));
+  if (kind == KernelKind::DenseGatedMul || kind == KernelKind::TrainDenseForward || kind == KernelKind::TrainDenseBackward)
+    key += fmt::format(" dtype={} activation={}", to_string(s.dtype), to_string(s.activation));
   if (kind == KernelKind::DenseGatedUp)
     key += fmt::format(" d_model={} d_ff={} activation={} threshold={} dtype={}", s.d_model, s.d_ff, to_string(s.activation),
                        threshold_bits(s.threshold), to_string(s.dtype));

@@ -6,11 +6,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
+#include <cmath>
+#include <map>
 
 #include "driver.h"
 #include "launcher.h"
 #include "plan_impl.h"
 #include "run_arguments.h"
+#include "training_dense.h"
 #include "training_impl.h"
 #include "twell/context.h"
 #include "twell/error.h"
@@ -24,14 +28,7 @@ namespace {
   throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, message));
 }
 
-// A device buffer of at least `bytes`, replaced (after the stream's earlier work, which may read the old
-// one) when smaller.
-void ensure(detail::DeviceBuffer& b, size_t bytes, CUstream cu, const char* who) {
-  if (b.bytes() >= std::max<size_t>(bytes, 1)) return;
-  if (b) detail::check(detail::Driver::get().cuStreamSynchronize(cu), fmt::format("{}: cuStreamSynchronize", who).c_str());
-  b.reset();
-  b = detail::DeviceBuffer(std::max<size_t>(bytes, 1));
-}
+void ensure(detail::DeviceBuffer& b, size_t bytes, CUstream cu, const char* who) { detail::ensure_bytes(b, bytes, cu, who); }
 
 // A state's `twell` buffer: the TwELL words of `tokens` rows (4 bytes each), then, with u kept, one fp32 u
 // per word (GatedDownParams::entry_u_after_words: it starts where the words end).
@@ -55,6 +52,9 @@ struct FfnTrainingState::Impl {
   uint32_t capacity = 0;  // the backup's tile-rows in the last forward
   uint64_t plan_id = 0;   // the FfnTrainingPlan that made it (ids are never reused, unlike addresses)
   uint64_t forward_number = 0;  // the plan's count of forwards at its last forward (FfnTrainingPlan::Impl)
+  TrainingPath path = TrainingPath::Sparse;  // the last forward's
+  detail::DeviceBuffer dense_g, dense_u;     // TrainingPath::Dense: g and u, then dg and du
+  bool dense_consumed = false;               // a backward has turned dense_g, dense_u into dg, du
 
   ~Impl() {
     if (!context || !context->gpu) return;
@@ -73,8 +73,11 @@ FfnTrainingState::FfnTrainingState(FfnTrainingState&&) noexcept = default;
 FfnTrainingState& FfnTrainingState::operator=(FfnTrainingState&&) noexcept = default;
 int64_t FfnTrainingState::tokens() const { return impl_ ? impl_->tokens : -1; }
 size_t FfnTrainingState::device_bytes() const {
-  return impl_ ? impl_->twell.bytes() + impl_->backup.bytes() + impl_->counter.bytes() : 0;
+  return impl_ ? impl_->twell.bytes() + impl_->backup.bytes() + impl_->counter.bytes() + impl_->dense_g.bytes() +
+                     impl_->dense_u.bytes()
+               : 0;
 }
+TrainingPath FfnTrainingState::path() const { return impl_ ? impl_->path : TrainingPath::Sparse; }
 
 struct FfnTrainingPlan::Impl {
   std::shared_ptr<Context::Impl> context;
@@ -99,6 +102,15 @@ struct FfnTrainingPlan::Impl {
   uint64_t forwards = 0, w_down_t_forward = 0;
   const void* w_down_t_source = nullptr;
   int64_t w_down_t_ld = 0;
+  // The dense path (options.dispatch Dense or Auto), and Auto's decisions by (decision key, bucket).
+  std::unique_ptr<detail::DenseTraining> dense;
+  std::map<std::pair<uint64_t, int>, TrainingDecision> decisions;
+
+  std::unique_ptr<FfnTrainingState::Impl> new_state() const;
+  void run_forward(TrainingPath path, CUstream cu, const FfnTensors& t, int64_t tokens, FfnTrainingState::Impl& s, float* row_l1);
+  void run_backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens, FfnTrainingState::Impl& s,
+                    const FfnGradients& g, float lambda, int64_t l1_tokens, const float* l1_weight);
+  TrainingPath calibrate(CUstream cu, const FfnTensors& t, int64_t tokens, TrainingDecision& decision);
 };
 
 FfnTrainingPlan::FfnTrainingPlan() = default;
@@ -107,6 +119,11 @@ FfnTrainingPlan::FfnTrainingPlan(FfnTrainingPlan&&) noexcept = default;
 FfnTrainingPlan& FfnTrainingPlan::operator=(FfnTrainingPlan&&) noexcept = default;
 
 namespace {
+bool capturing(CUstream stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return detail::Driver::get().cuStreamIsCapturing(stream, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 FfnTrainingPlan::Impl& checked(const std::unique_ptr<FfnTrainingPlan::Impl>& impl, const char* what) {
   if (!impl) fail(what, "this FfnTrainingPlan is empty (default-constructed or moved from): make one with FfnTrainingPlan::create");
   return *impl;
@@ -124,6 +141,9 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
   if (spec.d_model > kernels::TrainRowBackwardConstraints::kMaxDModel)
     fail(who, fmt::format("spec.d_model: expected at most {} (train_row_backward keeps a row of dx in registers), got {}",
                           kernels::TrainRowBackwardConstraints::kMaxDModel, spec.d_model));
+  if (options.dispatch != TrainingDispatch::Sparse && options.dispatch != TrainingDispatch::Dense &&
+      options.dispatch != TrainingDispatch::Auto)
+    fail(who, fmt::format("options.dispatch: expected Sparse, Dense or Auto, got {}", static_cast<int>(options.dispatch)));
   if (options.dw_down_as_weight && spec.down_layout == WeightLayout::OutIn && !options.gradients_in_dtype)
     fail(who, "options.dw_down_as_weight: expected gradients_in_dtype with it for an out_in Wd (dWd is transposed "
               "into Wd's layout as 16-bit values), got fp32 gradients");
@@ -176,6 +196,8 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
     build(plan_options);
   }
   FfnPlan::Impl& f = *p.forward.impl_;
+  if (options.dispatch != TrainingDispatch::Sparse)
+    p.dense = std::make_unique<detail::DenseTraining>(p.context, f.spec, p.reports, who);
   p.capacity = f.backup_capacity;
   if (p.context->gpu) {
     // The plan's own TwELL matrix and backup are never used: the states hold them.
@@ -197,21 +219,37 @@ FfnTrainingState FfnTrainingPlan::make_state() const {
   constexpr const char* who = "FfnTrainingPlan::make_state";
   const Impl& p = checked(impl_, who);
   if (!p.context->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: needs a GPU ({})", who, p.context->no_gpu_reason));
-  p.context->make_current();
   FfnTrainingState state;
-  state.impl_ = std::make_unique<FfnTrainingState::Impl>();
-  FfnTrainingState::Impl& s = *state.impl_;
-  s.context = p.context;
-  s.plan_id = p.id;
+  state.impl_ = p.new_state();
+  return state;
+}
+
+std::unique_ptr<FfnTrainingState::Impl> FfnTrainingPlan::Impl::new_state() const {
+  context->make_current();
+  auto s = std::make_unique<FfnTrainingState::Impl>();
+  s->context = context;
+  s->plan_id = id;
   const detail::Driver& d = detail::Driver::get();
   void* host = nullptr;
   detail::check(d.cuMemAllocHost(&host, 4), "FfnTrainingPlan::make_state: cuMemAllocHost(overflow count)");
-  s.pinned = static_cast<uint32_t*>(host);
-  *s.pinned = 0;
-  detail::check(d.cuEventCreate(&s.event, CU_EVENT_DISABLE_TIMING), "FfnTrainingPlan::make_state: cuEventCreate");
-  s.counter = detail::DeviceBuffer(8);
-  return state;
+  s->pinned = static_cast<uint32_t*>(host);
+  *s->pinned = 0;
+  detail::check(d.cuEventCreate(&s->event, CU_EVENT_DISABLE_TIMING), "FfnTrainingPlan::make_state: cuEventCreate");
+  s->counter = detail::DeviceBuffer(8);
+  return s;
 }
+
+int64_t FfnTrainingPlan::dense_state_bytes(int64_t tokens) const {
+  return int64_t(detail::DenseTraining::state_bytes(checked(impl_, "FfnTrainingPlan::dense_state_bytes").forward.spec(), tokens));
+}
+
+std::vector<TrainingDecision> FfnTrainingPlan::decisions() const {
+  std::vector<TrainingDecision> out;
+  for (const auto& [key, decision] : checked(impl_, "FfnTrainingPlan::decisions").decisions) out.push_back(decision);
+  return out;
+}
+
+void FfnTrainingPlan::recalibrate() { checked(impl_, "FfnTrainingPlan::recalibrate").decisions.clear(); }
 
 int64_t FfnTrainingPlan::state_bytes(int64_t tokens, uint32_t capacity) const {
   const Impl& p = checked(impl_, "FfnTrainingPlan::state_bytes");
@@ -227,7 +265,8 @@ int64_t FfnTrainingPlan::backward_scratch_bytes(int64_t tokens, uint32_t grad_ca
          train_weight_grad_workspace_bytes(p.kernel_spec) + train_weight_grad_list_bytes(p.kernel_spec, tokens, grad_capacity) + 4;
 }
 
-void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens, FfnTrainingState& state, float* row_l1) {
+void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens, FfnTrainingState& state, float* row_l1,
+                              uint64_t decision_key) {
   constexpr const char* who = "FfnTrainingPlan::forward";
   Impl& p = checked(impl_, who);
   if (!p.context->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: this plan was made without a GPU ({})", who, p.context->no_gpu_reason));
@@ -245,32 +284,74 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   FfnTrainingState::Impl& s = *state.impl_;
   s.tokens = -1;  // not a forward's state until this one's launches are enqueued (a failure leaves it so)
   auto cu = reinterpret_cast<CUstream>(stream);
+  TrainingPath path = p.options.dispatch == TrainingDispatch::Dense ? TrainingPath::Dense : TrainingPath::Sparse;
+  if (p.options.dispatch == TrainingDispatch::Auto && tokens > 0 && !capturing(cu)) {
+    const int bucket = std::bit_width(static_cast<uint64_t>(tokens - 1));  // tokens in (2^(bucket-1), 2^bucket]
+    auto [it, fresh] = p.decisions.try_emplace({decision_key, bucket});
+    if (fresh) {
+      try {
+        it->second.decision_key = decision_key;
+        it->second.max_tokens = int64_t{1} << bucket;
+        p.calibrate(cu, t, tokens, it->second);
+      } catch (...) {
+        p.decisions.erase(it);
+        throw;
+      }
+    }
+    path = it->second.path;
+  }
+  p.run_forward(path, cu, t, tokens, s, row_l1);
+}
+
+void FfnTrainingPlan::Impl::run_forward(TrainingPath path, CUstream cu, const FfnTensors& t, int64_t tokens, FfnTrainingState::Impl& s,
+                                        float* row_l1) {
+  constexpr const char* who = "FfnTrainingPlan::forward";
+  const detail::Driver& d = detail::Driver::get();
+  s.tokens = -1;
+  // A state that changes path gives the other path's buffers back (the stream may still read them).
+  const bool dense_path = path == TrainingPath::Dense;
+  if (dense_path ? (s.twell || s.backup) : bool(s.dense_g)) {
+    detail::check(d.cuStreamSynchronize(cu), "FfnTrainingPlan::forward: cuStreamSynchronize (a state changing path)");
+    (dense_path ? s.twell : s.dense_g).reset();
+    (dense_path ? s.backup : s.dense_u).reset();
+  }
+  s.forward_number = ++forwards;
+  if (dense_path) {
+    s.has_u = false;
+    dense->forward(cu, t, tokens, s.dense_g, s.dense_u, row_l1);
+    s.path = TrainingPath::Dense;
+    s.dense_consumed = false;
+    s.tokens = tokens;
+    s.capacity = capacity;
+    return;
+  }
+  FfnPlan::Impl& f = *forward.impl_;
+  const bool gate_only = t.y == nullptr && row_l1 == nullptr;
   const TwellLayout& l = f.layout;
   // The words, then (keep_u, and the consumer runs) u per entry: GatedDownParams::entry_u_after_words.
-  s.has_u = p.keep_u && !gate_only;
+  s.has_u = keep_u && !gate_only;
   ensure(s.twell, twell_buffer_bytes(l, f.sparse_spec.d_ff, tokens, s.has_u), cu, who);
-  ensure(s.backup, size_t(p.capacity) * l.tile_n * 2, cu, who);
+  ensure(s.backup, size_t(capacity) * l.tile_n * 2, cu, who);
   const TwellBuffers matrix{reinterpret_cast<uint32_t*>(s.twell.get()), reinterpret_cast<uint16_t*>(s.backup.get()),
-                            s.counter.get(), p.capacity, row_l1, s.has_u};
+                            s.counter.get(), capacity, row_l1, s.has_u};
   f.use_block = false;
-  s.forward_number = ++p.forwards;
   // The gate, the overflow count's copy and its event, then the consumer: a backward right behind this
   // forward (the operators' recompute) waits on the host for the gate only.
   launch_twell(f, t, tokens, LaunchStages::GateOnly, matrix, /*allow_decode=*/false, cu, who);
-  const detail::Driver& d = detail::Driver::get();
   detail::check(d.cuMemcpyDtoHAsync(s.pinned, s.counter.get(), 4, cu), "FfnTrainingPlan::forward: cuMemcpyDtoHAsync(overflow count)");
   detail::check(d.cuEventRecord(s.event, cu), "FfnTrainingPlan::forward: cuEventRecord");
   if (!gate_only) {
-    p.w_down_t_forward = 0;  // the consumer's stage transposes an out_in Wd into the buffer first
+    w_down_t_forward = 0;  // the consumer's stage transposes an out_in Wd into the buffer first
     launch_twell(f, t, tokens, LaunchStages::ConsumerOnly, matrix, /*allow_decode=*/false, cu, who);
     if (f.transpose && tokens > 0) {
-      p.w_down_t_forward = s.forward_number;
-      p.w_down_t_source = t.w_down;
-      p.w_down_t_ld = t.ld_down;
+      w_down_t_forward = s.forward_number;
+      w_down_t_source = t.w_down;
+      w_down_t_ld = t.ld_down;
     }
   }
+  s.path = TrainingPath::Sparse;
   s.tokens = tokens;
-  s.capacity = p.capacity;
+  s.capacity = capacity;
 }
 
 void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens,
@@ -280,8 +361,11 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   Impl& p = checked(impl_, who);
   if (!p.context->gpu) throw Error(ErrorCode::NoDevice, fmt::format("{}: this plan was made without a GPU ({})", who, p.context->no_gpu_reason));
   if (!state.impl_ || state.impl_->plan_id != p.id) fail(who, "state: expected a state this plan made (FfnTrainingPlan::make_state)");
-  const FfnTrainingState::Impl& s = *state.impl_;
+  FfnTrainingState::Impl& s = *state.impl_;
   if (s.tokens < 0) fail(who, "state: expected the state of a forward() call, got one no forward has filled");
+  if (s.path == TrainingPath::Dense && s.dense_consumed)
+    fail(who, "state: expected a forward's state with no backward yet (a dense forward's g and u became dg and du in its "
+              "backward: run forward() again), got one a backward has used");
   if (tokens != s.tokens)
     fail(who, fmt::format("tokens: expected the forward's token count {} (the state's), got {}", s.tokens, tokens));
   p.context->make_current();
@@ -339,8 +423,37 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
     for (const ByteRange& other : read_or_written)
       if (std::string problem = overlap_problem(dw_down_range, other); !problem.empty()) fail(who, problem);
   }
+  // The upstream gradient and the L1 term's arguments (both paths read them).
+  if (std::string problem = pointer_problem("dy", dy, 2); !problem.empty()) fail(who, problem);
+  if (tokens > 0 && !is_device_memory(dy)) fail(who, fmt::format("dy: expected device memory (cuMemAlloc/cudaMalloc), got {}", dy));
+  if (ld_dy != 0 && (ld_dy < K || ld_dy > (int64_t{1} << 36)))
+    fail(who, fmt::format("ld_dy: expected a row stride in {}..2^36 elements (0 = dense), got {}", K, ld_dy));
+  if (!std::isfinite(lambda) || lambda < 0.0f) fail(who, fmt::format("lambda: expected a finite value >= 0, got {}", lambda));
+  if (l1_tokens < 0) fail(who, fmt::format("l1_tokens: expected >= 0 (0: tokens), got {}", l1_tokens));
+  if (l1_weight != nullptr) {
+    if (std::string problem = pointer_problem("l1_weight", l1_weight, 4); !problem.empty()) fail(who, problem);
+    if (!is_device_memory(l1_weight))
+      fail(who, fmt::format("l1_weight: expected device memory (cuMemAlloc/cudaMalloc), got {}", static_cast<const void*>(l1_weight)));
+  }
+  p.run_backward(reinterpret_cast<CUstream>(stream), t, dy, ld_dy, tokens, s, g, lambda, l1_tokens, l1_weight);
+}
+
+void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens,
+                                         FfnTrainingState::Impl& s, const FfnGradients& g, float lambda, int64_t l1_tokens,
+                                         const float* l1_weight) {
+  constexpr const char* who = "FfnTrainingPlan::backward";
+  if (s.path == TrainingPath::Dense) {
+    dense->backward(cu, t, dy, ld_dy, tokens, s.dense_g, s.dense_u, g, options.gradients_in_dtype, options.dw_down_as_weight, lambda,
+                    l1_tokens, l1_weight, who);
+    s.dense_consumed = true;
+    return;
+  }
+  Impl& p = *this;
+  FfnPlan::Impl& f = *p.forward.impl_;
+  const int64_t K = f.spec.d_model, N = f.spec.d_ff;
+  const bool out_in = f.spec.down_layout == WeightLayout::OutIn;
+  const bool dw_down_transposed = p.options.dw_down_as_weight && out_in;
   const detail::Driver& d = detail::Driver::get();
-  auto cu = reinterpret_cast<CUstream>(stream);
   // The forward's overflow count: its copy was enqueued before everything after the forward.
   detail::check(d.cuEventSynchronize(s.event), "FfnTrainingPlan::backward: cuEventSynchronize(forward)");
   const uint32_t overflow = *s.pinned;
@@ -411,6 +524,7 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   r.ld_down = ld_down;
   r.ld_dy = ld_dy;
   r.ld_dx = g.ld_dx;
+  const auto stream = reinterpret_cast<Stream>(cu);
   named([&] { detail::train_row_backward(p.context, stream, ks, r, tokens, used_backup, grad_capacity, lambda, l1_tokens); });
 
   TrainWeightGradTensors w;
@@ -437,6 +551,57 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
     detail::launch_transpose16(*f.transpose, reinterpret_cast<const void*>(f.w_down_t->get()), N, K, K, g.dw_down,
                                g.ld_dw_down ? g.ld_dw_down : N, cu, who);
   }
+}
+
+// TrainingDispatch::Auto's timing (training_plan.h): whole steps of both paths on the call's x and weights
+// (its first kCalibrationRows rows), with scratch y, dy, dx and weight gradients and a scratch state, so
+// nothing of the caller's is written. Host launch time is part of a step (as in the caller's steps).
+TrainingPath FfnTrainingPlan::Impl::calibrate(CUstream cu, const FfnTensors& t, int64_t tokens, TrainingDecision& decision) {
+  constexpr const char* who = "FfnTrainingPlan::forward (dispatch Auto's timing)";
+  const FfnSpec& spec = forward.spec();
+  const int64_t rows = std::min(tokens, FfnTrainingPlan::kCalibrationRows), K = spec.d_model, N = spec.d_ff;
+  const size_t out_bytes = options.gradients_in_dtype ? 2 : 4;
+  detail::DeviceBuffer y(size_t(rows) * K * 2), row_l1(size_t(rows) * 4), dy(size_t(rows) * K * 2), dx(size_t(rows) * K * 2),
+      dw_gate(size_t(N) * K * out_bytes), dw_up(spec.gated ? size_t(N) * K * out_bytes : 0), dw_down(size_t(N) * K * out_bytes);
+  const detail::Driver& d = detail::Driver::get();
+  // dy: one small value everywhere (~0.0078 in either type); the kernels' time does not depend on it.
+  detail::check(d.cuMemsetD16Async(dy.get(), spec.dtype == DType::BF16 ? 0x3C00 : 0x2000, size_t(rows) * K, cu),
+                "FfnTrainingPlan::forward: cuMemsetD16Async(calibration dy)");
+  FfnTensors c = t;
+  c.y = reinterpret_cast<void*>(y.get());
+  c.ld_y = 0;
+  const FfnGradients g{reinterpret_cast<void*>(dx.get()), reinterpret_cast<void*>(dw_gate.get()),
+                       spec.gated ? reinterpret_cast<void*>(dw_up.get()) : nullptr, reinterpret_cast<void*>(dw_down.get())};
+  const std::unique_ptr<FfnTrainingState::Impl> state = new_state();
+  struct Events {
+    CUevent start = nullptr, stop = nullptr;
+    ~Events() {
+      if (start) detail::Driver::get().cuEventDestroy(start);
+      if (stop) detail::Driver::get().cuEventDestroy(stop);
+    }
+  } e;
+  detail::check(d.cuEventCreate(&e.start, CU_EVENT_DEFAULT), "FfnTrainingPlan::forward: cuEventCreate");
+  detail::check(d.cuEventCreate(&e.stop, CU_EVENT_DEFAULT), "FfnTrainingPlan::forward: cuEventCreate");
+  auto step_ms = [&](TrainingPath path) {
+    std::vector<float> ms;
+    for (int rep = 0; rep < 4; ++rep) {  // one warm-up (the first call's compilations, allocations), three timed
+      detail::check(d.cuEventRecord(e.start, cu), "FfnTrainingPlan::forward: cuEventRecord");
+      run_forward(path, cu, c, rows, *state, reinterpret_cast<float*>(row_l1.get()));
+      run_backward(cu, c, reinterpret_cast<const void*>(dy.get()), 0, rows, *state, g, 1.0f, 0, nullptr);
+      detail::check(d.cuEventRecord(e.stop, cu), "FfnTrainingPlan::forward: cuEventRecord");
+      detail::check(d.cuEventSynchronize(e.stop), "FfnTrainingPlan::forward: cuEventSynchronize");
+      float elapsed = 0;
+      detail::check(d.cuEventElapsedTime(&elapsed, e.start, e.stop), "FfnTrainingPlan::forward: cuEventElapsedTime");
+      if (rep > 0) ms.push_back(elapsed);
+    }
+    std::sort(ms.begin(), ms.end());
+    return double{ms[1]};
+  };
+  (void)who;
+  decision.sparse_ms = step_ms(TrainingPath::Sparse);
+  decision.dense_ms = step_ms(TrainingPath::Dense);
+  decision.path = decision.dense_ms < decision.sparse_ms ? TrainingPath::Dense : TrainingPath::Sparse;
+  return decision.path;
 }
 
 }  // namespace twell

@@ -69,9 +69,14 @@ int main(void) {
   EXPECT(twell_training_plan_create(context, &spec, 256, -2, 0, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
              training == NULL, "a backup_capacity of -2");
   EXPECT(strstr(twell_last_error(), "backup_capacity") != NULL, "the message names backup_capacity");
-  EXPECT(twell_training_plan_create(context, &spec, 256, -1, 8, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
-             training == NULL, "flags 8");
+  EXPECT(twell_training_plan_create(context, &spec, 256, -1, 32, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
+             training == NULL, "flags 32");
   EXPECT(strstr(twell_last_error(), "flags") != NULL, "the message names flags");
+  /* v6: at most one dispatch flag. */
+  EXPECT(twell_training_plan_create(context, &spec, 256, -1, TWELL_TRAINING_DISPATCH_DENSE | TWELL_TRAINING_DISPATCH_AUTO,
+                                    &training) == TWELL_ERROR_INVALID_ARGUMENT && training == NULL &&
+             strstr(twell_last_error(), "flags") != NULL,
+         "both dispatch flags are refused by name");
   /* v5: dWd in an out_in Wd's layout (the default spec's) needs gradients in the spec's dtype. */
   EXPECT(twell_training_plan_create(context, &spec, 256, -1, TWELL_TRAINING_DW_DOWN_AS_WEIGHT, &training) ==
              TWELL_ERROR_INVALID_ARGUMENT && training == NULL && strstr(twell_last_error(), "dw_down_as_weight") != NULL,

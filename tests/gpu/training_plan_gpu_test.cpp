@@ -249,6 +249,151 @@ TEST(GpuTrainingPlan, StepsAgainstTheReference) {
     check(c);
 }
 
+namespace {
+// The dense path (TrainingDispatch::Dense: cuBLASLt GEMMs and the two elementwise kernels) on the same
+// cases: y and the gradients within 1e-2 of the reference, the L1 term within 2e-3 (h from the
+// dtype-rounded u, the reference's from fp32 u), the same bits on a second step, the path reported, the
+// state's bytes g and u's; then a second backward of the consumed state refused by name.
+void check_dense(const Case& c) {
+  SCOPED_TRACE(c.name + " (dense path)");
+  const RandomFfn f = make_random_ffn(c.spec, c.tokens, c.density, 4242 + static_cast<uint32_t>(c.tokens));
+  const std::vector<uint16_t> dy = random_bits(c.spec.dtype, static_cast<size_t>(c.tokens * c.spec.d_model), -1.0f, 1.0f, 99);
+  TrainingPlanOptions options;
+  options.dispatch = TrainingDispatch::Dense;
+  FfnTrainingPlan plan = FfnTrainingPlan::create(plan_context(), c.spec, std::max<int64_t>(1, c.tokens), options);
+  bool reported = false;
+  for (const KernelReport& k : plan.kernels()) reported = reported || k.kind == "train_dense_backward";
+  EXPECT_TRUE(reported) << "the dense path's kernels are not in the plan's reports";
+  FfnTrainingState state = plan.make_state();
+  StreamHandle stream(plan_context());
+  const Step a = run_step(plan, state, f, dy, c.lambda, nullptr, stream);
+  EXPECT_EQ(state.path(), TrainingPath::Dense);
+  EXPECT_EQ(state.device_bytes(), size_t(plan.dense_state_bytes(c.tokens)) + 8) << "g, u and the overflow word";
+  const Step b = run_step(plan, state, f, dy, c.lambda, nullptr, stream);
+  FfnSpec ref_spec = c.spec;
+  ref_spec.tile_n = plan.layout().tile_n;
+  ref_spec.slots = plan.layout().slots;
+  const TrainingForward fw = reference_training_forward(ref_spec, f.x, f.tokens, f.weights());
+  const TrainingGradients ref = reference_training_backward(ref_spec, f.x, f.weights(), fw, dy, c.lambda);
+  EXPECT_LT(relative_error(to_float(c.spec.dtype, a.y), fw.y), 1e-2) << "y";
+  double l1 = 0;
+  for (float r : a.row_l1) l1 += r;
+  l1 = c.tokens > 0 ? l1 / double(c.tokens) : 0.0;
+  EXPECT_LE(std::abs(l1 - fw.l1), 2e-3 * std::abs(fw.l1) + 1e-30) << "L1 term: " << l1 << " vs " << fw.l1;
+  const double e_dx = relative_error(to_float(c.spec.dtype, a.dx), ref.dx);
+  const double e_wg = relative_error(a.dw_gate, ref.dw_gate);
+  const double e_wd = relative_error(down_as_spec(c.spec, a.dw_down), ref.dw_down);
+  const double e_wu = c.spec.gated ? relative_error(a.dw_up, ref.dw_up) : 0.0;
+  EXPECT_LT(e_dx, 1e-2) << "dx";
+  EXPECT_LT(e_wg, 1e-2) << "dWg";
+  EXPECT_LT(e_wu, 1e-2) << "dWu";
+  EXPECT_LT(e_wd, 1e-2) << "dWd";
+  EXPECT_EQ(a.y, b.y) << "y differs between two steps";
+  EXPECT_EQ(a.dx, b.dx) << "dx differs between two steps";
+  EXPECT_TRUE(same_bits(a.dw_gate, b.dw_gate)) << "dWg differs between two steps";
+  EXPECT_TRUE(same_bits(a.dw_up, b.dw_up)) << "dWu differs between two steps";
+  EXPECT_TRUE(same_bits(a.dw_down, b.dw_down)) << "dWd differs between two steps";
+  EXPECT_TRUE(same_bits(a.row_l1, b.row_l1)) << "row_l1 differs between two steps";
+  if (std::getenv("TWELL_TEST_VERBOSE"))
+    std::printf("%s (dense): L1 %.6g (ref %.6g), relative errors dx %.3g dWg %.3g dWu %.3g dWd %.3g\n", c.name.c_str(), l1, fw.l1,
+                e_dx, e_wg, e_wu, e_wd);
+}
+}  // namespace
+
+TEST(GpuTrainingPlan, DensePathAgainstTheReference) {
+  REQUIRE_GPU();
+  const FfnSpec relu_bf16 = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const FfnSpec odd = make_spec(520, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  const FfnSpec silu = make_spec(256, 1024, true, Activation::SiLU, 0.05f, DType::FP16, WeightLayout::OutIn);
+  const FfnSpec plain = make_spec(256, 1024, false, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  const FfnSpec odd_rows = make_spec(200, 1000, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);  // 8-element rows: scalar pass
+  for (const Case& c : {Case{"relu bf16 out_in M=1000 2%", relu_bf16, 1000, 0.02, {}},
+                        Case{"relu bf16 out_in M=1 5%", relu_bf16, 1, 0.05, {}},
+                        Case{"odd 520x1408 in_out M=7 20%", odd, 7, 0.2, {}},
+                        Case{"silu f16 M=200 5%", silu, 200, 0.05, {}},
+                        Case{"non-gated M=300 2%", plain, 300, 0.02, {}},
+                        Case{"lambda 0 M=256 0.5%", relu_bf16, 256, 0.005, {}, 0.0f},
+                        Case{"d_ff 1000, M=333 10%", odd_rows, 333, 0.10, {}},
+                        Case{"every row heavy, M=500 50%", relu_bf16, 500, 0.5, {}}})
+    check_dense(c);
+}
+
+// A dense forward's state serves one backward (g and u became dg and du); zero tokens write zero weight
+// gradients; the common argument checks hold on the dense path too.
+TEST(GpuTrainingPlan, DensePathStateAndZeroTokens) {
+  REQUIRE_GPU();
+  Context& c = plan_context();
+  const FfnSpec s = make_spec(256, 1024, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const RandomFfn f = make_random_ffn(s, 64, 0.02, 11);
+  TrainingPlanOptions o;
+  o.dispatch = TrainingDispatch::Dense;
+  FfnTrainingPlan plan = FfnTrainingPlan::create(c, s, f.tokens, o);
+  FfnTrainingState state = plan.make_state();
+  StreamHandle stream(c);
+  GatedLayer d(c, f, random_bits(s.dtype, f.x.size(), -1.0f, 1.0f, 12));
+  plan.forward(stream.get(), d.t, f.tokens, state);
+  try {
+    plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, -1.0f);
+    ADD_FAILURE() << "lambda -1 not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lambda"), std::string::npos) << e.what();
+  }
+  plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);
+  try {
+    plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);
+    ADD_FAILURE() << "a second backward of one dense forward not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("state"), std::string::npos) << e.what();
+  }
+  for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) m->fill(0xFF);
+  plan.forward(stream.get(), d.t, 0, state);
+  plan.backward(stream.get(), d.t, d.dy.data(), 0, 0, state, d.g, 0.1f);
+  stream.synchronize();
+  for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) {
+    const std::vector<float> w = m->download_vector<float>(f.w_gate.size());
+    EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](float v) { return v == 0.0f; })) << "a weight gradient of 0 tokens is not zero";
+  }
+}
+
+// TrainingDispatch::Auto: one timing per (decision key, bucket), the faster path taken, its results those
+// of the path it took (within the reference's tolerance), recalibrate() forgets.
+TEST(GpuTrainingPlan, AutoTimesBothPathsOncePerBucket) {
+  REQUIRE_GPU();
+  const FfnSpec s = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const RandomFfn f = make_random_ffn(s, 1000, 0.3, 5);
+  const std::vector<uint16_t> dy = random_bits(s.dtype, f.x.size(), -1.0f, 1.0f, 6);
+  TrainingPlanOptions o;
+  o.dispatch = TrainingDispatch::Auto;
+  FfnTrainingPlan plan = FfnTrainingPlan::create(plan_context(), s, f.tokens, o);
+  FfnTrainingState state = plan.make_state();
+  StreamHandle stream(plan_context());
+  const Step a = run_step(plan, state, f, dy, 0.5f, nullptr, stream);
+  ASSERT_EQ(plan.decisions().size(), 1u);
+  const TrainingDecision first = plan.decisions()[0];
+  EXPECT_EQ(first.max_tokens, 1024);
+  EXPECT_GT(first.sparse_ms, 0.0);
+  EXPECT_GT(first.dense_ms, 0.0);
+  EXPECT_EQ(first.path, first.dense_ms < first.sparse_ms ? TrainingPath::Dense : TrainingPath::Sparse);
+  EXPECT_EQ(state.path(), first.path);
+  const Step b = run_step(plan, state, f, dy, 0.5f, nullptr, stream);
+  ASSERT_EQ(plan.decisions().size(), 1u);
+  EXPECT_EQ(plan.decisions()[0].sparse_ms, first.sparse_ms) << "timed again";
+  EXPECT_EQ(a.dx, b.dx);
+  FfnSpec ref_spec = s;
+  ref_spec.tile_n = plan.layout().tile_n;
+  ref_spec.slots = plan.layout().slots;
+  const TrainingForward fw = reference_training_forward(ref_spec, f.x, f.tokens, f.weights());
+  const TrainingGradients ref = reference_training_backward(ref_spec, f.x, f.weights(), fw, dy, 0.5f);
+  EXPECT_LT(relative_error(to_float(s.dtype, a.dx), ref.dx), 1e-2);
+  EXPECT_LT(relative_error(a.dw_gate, ref.dw_gate), 1e-2);
+  EXPECT_LT(relative_error(down_as_spec(s, a.dw_down), ref.dw_down), 1e-2);
+  std::printf("auto at M=1000, 30%%: sparse %.3f ms, dense %.3f ms -> %s\n", first.sparse_ms, first.dense_ms,
+              first.path == TrainingPath::Dense ? "dense" : "sparse");
+  plan.recalibrate();
+  EXPECT_TRUE(plan.decisions().empty());
+}
+
 // The L1 coefficient read from a device scalar (autograd's upstream gradient of the L1 term) gives the
 // gradients of lambda = that scalar, up to fp32(1 / M) * w against fp32(w / M): within 1e-5.
 TEST(GpuTrainingPlan, L1WeightOnTheDevice) {

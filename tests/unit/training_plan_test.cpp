@@ -127,6 +127,36 @@ TEST(TrainingPlan, RefusesWhatItCannotTrainByName) {
   EXPECT_NO_THROW(FfnTrainingPlan::create(no_gpu(), out_in, 64, as_weight));
 }
 
+// The dense path (TrainingDispatch::Dense and Auto) makes its two elementwise kernels at create() and
+// reports them (a Sparse plan does not); its state size is g and u; a dispatch out of the enum is refused.
+TEST(TrainingPlan, DenseAndAutoDispatchMakeTheDenseKernels) {
+  const auto kinds = [](const FfnTrainingPlan& plan) {
+    std::vector<std::string> out;
+    for (const KernelReport& k : plan.kernels()) out.push_back(k.kind);
+    return out;
+  };
+  const auto has = [](const std::vector<std::string>& v, const char* kind) { return std::find(v.begin(), v.end(), kind) != v.end(); };
+  EXPECT_FALSE(has(kinds(FfnTrainingPlan::create(no_gpu(), small_spec(), 64)), "train_dense_forward"));
+  for (const TrainingDispatch d : {TrainingDispatch::Dense, TrainingDispatch::Auto}) {
+    TrainingPlanOptions o;
+    o.dispatch = d;
+    const FfnTrainingPlan plan = FfnTrainingPlan::create(no_gpu(), small_spec(), 64, o);
+    EXPECT_TRUE(has(kinds(plan), "train_dense_forward"));
+    EXPECT_TRUE(has(kinds(plan), "train_dense_backward"));
+    EXPECT_TRUE(has(kinds(plan), "train_row_backward")) << "Auto and Dense keep the sparse kernels";
+    EXPECT_EQ(plan.dense_state_bytes(100), 100 * 1024 * 2 * 2);
+  }
+  FfnSpec plain = small_spec();
+  plain.gated = false;
+  EXPECT_EQ(FfnTrainingPlan::create(no_gpu(), plain, 64).dense_state_bytes(100), 100 * 1024 * 2);
+  TrainingPlanOptions bad;
+  bad.dispatch = static_cast<TrainingDispatch>(7);
+  expect_error([&] { FfnTrainingPlan::create(no_gpu(), small_spec(), 64, bad); }, ErrorCode::InvalidArgument, "options.dispatch");
+  FfnTrainingPlan plan = FfnTrainingPlan::create(no_gpu(), small_spec(), 64);
+  EXPECT_TRUE(plan.decisions().empty());
+  plan.recalibrate();
+}
+
 TEST(TrainingPlan, RunTimeCallsWithoutAGpuOrOnAnEmptyPlanAreClearErrors) {
   FfnTrainingPlan plan = FfnTrainingPlan::create(no_gpu(), small_spec(), 64);
   expect_error([&] { plan.make_state(); }, ErrorCode::NoDevice, "make_state");

@@ -19,11 +19,13 @@ tokens, in token order: bitwise deterministic); dx in x's dtype. Gradient accumu
 setups work as with nn.Linear (autograd accumulates; a cast of fp32 master weights passes the gradients
 through). Weights may change every step: nothing is precomputed from them.
 
-dispatch: "sparse" (always twell), "dense" (PyTorch's own autograd of the same function, exact threshold
-semantics), "auto": per (layer key, power-of-two token bucket) the first call times both full steps
-(forward and backward, on up to TIMING_ROWS of its own rows, synchronizing) and keeps the faster, so
-a dense bucket trains within a few % of PyTorch's own time (bench/README.md v51, v53), plus the one-time
-timing and compilation; recalibrate() re-times (call it as the density moves). Eager mode only (the
+dispatch: "sparse" (always twell's TwELL kernels), "twell_dense" (twell's dense training path: cuBLASLt GEMMs
+and two elementwise kernels, FfnTrainingPlan's TrainingPath::Dense; it keeps g and u, not PyTorch's a, u and
+h), "dense" (PyTorch's own autograd of the same function, exact threshold semantics), "auto": per (layer
+key, power-of-two token bucket) the first call times the three full steps (forward and backward, on up to
+TIMING_ROWS of its own rows, synchronizing) and keeps the fastest, so a dense bucket trains within a few % of
+PyTorch's own time (bench/README.md v51, v53, v58), plus the one-time timing and compilation; recalibrate()
+re-times (call it as the density moves). Eager mode only (the
 forward keeps an opaque state: torch.compile graph-breaks here).
 """
 from __future__ import annotations
@@ -42,7 +44,8 @@ _lock = threading.Lock()
 _training_plans: dict[tuple, "_TrainingEntry"] = {}
 _paths: dict[tuple, str] = {}
 _path_times: dict[tuple, dict[str, float]] = {}
-DISPATCHES = ("auto", "sparse", "dense")
+DISPATCHES = ("auto", "sparse", "dense", "twell_dense")
+_PLAN_PATHS = ("sparse", "dense")  # the training plans' dispatch per twell path (TrainingDispatch)
 
 
 class _TrainingEntry:
@@ -64,11 +67,13 @@ class _TrainingEntry:
 
 
 _refused: dict[tuple, str] = {}  # (device, spec) -> why the training kernels refuse it
-_sparse_keys: set[tuple] = set()  # (device, spec) that dispatch "sparse" calls use: auto keeps their plans
+_sparse_keys: set[tuple] = set()  # (device, spec, plan path) that dispatch "sparse" / "twell_dense" calls use
 
 
-def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int) -> _TrainingEntry:
-    key = (device.index, spec)
+def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str = "sparse") -> _TrainingEntry:
+    """The training plan of (device, spec) whose dispatch is `path` ("sparse": the TwELL kernels, "dense":
+    twell's dense path), with room for `tokens` rows."""
+    key = (device.index, spec, path)
     entry = _training_plans.get(key)
     if entry is not None and entry.capacity >= tokens:
         return entry
@@ -78,13 +83,13 @@ def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int) -> _Trainin
             capacity = max(_plans.MIN_CAPACITY, 1 << max(0, tokens - 1).bit_length())
             ctx = _plans.context(device)
             # dWd in nn.Linear's layout: autograd then adds contiguous rows into w_down.grad (bench/README.md v54).
-            entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True, dw_down_as_weight=True),
-                                   capacity)
+            entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True, dw_down_as_weight=True,
+                                                     dispatch=path), capacity)
             _training_plans[key] = entry
     return entry
 
 
-def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int) -> bool:
+def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str = "sparse") -> bool:
     """Whether twell's training kernels take this layer: False where they refuse its shape (d_model above
     16384, a d_ff beyond train_weight_grad's shared memory, a layout they cannot build: the inference
     plan may still take it), remembered per (device, spec); the callers then train it with PyTorch's
@@ -93,7 +98,7 @@ def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int) -> bool:
     if key in _refused:
         return False
     try:
-        _entry(device, spec, max(tokens, 1))
+        _entry(device, spec, max(tokens, 1), path)
         return True
     except (InvalidArgumentError, CompileError) as e:
         _refused[key] = str(e)
@@ -110,14 +115,15 @@ def clear() -> None:
 
 
 def _run_forward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, spec: runtime.FfnSpec, ld_x: int,
-                 outputs: bool = True):
-    """FfnTrainingPlan::forward on the current stream: (y, row_l1, what the backward needs); outputs False:
-    the gate alone, y and row_l1 None (the state is all a recomputing backward needs)."""
+                 outputs: bool = True, path: str = "sparse"):
+    """FfnTrainingPlan::forward on the current stream (the plan of `path`, _entry): (y, row_l1, what the
+    backward needs); outputs False: the gate alone, y and row_l1 None (the state is all a recomputing
+    backward needs)."""
     d_ff, d_model = w_gate.shape
     tokens = x.numel() // d_model
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if outputs else None
     row_l1 = torch.empty(max(tokens, 1), dtype=torch.float32, device=x.device) if outputs else None
-    entry = _entry(x.device, spec, max(tokens, 1))
+    entry = _entry(x.device, spec, max(tokens, 1), path)
     state = entry.take_state()
     stream = ops.stream_handle(x.device)
     t = runtime.tensors_struct(x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr() if w_up is not None else None,
@@ -166,8 +172,8 @@ def _run_backward(saved, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down:
 class _SparseFfnTraining(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, spec: runtime.FfnSpec,
-                ld_x: int):
-        y, row_l1, saved = _run_forward(x, w_gate, w_up, w_down, spec, ld_x)
+                ld_x: int, path: str):
+        y, row_l1, saved = _run_forward(x, w_gate, w_up, w_down, spec, ld_x, path=path)
         l1 = row_l1.sum() / max(saved[2], 1)
         ctx.save_for_backward(x, w_gate, w_up, w_down)
         ctx.saved = saved
@@ -184,7 +190,7 @@ class _SparseFfnTraining(torch.autograd.Function):
                                "forward's TwELL state was given back after the first backward")
         l1_weight = dl1.to(torch.float32).reshape(1).contiguous() if dl1 is not None else None
         dx, dw_gate, dw_up, dw_down = _run_backward(saved, x, w_gate, w_up, w_down, dy, l1_weight)
-        return dx, dw_gate, dw_up, dw_down, None, None
+        return dx, dw_gate, dw_up, dw_down, None, None, None
 
 
 def recompute_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor, activation: str,
@@ -237,8 +243,8 @@ def _dense_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor,
     return torch.nn.functional.linear(h, w_down), h.abs().sum(dtype=torch.float32) / tokens
 
 
-def _sparse_train(x, w_gate, w_up, w_down, spec, ld_x):
-    return _SparseFfnTraining.apply(x, w_gate, w_up, w_down, spec, ld_x)
+def _sparse_train(x, w_gate, w_up, w_down, spec, ld_x, path="sparse"):
+    return _SparseFfnTraining.apply(x, w_gate, w_up, w_down, spec, ld_x, path)
 
 
 TIMING_ROWS = 32768  # dispatch "auto" times both paths on at most this many of the call's rows
@@ -269,16 +275,18 @@ def _step_ms(fn, x: Tensor, weights: list, reps: int = 3) -> float:
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
-def _release_if_unused(bucket: tuple, key: tuple) -> None:
-    """After a bucket chose dense: where no bucket of the same layer shape chose sparse and no dispatch
-    "sparse" call uses the shape, drop the training plan that timing made (its states and the backward's
-    scratch: without this, a layer that trains densely would hold more memory than PyTorch alone,
-    bench/README.md v48). Steps in flight keep their plan through the state they saved; a later sparse
-    decision makes it again (kernels from the cache)."""
+def _release_if_unused(bucket: tuple, device_spec: tuple) -> None:
+    """After a bucket's decision: each twell training plan of the layer shape (sparse, twell_dense) that no
+    bucket of that shape chose and no dispatch "sparse" / "twell_dense" call uses is dropped (its states and
+    the backward's scratch: without this, a layer that trains on PyTorch's path would hold more memory than
+    PyTorch alone, bench/README.md v48). Steps in flight keep their plan through the state they saved; a
+    later decision for it makes it again (kernels from the cache)."""
     with _lock:
-        if key not in _sparse_keys and \
-                not any(path == "sparse" and b[1:-1] == bucket[1:-1] for b, path in list(_paths.items())):
-            _training_plans.pop(key, None)
+        for plan_path, dispatch in (("sparse", "sparse"), ("dense", "twell_dense")):
+            key = device_spec + (plan_path,)
+            if key not in _sparse_keys and \
+                    not any(path == dispatch and b[1:-1] == bucket[1:-1] for b, path in list(_paths.items())):
+                _training_plans.pop(key, None)
 
 
 def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str = "relu",
@@ -290,7 +298,7 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     keeps no state."""
     op = "sparse_ffn_train"
     if dispatch not in DISPATCHES:
-        ops._fail(op, "dispatch", "'auto', 'sparse' or 'dense'", repr(dispatch))
+        ops._fail(op, "dispatch", "'auto', 'sparse', 'twell_dense' or 'dense'", repr(dispatch))
     if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
         ops._fail(op, "w_gate", "a 2-D weight [d_ff, d_model]", getattr(w_gate, "shape", type(w_gate).__name__))
     d_ff = w_gate.shape[0]
@@ -303,16 +311,19 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     spec = spec_of(x, w_gate, w_up, activation, threshold)
     bucket = (decision_key, x.device.index, d_model, d_ff, w_up is not None, activation, float(threshold), x.dtype,
               max(0, tokens - 1).bit_length())
-    # A bucket auto decided dense goes there before trainable(), which would make the training plan again.
+    # A bucket auto decided dense goes there before trainable(), which would make the training plan again
+    # (and trainable() makes the plan of the path the call takes: "dense" for twell_dense).
+    plan_path = "dense" if dispatch == "twell_dense" or (dispatch == "auto" and _paths.get(bucket) == "twell_dense") \
+        else "sparse"
     if dispatch == "dense" or tokens == 0 or torch.cuda.is_current_stream_capturing() or \
-            (dispatch == "auto" and _paths.get(bucket) == "dense") or not trainable(x.device, spec, tokens):
+            (dispatch == "auto" and _paths.get(bucket) == "dense") or not trainable(x.device, spec, tokens, plan_path):
         return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
-    if dispatch == "sparse":
+    if dispatch in ("sparse", "twell_dense"):
         with _lock:
-            _sparse_keys.add((x.device.index, spec))
+            _sparse_keys.add((x.device.index, spec, plan_path))
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down))
     if not needs_grad:  # no backward will come: the forward alone, its state given back at once
-        y, row_l1, (entry, state, _) = _run_forward(x, w_gate, w_up, w_down, spec, ld_x)
+        y, row_l1, (entry, state, _) = _run_forward(x, w_gate, w_up, w_down, spec, ld_x, path=plan_path)
         entry.give_back(state)  # the stream orders the next use after this forward
         return y, row_l1.sum() / tokens
     if dispatch == "auto":
@@ -320,15 +331,18 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
         if path is None:
             weights = [w_gate, w_up, w_down]
             times = {"twell": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model), x, weights),
+                     "twell_dense": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model, "dense"), x,
+                                             weights),
                      "torch": _step_ms(lambda *a: _dense_train(*a, activation, threshold), x, weights)}
-            path = "sparse" if times["twell"] <= times["torch"] else "dense"
+            fastest = min(times, key=times.get)  # (ties: the first, twell's TwELL path)
+            path = {"twell": "sparse", "twell_dense": "twell_dense", "torch": "dense"}[fastest]
             with _lock:
                 _paths[bucket], _path_times[bucket] = path, times
-            if path == "dense":
-                _release_if_unused(bucket, (x.device.index, spec))
+            _release_if_unused(bucket, (x.device.index, spec))
         if path == "dense":
             return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
-    return _sparse_train(x, w_gate, w_up, w_down, spec, ld_x)
+        plan_path = "dense" if path == "twell_dense" else "sparse"
+    return _sparse_train(x, w_gate, w_up, w_down, spec, ld_x, plan_path)
 
 
 def recalibrate(release_memory: bool = True) -> None:

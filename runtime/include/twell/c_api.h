@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define TWELL_C_API_VERSION 5 /* 5: TWELL_TRAINING_DW_DOWN_AS_WEIGHT; 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
+#define TWELL_C_API_VERSION 6 /* 6: TWELL_TRAINING_DISPATCH_DENSE / _AUTO, twell_training_plan_recalibrate; 5: TWELL_TRAINING_DW_DOWN_AS_WEIGHT; 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
 
 typedef enum twell_status {
   TWELL_SUCCESS = 0,
@@ -224,17 +224,26 @@ twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ff
  * TWELL_TRAINING_RECOMPUTE_U (TrainingPlanOptions::keep_u false: the state does not keep u per entry, 4
  * bytes per TwELL word less; the backward recomputes it, the same bits) and TWELL_TRAINING_DW_DOWN_AS_WEIGHT
  * (TrainingPlanOptions::dw_down_as_weight: dWd in Wd's own layout; with an out_in Wd it needs
- * TWELL_TRAINING_GRADIENTS_IN_DTYPE). */
+ * TWELL_TRAINING_GRADIENTS_IN_DTYPE), and at most one of TWELL_TRAINING_DISPATCH_DENSE (every step on the
+ * dense path: cuBLASLt GEMMs) and TWELL_TRAINING_DISPATCH_AUTO (per power-of-two token bucket, the first
+ * forward times both paths and keeps the faster; TrainingDispatch): neither, the TwELL kernels. */
 #define TWELL_TRAINING_GRADIENTS_IN_DTYPE 1
 #define TWELL_TRAINING_RECOMPUTE_U 2
 #define TWELL_TRAINING_DW_DOWN_AS_WEIGHT 4
+#define TWELL_TRAINING_DISPATCH_DENSE 8
+#define TWELL_TRAINING_DISPATCH_AUTO 16
 twell_status_t twell_training_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
                                           int64_t backup_capacity, int flags, twell_training_plan_t* plan);
 twell_status_t twell_training_plan_destroy(twell_training_plan_t plan); /* NULL is a no-op */
 /* The plan as JSON (its spec, layout, max_tokens and kernels, as twell_plan_describe, state_bytes_per_row:
  * a state's device bytes per token row, 4 or 8 per TwELL word, and the flags as gradients_in_dtype, keep_u
- * (the option asked; state_bytes_per_row says whether the kernels keep u) and dw_down_as_weight); owned by the plan. */
+ * (the option asked; state_bytes_per_row says whether the kernels keep u) and dw_down_as_weight, dispatch
+ * ("sparse", "dense", "auto") and decisions (dispatch auto's so far: max_tokens, path, sparse_ms, dense_ms));
+ * owned by the plan. */
 twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const char** json);
+/* Forgets dispatch auto's decisions (FfnTrainingPlan::recalibrate): the next forward of each bucket times
+ * both paths again. */
+twell_status_t twell_training_plan_recalibrate(twell_training_plan_t plan);
 twell_status_t twell_training_state_create(twell_training_plan_t plan, twell_training_state_t* state);
 twell_status_t twell_training_state_destroy(twell_training_state_t state); /* NULL is a no-op */
 /* y (tensors->y) and, where row_l1 is not NULL, each row's sum |h| ([tokens] fp32 device memory: the L1

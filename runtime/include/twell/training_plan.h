@@ -32,6 +32,35 @@ namespace twell {
 
 class Context;
 
+// Which computation a training step takes. Both compute the same function (design/TRAINING.md, "The
+// gradients"; the same activation, threshold and L1 term), within training.h's tolerance of each other.
+enum class TrainingPath : uint8_t {
+  // The TwELL kernels (the gate's TwELL epilogue, the row consumer, train_row_backward,
+  // train_weight_grad): the time grows with the active entries (bench/README.md v53: faster than dense
+  // below ~1.5% density at the paper's shape, slower above).
+  Sparse,
+  // cuBLASLt GEMMs (fp32 accumulation) and two elementwise kernels (train/dense_elementwise.cuh), as a
+  // dense framework computes the step: 9 GEMMs of the layer's size whatever the density. The state keeps
+  // g and u ([tokens, d_ff] spec.dtype each; dense_state_bytes), which its backward overwrites with dg and
+  // du: one backward per dense forward. g, u, dh and h are rounded to spec.dtype between the steps (as in
+  // PyTorch's autograd), dx once per GEMM (two).
+  Dense,
+};
+
+// How FfnTrainingPlan::forward picks the path (TrainingPlanOptions::dispatch); the backward takes its
+// forward's (FfnTrainingState::path).
+enum class TrainingDispatch : uint8_t {
+  Sparse,  // always TrainingPath::Sparse
+  Dense,   // always TrainingPath::Dense
+  // Per (decision key, power-of-two token bucket), the first forward times a whole step (forward and
+  // backward) of each path on its own operands (its first kCalibrationRows rows; one warm-up and the median
+  // of three steps each, host launch time included, with scratch outputs and a stream synchronization
+  // per step) and keeps the faster for later forwards of that bucket (decisions()). The density moves
+  // during training: recalibrate() forgets the decisions. Not during stream capture: there the forward
+  // takes Sparse without deciding.
+  Auto,
+};
+
 struct TrainingPlanOptions {
   // Tile-rows of each state's overflow backup at first; unset: max_tokens * tiles / 16 (at least 256),
   // as PlanOptions. Results are exact at any capacity; a forward that overflowed it grows the next ones'.
@@ -54,9 +83,22 @@ struct TrainingPlanOptions {
   PlanOptions::Tuning tuning = PlanOptions::Tuning::Use;
   std::string tuning_workload;
   std::string tuning_dir;
+  // Sparse (the default: the TwELL kernels, whose bits the inference plan's TwELL path shares), Dense or
+  // Auto (TrainingDispatch). Dense and Auto also make the dense path's kernels at create().
+  TrainingDispatch dispatch = TrainingDispatch::Sparse;
 };
 
-// What one forward keeps for its backward: the TwELL matrix of a = act(g) ([tokens, words_per_row]
+// One decision of TrainingDispatch::Auto: the calls of `decision_key` with tokens in
+// (max_tokens / 2, max_tokens] take `path`; the step times (ms) it was chosen by.
+struct TrainingDecision {
+  uint64_t decision_key = 0;
+  int64_t max_tokens = 0;
+  TrainingPath path = TrainingPath::Sparse;
+  double sparse_ms = 0, dense_ms = 0;
+};
+
+// What one forward keeps for its backward. On TrainingPath::Dense: g and u ([tokens, d_ff] spec.dtype
+// each), which the backward overwrites. On TrainingPath::Sparse: the TwELL matrix of a = act(g) ([tokens, words_per_row]
 // uint32 words, and the backup [capacity, tile_n] of spec.dtype), for a gated spec whose consumer and row
 // backward are the warp-per-row forms also each entry's u = x . Wu_j ([tokens, words_per_row] fp32: the
 // backward then reads no Wu row for it), the gate's overflow count, and the pinned host word and event
@@ -71,6 +113,7 @@ class FfnTrainingState {
   FfnTrainingState& operator=(FfnTrainingState&&) noexcept;
   int64_t tokens() const;       // rows of the last forward (-1 before any)
   size_t device_bytes() const;  // the device memory it holds now
+  TrainingPath path() const;    // the path the last forward took (its backward takes the same)
   struct Impl;
 
  private:
@@ -124,7 +167,13 @@ class FfnTrainingPlan {
   // row_l1 nullptr: the gate alone (no consumer; what a backward that recomputes its forward needs). Throws as
   // FfnPlan::run (naming the argument), Error(InvalidArgument) for a misaligned or non-device row_l1 or a
   // state another plan made, Error(NoDevice) without a GPU.
-  void forward(Stream stream, const FfnTensors& t, int64_t tokens, FfnTrainingState& state, float* row_l1 = nullptr);
+  // The path: options().dispatch's (Auto: the decision of (decision_key, the tokens' power-of-two
+  // bucket); its first forward times both paths, see TrainingDispatch::Auto). A state that changes path
+  // frees the other path's buffers (after a stream synchronization). On the dense path row_l1 sums the
+  // unrounded |h| of each row in a fixed order (not the sparse path's order: the two differ in the last
+  // bits), and y is cuBLASLt's.
+  void forward(Stream stream, const FfnTensors& t, int64_t tokens, FfnTrainingState& state, float* row_l1 = nullptr,
+               uint64_t decision_key = 0);
 
   // The gradients of L(y) + lambda * l1 for dy = dL/dy ([tokens, d_model] spec.dtype, row stride ld_dy,
   // 0 = dense) after forward(state) with the same t (x and the weights, unchanged; y is not read) and
@@ -132,7 +181,9 @@ class FfnTrainingPlan {
   // dw_down_as_weight). lambda: finite, >= 0;
   // the L1 term's coefficient is lambda / l1_tokens (l1_tokens 0: tokens; pass the whole batch's rows when
   // a batch is split into several calls), times *l1_weight where l1_weight (a device fp32) is given.
-  // Gradients are written, not accumulated. Stream-ordered; waits on the host for the forward's overflow
+  // Gradients are written, not accumulated. A dense forward's state serves one backward (it becomes dg and
+  // du: a second backward throws Error(InvalidArgument) naming `state`); on the dense path nothing waits on
+  // the host. Stream-ordered; the sparse path waits on the host for the forward's overflow
   // count (an event recorded by forward() after its gate, long complete in a training step; the backward
   // does not make its stream wait for the forward's consumer, which writes u and Wd^T: run forward and backward on
   // one stream, or order them yourself). The plan's scratch
@@ -158,6 +209,16 @@ class FfnTrainingPlan {
   // A state's device bytes after a forward of `tokens` rows with backup capacity `capacity` (with u per
   // entry where the plan keeps it: 8 bytes per TwELL word, else 4; a gate-only forward takes 4).
   int64_t state_bytes(int64_t tokens, uint32_t capacity) const;
+  // A state's device bytes after a dense forward of `tokens` rows: g and u, 2 bytes per token and neuron
+  // each (u only where gated). The dense path's plan scratch: [tokens, d_ff] spec.dtype (h, then dh), and
+  // cuBLASLt's 32 MiB workspace.
+  int64_t dense_state_bytes(int64_t tokens) const;
+
+  // TrainingDispatch::Auto's decisions so far, and forgetting them (the next forward of each bucket
+  // times both paths again).
+  std::vector<TrainingDecision> decisions() const;
+  void recalibrate();
+  static constexpr int64_t kCalibrationRows = 32768;
 
   struct Impl;
 

@@ -52,7 +52,8 @@ GeneratedFfn generateFromMlir(std::string_view mlir_text, std::string_view filen
 // DenseGatedUp (a gated spec on sm_90a with d_model % 64 == 0 and d_ff % 8 == 0:
 // DenseGatedUpConstraints::allowed) and the training kernels: the backward by token row, TrainRowBackward
 // (any legal spec up to TrainRowBackwardConstraints::kMaxDModel), and the weight gradients,
-// TrainWeightGrad (up to TrainWeightGradConstraints::kMaxDModel; EmitTraining.cpp). Their configuration is the contract's (twell/kernels/constraints.h);
+// TrainWeightGrad (up to TrainWeightGradConstraints::kMaxDModel; EmitTraining.cpp), and the dense
+// training path's elementwise steps, TrainDenseForward and TrainDenseBackward (as DenseGatedMul). Their configuration is the contract's (twell/kernels/constraints.h);
 // emitted by compiler/lib/EmitAuxiliary.cpp. Throws Error(InvalidArgument) naming the kind and the
 // rule for a kind that is not auxiliary or a spec/target the kernel does not allow.
 KernelSource generateAuxiliary(KernelKind kind, const FfnSpec& spec, const Target& target);

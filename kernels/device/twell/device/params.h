@@ -124,6 +124,36 @@ struct GatedMulParams {
   int64_t ld;
 };
 
+// The dense training path's elementwise steps (train/dense_elementwise.cuh; FfnTrainingPlan with
+// TrainingPath::Dense), over [m, n] = [tokens, d_ff] row-major 16-bit matrices of row stride ld.
+// a = act(g) where active (numerics.cuh's predicate, the TwELL path's), else 0; h = a u (non-gated: h = a).
+//   forward:  h written; row_l1[t] = sum_j |h_tj| (fp32, from the unrounded products, in one fixed order).
+struct TrainDenseForwardParams {
+  const uint16_t* gate;  // g = x Wg^T
+  const uint16_t* up;    // u = x Wu^T; null: non-gated
+  uint16_t* h;           // may not alias gate or up
+  float* row_l1;         // [m]; null: not written
+  int64_t m;
+  int64_t n;
+  int64_t ld;
+  float threshold;
+};
+//   backward: dh (= dy Wd) in `dh_h` -> dh += l1 sign(h), du = dh a, dg = dh u act'(g) (0 where inactive),
+//   written in place: dg over g, du over u, h over dh (the weight gradients' GEMMs read them then).
+//   l1 = l1_scale * (*l1_weight where given) where apply_l1 (TrainRowBackwardParams' L1 fields).
+struct TrainDenseBackwardParams {
+  uint16_t* gate;          // g in, dg out
+  uint16_t* up;            // u in, du out; null: non-gated
+  uint16_t* dh_h;          // dh in, h out
+  const float* l1_weight;  // a device fp32 or null
+  float l1_scale;
+  uint32_t apply_l1;
+  int64_t m;
+  int64_t n;
+  int64_t ld;
+  float threshold;
+};
+
 // The training backward by token row (train/row_backward.cuh; twell/training.h): for the forward's
 // TwELL matrix of a = act(g) (GateParams' twell and backup, as the gate kernel wrote them) and the
 // upstream gradient dy, per active entry (t, j) dh = dy_t . Wd(:, j) + l1_scale sign(h), u = x_t . Wu_j,

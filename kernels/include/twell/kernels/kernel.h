@@ -36,13 +36,15 @@ enum class KernelKind : uint8_t {
                     // (TrainRowBackwardParams; TrainRowBackwardConstraints)
   TrainWeightGrad,  // train/weight_grad.cuh: the training weight gradients dWg, dWu, dWd^T from the row
                     // backward's per-entry values (TrainWeightGradParams; TrainWeightGradConstraints)
+  TrainDenseForward,   // train/dense_elementwise.cuh: the dense training path's h and row L1 (TrainDenseForwardParams)
+  TrainDenseBackward,  // train/dense_elementwise.cuh: the dense training path's dg, du, h (TrainDenseBackwardParams)
 };
 
 inline constexpr KernelKind kKernelKinds[] = {
     KernelKind::GateTwell,       KernelKind::GatedDown,     KernelKind::DecodeGate,    KernelKind::DecodeGateSmall,
     KernelKind::DecodeUp,        KernelKind::DecodeDown,    KernelKind::WeightTranspose, KernelKind::NeuronPermute,
     KernelKind::DenseGatedMul,   KernelKind::DenseGatedUp,  KernelKind::TrainRowBackward, KernelKind::TrainWeightGrad,
-    KernelKind::DecodeFused};
+    KernelKind::DecodeFused,     KernelKind::TrainDenseForward, KernelKind::TrainDenseBackward};
 
 // The name of a kind in reports and manifests ("gate_twell", "gated_down", ...).
 constexpr const char* to_string(KernelKind kind) {
@@ -60,6 +62,8 @@ constexpr const char* to_string(KernelKind kind) {
     case KernelKind::DenseGatedUp: return "dense_gated_up";
     case KernelKind::TrainRowBackward: return "train_row_backward";
     case KernelKind::TrainWeightGrad: return "train_weight_grad";
+    case KernelKind::TrainDenseForward: return "train_dense_forward";
+    case KernelKind::TrainDenseBackward: return "train_dense_backward";
   }
   return "unknown";
 }

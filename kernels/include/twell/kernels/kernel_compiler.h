@@ -29,7 +29,8 @@ class KernelCompiler {
                                     std::optional<WeightLayout> decode_down_layout) const = 0;
 
   // An auxiliary kernel (WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp) or a training
-  // kernel (TrainRowBackward, TrainWeightGrad), as compiler::generateAuxiliary.
+  // kernel (TrainRowBackward, TrainWeightGrad, TrainDenseForward, TrainDenseBackward), as
+  // compiler::generateAuxiliary.
   virtual KernelSource generate_auxiliary(KernelKind kind, const FfnSpec& spec, const Target& target) const = 0;
 
   // Compiles one kernel for `target` (PTX and cubin). Thread-safe. Throws Error(Compile) with the log.

@@ -21,7 +21,7 @@ struct Occupancy {
 
 // The size of one call: token rows for the FFN kernels; `rows` x `cols` of the matrix an auxiliary
 // kernel walks (WeightTranspose: the out_in Wd [d_model, d_ff]; NeuronPermute: the matrix permuted;
-// DenseGatedMul: [tokens, d_ff]).
+// DenseGatedMul, TrainDenseForward, TrainDenseBackward: [tokens, d_ff]).
 struct LaunchShape {
   int64_t tokens = 0;
   int64_t rows = 0;
@@ -70,6 +70,8 @@ constexpr uint32_t persistent_grid_x(const KernelSource& k, int64_t tokens, cons
 //   WeightTranspose  32 x 32 tiles of [rows, cols]: (ceil(cols / 32), ceil(rows / 32)), blocks of 32 x 8
 //   NeuronPermute    min(ceil(rows * cols / threads), 16 per SM) CTAs (grid-stride loop)
 //   DenseGatedMul    min(ceil(rows * cols / threads), 65535) CTAs (grid-stride loop)
+//   TrainDenseBackward  the same
+//   TrainDenseForward   min(rows, 65535) CTAs (one row at a time, grid-stride over rows)
 //   TrainRowBackward tokens CTAs (one per token row); the warp-per-row form: persistent_grid_x (per pass)
 //   TrainWeightGrad  one CTA per SM (at most kMaxCtas), cooperative; dynamic shared memory smem_bytes
 constexpr LaunchConfig launch_config(const KernelSource& k, const LaunchShape& shape, const Occupancy& o) {
@@ -120,7 +122,11 @@ constexpr LaunchConfig launch_config(const KernelSource& k, const LaunchShape& s
       c.grid_x = static_cast<uint32_t>(
           std::min<int64_t>((shape.rows * shape.cols + k.threads - 1) / k.threads, int64_t{o.sm_count} * 16));
       break;
+    case KernelKind::TrainDenseForward:
+      c.grid_x = static_cast<uint32_t>(std::clamp<int64_t>(shape.rows, 1, 65535));
+      break;
     case KernelKind::DenseGatedMul:
+    case KernelKind::TrainDenseBackward:
       c.grid_x = static_cast<uint32_t>(std::min<int64_t>((shape.rows * shape.cols + k.threads - 1) / k.threads, 65535));
       break;
     case KernelKind::TrainRowBackward:  // the warp-per-row form is persistent

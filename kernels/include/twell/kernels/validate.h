@@ -135,6 +135,8 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
     case KernelKind::WeightTranspose:
     case KernelKind::NeuronPermute:
     case KernelKind::DenseGatedMul:
+    case KernelKind::TrainDenseForward:
+    case KernelKind::TrainDenseBackward:
       return first({expect("threads", AuxiliaryKernelConstraints::kThreads, k.threads, "the auxiliary kernels"),
                     expect("smem_bytes", 0, k.smem_bytes, "static shared memory only"), expect("cluster_m", 1, k.cluster_m, "no clusters"),
                     expect("grid_y", 1, k.grid_y, "grid-stride kernels"), k.persistent ? "persistent: expected a grid-stride kernel" : ""});

@@ -66,6 +66,15 @@ __device__ __forceinline__ bool is_active(uint16_t a_bits, float threshold) {
   }
 }
 
+// SiLU's derivative at g (training_reference.h, activation_derivative): s (1 + g (1 - s)), s = 1 / (1 + e^-g).
+__device__ __forceinline__ float silu_derivative(float g) {
+  const float s = 1.0f / (1.0f + expf(-g));
+  return s * (1.0f + g * (1.0f - s));
+}
+
+// sign(h) in {-1, 0, +1}, NaN for NaN (torch.sign; the reference's sign_of).
+__device__ __forceinline__ float sign_of(float h) { return h > 0.0f ? 1.0f : h < 0.0f ? -1.0f : h == 0.0f ? 0.0f : h; }
+
 __device__ __forceinline__ uint32_t lanemask_lt() {
   uint32_t m;
   asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));

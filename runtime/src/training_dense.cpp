@@ -1,0 +1,142 @@
+// DenseTraining (training_dense.h): the dense training path's GEMMs and elementwise launches.
+#include "training_dense.h"
+
+#include <fmt/format.h>
+
+#include "launcher.h"
+#include "run_arguments.h"
+#include "twell/device/params.h"
+#include "twell/error.h"
+
+namespace twell::detail {
+
+DenseTraining::DenseTraining(std::shared_ptr<Context::Impl> context, const FfnSpec& spec, std::vector<KernelReport>& reports,
+                             const char* who)
+    : context_(std::move(context)), spec_(spec) {
+  for (const auto kind : {kernels::KernelKind::TrainDenseForward, kernels::KernelKind::TrainDenseBackward}) {
+    KernelReport report;
+    (kind == kernels::KernelKind::TrainDenseForward ? forward_kernel_ : backward_kernel_) =
+        context_->auxiliary(kind, spec_, who, &report);
+    reports.push_back(std::move(report));
+  }
+}
+
+size_t DenseTraining::state_bytes(const FfnSpec& spec, int64_t tokens) {
+  return size_t(std::max<int64_t>(tokens, 0)) * size_t(spec.d_ff) * 2 * (spec.gated ? 2 : 1);
+}
+
+LtGemms& DenseTraining::gemms() {
+  if (!gemms_) gemms_ = std::make_unique<LtGemms>(spec_.dtype, /*tuned=*/false, "FfnTrainingPlan (dense path)");
+  return *gemms_;
+}
+
+namespace {
+int64_t or_default(int64_t ld, int64_t dense) { return ld != 0 ? ld : dense; }
+void* at(const DeviceBuffer& b) { return reinterpret_cast<void*>(b.get()); }
+}  // namespace
+
+void DenseTraining::forward(CUstream cu, const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u, float* row_l1) {
+  constexpr const char* who = "FfnTrainingPlan::forward (dense path)";
+  const int64_t K = spec_.d_model, N = spec_.d_ff;
+  const size_t rows_bytes = size_t(std::max<int64_t>(tokens, 0)) * size_t(N) * 2;
+  ensure_bytes(g, rows_bytes, cu, who);
+  if (spec_.gated) ensure_bytes(u, rows_bytes, cu, who);
+  if (tokens == 0) return;
+  LtGemms& lt = gemms();
+  const int64_t ld_x = or_default(t.ld_x, K);
+  lt.run(cu, {.a = t.x, .lda = ld_x, .b = t.w_gate, .ldb = or_default(t.ld_gate, K), .b_is_n_by_k = true, .c = at(g), .ldc = N,
+              .m = tokens, .n = N, .k = K});
+  if (spec_.gated)
+    lt.run(cu, {.a = t.x, .lda = ld_x, .b = t.w_up, .ldb = or_default(t.ld_up, K), .b_is_n_by_k = true, .c = at(u), .ldc = N,
+                .m = tokens, .n = N, .k = K});
+  if (t.y == nullptr && row_l1 == nullptr) return;  // what a recomputing backward needs: g and u
+  ensure_bytes(scratch_, rows_bytes, cu, who);
+  device::TrainDenseForwardParams fp{static_cast<const uint16_t*>(at(g)), spec_.gated ? static_cast<const uint16_t*>(at(u)) : nullptr,
+                                     static_cast<uint16_t*>(at(scratch_)), row_l1, tokens, N, N, spec_.threshold};
+  void* args[1] = {&fp};
+  launch(*forward_kernel_, kernels::LaunchShape{0, tokens, N}, args, cu, who);
+  if (t.y == nullptr) return;
+  // y = h Wd^T: an out_in Wd [K, N] is B stored [n, k]; an in_out one [N, K] is [k, n].
+  const bool out_in = spec_.down_layout == WeightLayout::OutIn;
+  lt.run(cu, {.a = at(scratch_), .lda = N, .b = t.w_down, .ldb = or_default(t.ld_down, out_in ? N : K), .b_is_n_by_k = out_in,
+              .c = t.y, .ldc = or_default(t.ld_y, K), .m = tokens, .n = K, .k = N});
+}
+
+void DenseTraining::backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens, DeviceBuffer& g,
+                             DeviceBuffer& u, const FfnGradients& grads, bool gradients_in_dtype, bool dw_down_as_weight,
+                             float lambda, int64_t l1_tokens, const float* l1_weight, const char* who) {
+  const int64_t K = spec_.d_model, N = spec_.d_ff;
+  const bool out_in = spec_.down_layout == WeightLayout::OutIn;
+  const bool dw_down_is_weight = dw_down_as_weight && out_in;  // dWd [K, N]; else the rows of dWd^T [N, K]
+  const int out_bytes = gradients_in_dtype ? 2 : 4;
+  ld_dy = or_default(ld_dy, K);
+  const int64_t ld_x = or_default(t.ld_x, K);
+  // The outputs against what the GEMMs read (FfnTrainingPlan::backward checked them against each other
+  // and the weights): dx is written by the last GEMMs, but the weight gradients read x and dy before.
+  if (std::string problem = pointer_problem("dy", dy, 2); !problem.empty())
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, problem));
+  if (tokens > 0 && !is_device_memory(dy))
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{}: dy: expected device memory (cuMemAlloc/cudaMalloc), got {}", who, dy));
+  if (ld_dy < K || ld_dy > (int64_t{1} << 36))
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{}: ld_dy: expected a row stride in {}..2^36 elements (0 = dense), got {}",
+                                                        who, K, ld_dy));
+  const ByteRange read[] = {matrix_range("t.x", t.x, tokens, ld_x, K, 2), matrix_range("dy", dy, tokens, ld_dy, K, 2)};
+  const ByteRange written[] = {
+      matrix_range("g.dx", grads.dx, tokens, or_default(grads.ld_dx, K), K, 2),
+      matrix_range("g.dw_gate", grads.dw_gate, N, or_default(grads.ld_dw_gate, K), K, out_bytes),
+      matrix_range("g.dw_up", grads.dw_up, spec_.gated ? N : 0, or_default(grads.ld_dw_up, K), K, out_bytes),
+      matrix_range("g.dw_down", grads.dw_down, dw_down_is_weight ? K : N, or_default(grads.ld_dw_down, dw_down_is_weight ? N : K),
+                   dw_down_is_weight ? N : K, out_bytes)};
+  for (const ByteRange& w : written)
+    for (const ByteRange& r : read)
+      if (std::string problem = overlap_problem(w, r); !problem.empty())
+        throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, problem));
+  const Driver& d = Driver::get();
+  if (tokens == 0) {  // no token: every weight gradient is zero (dx has no rows)
+    auto zero = [&](void* p, int64_t ld, int64_t rows, int64_t cols) {
+      if (p == nullptr || rows == 0) return;
+      check(d.cuMemsetD2D8Async(reinterpret_cast<CUdeviceptr>(p), size_t(ld) * out_bytes, 0, size_t(cols) * out_bytes, size_t(rows), cu),
+            "FfnTrainingPlan::backward (dense path): cuMemsetD2D8Async");
+    };
+    zero(grads.dw_gate, or_default(grads.ld_dw_gate, K), N, K);
+    if (spec_.gated) zero(grads.dw_up, or_default(grads.ld_dw_up, K), N, K);
+    zero(grads.dw_down, or_default(grads.ld_dw_down, dw_down_is_weight ? N : K), dw_down_is_weight ? K : N, dw_down_is_weight ? N : K);
+    return;
+  }
+  ensure_bytes(scratch_, size_t(tokens) * size_t(N) * 2, cu, who);
+  LtGemms& lt = gemms();
+  void* h = at(scratch_);
+  // dh = dy Wd: an out_in Wd [K, N] is B stored [k, n]; an in_out one [N, K] is [n, k].
+  lt.run(cu, {.a = dy, .lda = ld_dy, .b = t.w_down, .ldb = or_default(t.ld_down, out_in ? N : K), .b_is_n_by_k = !out_in, .c = h,
+              .ldc = N, .m = tokens, .n = N, .k = K});
+  const int64_t m_l1 = l1_tokens > 0 ? l1_tokens : tokens;
+  device::TrainDenseBackwardParams bp{static_cast<uint16_t*>(at(g)), spec_.gated ? static_cast<uint16_t*>(at(u)) : nullptr,
+                                      static_cast<uint16_t*>(h), l1_weight,
+                                      static_cast<float>(static_cast<double>(lambda) / static_cast<double>(m_l1)),
+                                      lambda != 0.0f ? 1u : 0u, tokens, N, N, spec_.threshold};
+  void* args[1] = {&bp};
+  launch(*backward_kernel_, kernels::LaunchShape{0, tokens, N}, args, cu, who);
+  const bool c_fp32 = !gradients_in_dtype;
+  // The weight gradients, sums over the tokens: dWg = dg^T x, dWu = du^T x ([N, M] times [M, K]: A stored
+  // [k, m]), dWd^T = h^T dy, or dWd = dy^T h.
+  lt.run(cu, {.a = at(g), .lda = N, .a_is_k_by_m = true, .b = t.x, .ldb = ld_x, .c = grads.dw_gate, .ldc = or_default(grads.ld_dw_gate, K),
+              .m = N, .n = K, .k = tokens, .c_fp32 = c_fp32});
+  if (spec_.gated)
+    lt.run(cu, {.a = at(u), .lda = N, .a_is_k_by_m = true, .b = t.x, .ldb = ld_x, .c = grads.dw_up, .ldc = or_default(grads.ld_dw_up, K),
+                .m = N, .n = K, .k = tokens, .c_fp32 = c_fp32});
+  if (dw_down_is_weight)
+    lt.run(cu, {.a = dy, .lda = ld_dy, .a_is_k_by_m = true, .b = h, .ldb = N, .c = grads.dw_down, .ldc = or_default(grads.ld_dw_down, N),
+                .m = K, .n = N, .k = tokens, .c_fp32 = c_fp32});
+  else
+    lt.run(cu, {.a = h, .lda = N, .a_is_k_by_m = true, .b = dy, .ldb = ld_dy, .c = grads.dw_down, .ldc = or_default(grads.ld_dw_down, K),
+                .m = N, .n = K, .k = tokens, .c_fp32 = c_fp32});
+  // dx = dg Wg + du Wu (Wg, Wu [N, K]: B stored [k, n]); the second adds onto the first (beta 1).
+  const int64_t ld_dx = or_default(grads.ld_dx, K);
+  lt.run(cu, {.a = at(g), .lda = N, .b = t.w_gate, .ldb = or_default(t.ld_gate, K), .c = grads.dx, .ldc = ld_dx, .m = tokens, .n = K,
+              .k = N});
+  if (spec_.gated)
+    lt.run(cu, {.a = at(u), .lda = N, .b = t.w_up, .ldb = or_default(t.ld_up, K), .c = grads.dx, .ldc = ld_dx, .m = tokens, .n = K, .k = N},
+           1.0f);
+}
+
+}  // namespace twell::detail

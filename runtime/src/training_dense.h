@@ -1,0 +1,51 @@
+// The dense training path of FfnTrainingPlan (TrainingPath::Dense; twell/training_plan.h): the step as a
+// dense framework computes it, on cuBLASLt GEMMs (bf16/fp16 operands, fp32 accumulation) and the two
+// elementwise kernels of train/dense_elementwise.cuh:
+//
+//   forward:  g = x Wg^T, u = x Wu^T (kept for the backward), h = act(g) u and row L1 (TrainDenseForward,
+//             into the plan's scratch), y = h Wd^T
+//   backward: dh = dy Wd (scratch), then in place dg over g, du over u, h over dh (TrainDenseBackward),
+//             dWd = dy^T h (or its transpose), dWg = dg^T x, dWu = du^T x, dx = dg Wg + du Wu
+//
+// Its cost does not depend on the density (9 GEMMs of the layer's size and two passes over [tokens, d_ff]):
+// what the sparse path's cost is compared with (TrainingDispatch::Auto).
+#pragma once
+#include <memory>
+
+#include "context_impl.h"
+#include "driver.h"
+#include "lt_gemm.h"
+#include "twell/plan.h"
+#include "twell/training_plan.h"
+
+namespace twell::detail {
+
+class DenseTraining {
+ public:
+  // spec: the plan's (canonical; its own down_layout). Obtains both elementwise kernels (their reports
+  // appended to `reports`) and, with a GPU, the cuBLASLt handle. Throws what Context::Impl::auxiliary throws.
+  DenseTraining(std::shared_ptr<Context::Impl> context, const FfnSpec& spec, std::vector<KernelReport>& reports, const char* who);
+
+  // g and u ([tokens, d_ff] spec.dtype, grown as needed) for the backward; with t.y or row_l1 also h (the
+  // plan's scratch), row_l1 and y. Arguments checked by the caller (FfnTrainingPlan::forward).
+  void forward(CUstream cu, const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u, float* row_l1);
+  // The gradients (FfnTrainingPlan::backward's contract); g and u become dg and du (a state's dense forward
+  // serves one backward). Outputs checked by the caller against each other and the weights; here against
+  // x and dy. dw_down_as_weight: dWd [K, N] for an out_in Wd (else the rows of dWd^T).
+  void backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens, DeviceBuffer& g,
+                DeviceBuffer& u, const FfnGradients& grads, bool gradients_in_dtype, bool dw_down_as_weight, float lambda,
+                int64_t l1_tokens, const float* l1_weight, const char* who);
+
+  size_t scratch_bytes() const { return scratch_.bytes(); }
+  static size_t state_bytes(const FfnSpec& spec, int64_t tokens);  // g and u of `tokens` rows
+
+ private:
+  std::shared_ptr<Context::Impl> context_;
+  FfnSpec spec_;
+  std::shared_ptr<LoadedKernel> forward_kernel_, backward_kernel_;
+  std::unique_ptr<LtGemms> gemms_;  // made at the first call (a plan that never takes this path holds none)
+  DeviceBuffer scratch_;            // [tokens, d_ff] spec.dtype: h in the forward, dh then h in the backward
+  LtGemms& gemms();
+};
+
+}  // namespace twell::detail
