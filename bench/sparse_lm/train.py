@@ -56,9 +56,10 @@ def parse_args(argv=None):
     p.add_argument("--ffn", choices=("torch", "twell"), default="torch",
                    help="the FFNs' training path: PyTorch autograd, or twell's sparse forward and backward "
                         "(twell.torch.sparse_ffn_train, dispatch as --twell-dispatch)")
-    p.add_argument("--twell-dispatch", choices=("auto", "sparse"), default="auto",
-                   help="--ffn twell: auto = per layer and token bucket the faster whole step of twell and PyTorch, re-timed "
-                        "every --recalibrate-every steps (which also releases twell's plans); sparse = twell always")
+    p.add_argument("--twell-dispatch", choices=("auto", "sparse", "twell_dense"), default="auto",
+                   help="--ffn twell: auto = per layer and token bucket the fastest whole step of twell's TwELL path, twell's "
+                        "dense path and PyTorch, re-timed every --recalibrate-every steps (which also releases twell's "
+                        "plans); sparse = twell's TwELL path always; twell_dense = twell's dense path always")
     p.add_argument("--recalibrate-every", type=int, default=200,
                    help="--ffn twell: steps between re-timings of twell against PyTorch (the density falls as training goes)")
     args = p.parse_args(argv)

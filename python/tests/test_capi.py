@@ -225,15 +225,19 @@ def test_training_plan_without_a_gpu_describes_and_refuses_by_name():
         dp = ctx.training_plan(twell.FfnSpec(256, 1024), 128, dispatch=dispatch)
         dd = dp.describe()
         assert dd["dispatch"] == dispatch and dd["decisions"] == []
+        assert dd["dense_state_bytes_per_row"] == 2 * 2 * 1024  # g and u, 2 bytes per neuron each
         assert {"train_dense_forward", "train_dense_backward", "train_row_backward"} <= {k["kind"] for k in dd["kernels"]}
         dp.recalibrate()
     assert d["dispatch"] == "sparse"
-    with pytest.raises(twell.InvalidArgumentError, match="dispatch"):
-        ctx.training_plan(twell.FfnSpec(256, 1024), 128, dispatch="fast")
+    for bad in ("fast", "Dense", None, ["dense"]):
+        with pytest.raises(twell.InvalidArgumentError, match="dispatch"):
+            ctx.training_plan(twell.FfnSpec(256, 1024), 128, dispatch=bad)
     assert lib.twell_training_plan_create(ctx._handle, ctypes.byref(spec), 128, 2 ** 33, 0, ctypes.byref(out)) == 1
     assert "backup_capacity" in lib.twell_last_error().decode()
     assert lib.twell_training_forward(None, None, None, 1, None, None) == 1
     assert "plan" in lib.twell_last_error().decode()
+    assert lib.twell_training_forward_keyed(None, None, None, 1, None, None, 7) == 1
+    assert "twell_training_forward_keyed" in lib.twell_last_error().decode()
     assert lib.twell_training_forward(plan._handle, None, None, 1, None, None) == 1
     assert "state" in lib.twell_last_error().decode()
     assert lib.twell_training_backward(plan._handle, None, None, None, 0, 1, None, None, 0.0, 0, None) == 1

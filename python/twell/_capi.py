@@ -147,6 +147,7 @@ _SIGNATURES = {
     "twell_training_state_create": (_STATUS, [_P, ctypes.POINTER(_P)]),
     "twell_training_state_destroy": (_STATUS, [_P]),
     "twell_training_forward": (_STATUS, [_P, _P, ctypes.POINTER(FfnTensors), _I64, _P, _P]),
+    "twell_training_forward_keyed": (_STATUS, [_P, _P, ctypes.POINTER(FfnTensors), _I64, _P, _P, ctypes.c_uint64]),
     "twell_training_backward": (_STATUS, [_P, _P, ctypes.POINTER(FfnTensors), _P, _I64, _I64, _P,
                                           ctypes.POINTER(FfnGradients), ctypes.c_float, _I64, _P]),
 }

@@ -323,7 +323,8 @@ class DenseFfn:
 
 
 class TrainingState:
-    """twell::FfnTrainingState: what one forward keeps for its backward (the TwELL matrix of act(g))."""
+    """twell::FfnTrainingState: what one forward keeps for its backward (the TwELL matrix of act(g), or on the
+    dense path g and u, which its one backward overwrites)."""
 
     def __init__(self, plan: "TrainingPlan"):
         handle = ctypes.c_void_p()
@@ -357,7 +358,7 @@ class TrainingPlan:
             raise InvalidArgumentError(f"twell.Context.training_plan: dw_down_as_weight: expected a bool, got "
                                        f"{dw_down_as_weight!r}")
         dispatch_flags = {"sparse": 0, "dense": 8, "auto": 16}  # TWELL_TRAINING_DISPATCH_* (c_api.h)
-        if dispatch not in dispatch_flags:
+        if not isinstance(dispatch, str) or dispatch not in dispatch_flags:
             raise InvalidArgumentError(f"twell.Context.training_plan: dispatch: expected 'sparse', 'dense' or 'auto', got "
                                        f"{dispatch!r}")
         # TWELL_TRAINING_* (c_api.h)
@@ -369,7 +370,7 @@ class TrainingPlan:
                                                flags, ctypes.byref(handle)))
         self._handle = handle
         self.context, self.spec, self.max_tokens = context, spec, max_tokens
-        self._forward, self._backward = lib().twell_training_forward, lib().twell_training_backward
+        self._forward, self._backward = lib().twell_training_forward_keyed, lib().twell_training_backward
 
     def __del__(self):
         handle = getattr(self, "_handle", None)
@@ -390,9 +391,10 @@ class TrainingPlan:
         check(lib().twell_training_plan_recalibrate(self._handle))
 
     def forward_struct(self, stream: int, tensors: _capi.FfnTensors, tokens: int, state: TrainingState,
-                       row_l1: int | None) -> None:
-        """forward() with a prepared twell_ffn_tensors (twell.torch checks the arguments first)."""
-        status = self._forward(self._handle, stream, ctypes.byref(tensors), tokens, state._handle, row_l1)
+                       row_l1: int | None, decision_key: int = 0) -> None:
+        """forward() with a prepared twell_ffn_tensors (twell.torch checks the arguments first); decision_key:
+        dispatch "auto"'s key (layers of one shape sharing the plan decide apart), an unsigned 64-bit int."""
+        status = self._forward(self._handle, stream, ctypes.byref(tensors), tokens, state._handle, row_l1, decision_key)
         if status:
             check(status)
 

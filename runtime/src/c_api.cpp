@@ -550,6 +550,7 @@ twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const ch
                             {"keep_u", p.plan.options().keep_u},
                             {"dw_down_as_weight", p.plan.options().dw_down_as_weight},
                             {"dispatch", dispatch_name(p.plan.options().dispatch)},
+                            {"dense_state_bytes_per_row", p.plan.dense_state_bytes(1)},
                             {"decisions", decisions_json(p.plan.decisions())},
                             {"kernels", kernels_json(p.plan.kernels())}}
                  .dump();
@@ -580,6 +581,17 @@ twell_status_t twell_training_forward(twell_training_plan_t plan, void* stream, 
     twell_training_plan& p = require(plan, fn, "plan");
     twell_training_state& s = require(state, fn, "state");
     p.plan.forward(to_stream(stream), to_tensors(tensors, fn), tokens, s.state, row_l1);
+  });
+}
+
+twell_status_t twell_training_forward_keyed(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
+                                            int64_t tokens, twell_training_state_t state, float* row_l1,
+                                            uint64_t decision_key) {
+  return guarded([&] {
+    constexpr const char* fn = "twell_training_forward_keyed";
+    twell_training_plan& p = require(plan, fn, "plan");
+    twell_training_state& s = require(state, fn, "state");
+    p.plan.forward(to_stream(stream), to_tensors(tensors, fn), tokens, s.state, row_l1, decision_key);
   });
 }
 

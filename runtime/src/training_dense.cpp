@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <iterator>
+#include <vector>
+
 #include "launcher.h"
 #include "run_arguments.h"
 #include "twell/device/params.h"
@@ -64,35 +67,38 @@ void DenseTraining::forward(CUstream cu, const FfnTensors& t, int64_t tokens, De
 
 void DenseTraining::backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens, DeviceBuffer& g,
                              DeviceBuffer& u, const FfnGradients& grads, bool gradients_in_dtype, bool dw_down_as_weight,
-                             float lambda, int64_t l1_tokens, const float* l1_weight, const char* who) {
+                             float lambda, int64_t l1_tokens, const float* l1_weight, const char* who, bool& consumed) {
   const int64_t K = spec_.d_model, N = spec_.d_ff;
   const bool out_in = spec_.down_layout == WeightLayout::OutIn;
   const bool dw_down_is_weight = dw_down_as_weight && out_in;  // dWd [K, N]; else the rows of dWd^T [N, K]
   const int out_bytes = gradients_in_dtype ? 2 : 4;
   ld_dy = or_default(ld_dy, K);
   const int64_t ld_x = or_default(t.ld_x, K);
-  // The outputs against what the GEMMs read (FfnTrainingPlan::backward checked them against each other
-  // and the weights): dx is written by the last GEMMs, but the weight gradients read x and dy before.
-  if (std::string problem = pointer_problem("dy", dy, 2); !problem.empty())
-    throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, problem));
-  if (tokens > 0 && !is_device_memory(dy))
-    throw Error(ErrorCode::InvalidArgument, fmt::format("{}: dy: expected device memory (cuMemAlloc/cudaMalloc), got {}", who, dy));
-  if (ld_dy < K || ld_dy > (int64_t{1} << 36))
-    throw Error(ErrorCode::InvalidArgument, fmt::format("{}: ld_dy: expected a row stride in {}..2^36 elements (0 = dense), got {}",
-                                                        who, K, ld_dy));
-  const ByteRange read[] = {matrix_range("t.x", t.x, tokens, ld_x, K, 2), matrix_range("dy", dy, tokens, ld_dy, K, 2)};
+  // The weight gradients against each other and everything the GEMMs read (FfnTrainingPlan::backward
+  // checked dx against the weights and the weight gradients): they are written before the dx GEMMs read
+  // Wg and Wu, and by separate GEMMs (an overlap would be silently overwritten), so none may overlap.
+  const ByteRange read[] = {matrix_range("t.x", t.x, tokens, ld_x, K, 2), matrix_range("dy", dy, tokens, ld_dy, K, 2),
+                            matrix_range("t.w_gate", t.w_gate, N, or_default(t.ld_gate, K), K, 2),
+                            matrix_range("t.w_up", t.w_up, spec_.gated ? N : 0, or_default(t.ld_up, K), K, 2),
+                            matrix_range("t.w_down", t.w_down, out_in ? K : N, or_default(t.ld_down, out_in ? N : K), out_in ? N : K, 2)};
   const ByteRange written[] = {
-      matrix_range("g.dx", grads.dx, tokens, or_default(grads.ld_dx, K), K, 2),
       matrix_range("g.dw_gate", grads.dw_gate, N, or_default(grads.ld_dw_gate, K), K, out_bytes),
       matrix_range("g.dw_up", grads.dw_up, spec_.gated ? N : 0, or_default(grads.ld_dw_up, K), K, out_bytes),
       matrix_range("g.dw_down", grads.dw_down, dw_down_is_weight ? K : N, or_default(grads.ld_dw_down, dw_down_is_weight ? N : K),
                    dw_down_is_weight ? N : K, out_bytes)};
-  for (const ByteRange& w : written)
-    for (const ByteRange& r : read)
-      if (std::string problem = overlap_problem(w, r); !problem.empty())
-        throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, problem));
+  const ByteRange dx = matrix_range("g.dx", grads.dx, tokens, or_default(grads.ld_dx, K), K, 2);
+  auto refuse_overlap = [&](const ByteRange& w, const ByteRange& other) {
+    if (std::string problem = overlap_problem(w, other); !problem.empty())
+      throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, problem));
+  };
+  for (size_t i = 0; i < std::size(written); ++i) {
+    for (const ByteRange& r : read) refuse_overlap(written[i], r);
+    for (size_t j = i + 1; j < std::size(written); ++j) refuse_overlap(written[i], written[j]);
+  }
+  for (const ByteRange& r : read) refuse_overlap(dx, r);
   const Driver& d = Driver::get();
   if (tokens == 0) {  // no token: every weight gradient is zero (dx has no rows)
+    consumed = true;
     auto zero = [&](void* p, int64_t ld, int64_t rows, int64_t cols) {
       if (p == nullptr || rows == 0) return;
       check(d.cuMemsetD2D8Async(reinterpret_cast<CUdeviceptr>(p), size_t(ld) * out_bytes, 0, size_t(cols) * out_bytes, size_t(rows), cu),
@@ -106,9 +112,34 @@ void DenseTraining::backward(CUstream cu, const FfnTensors& t, const void* dy, i
   ensure_bytes(scratch_, size_t(tokens) * size_t(N) * 2, cu, who);
   LtGemms& lt = gemms();
   void* h = at(scratch_);
+  const bool c_fp32 = !gradients_in_dtype;
+  const int64_t ld_dx = or_default(grads.ld_dx, K);
   // dh = dy Wd: an out_in Wd [K, N] is B stored [k, n]; an in_out one [N, K] is [n, k].
-  lt.run(cu, {.a = dy, .lda = ld_dy, .b = t.w_down, .ldb = or_default(t.ld_down, out_in ? N : K), .b_is_n_by_k = !out_in, .c = h,
-              .ldc = N, .m = tokens, .n = N, .k = K});
+  const LtGemm dh_gemm{.a = dy, .lda = ld_dy, .b = t.w_down, .ldb = or_default(t.ld_down, out_in ? N : K), .b_is_n_by_k = !out_in,
+                       .c = h, .ldc = N, .m = tokens, .n = N, .k = K};
+  // The weight gradients, sums over the tokens: dWg = dg^T x, dWu = du^T x ([N, M] times [M, K]: A stored
+  // [k, m]), dWd^T = h^T dy, or dWd = dy^T h; then dx = dg Wg + du Wu (Wg, Wu [N, K]: B stored [k, n]), the
+  // second adding onto the first (beta 1).
+  std::vector<LtGemm> after{
+      {.a = at(g), .lda = N, .a_is_k_by_m = true, .b = t.x, .ldb = ld_x, .c = grads.dw_gate, .ldc = or_default(grads.ld_dw_gate, K),
+       .m = N, .n = K, .k = tokens, .c_fp32 = c_fp32},
+      dw_down_is_weight
+          ? LtGemm{.a = dy, .lda = ld_dy, .a_is_k_by_m = true, .b = h, .ldb = N, .c = grads.dw_down, .ldc = or_default(grads.ld_dw_down, N),
+                   .m = K, .n = N, .k = tokens, .c_fp32 = c_fp32}
+          : LtGemm{.a = h, .lda = N, .a_is_k_by_m = true, .b = dy, .ldb = ld_dy, .c = grads.dw_down, .ldc = or_default(grads.ld_dw_down, K),
+                   .m = N, .n = K, .k = tokens, .c_fp32 = c_fp32},
+      {.a = at(g), .lda = N, .b = t.w_gate, .ldb = or_default(t.ld_gate, K), .c = grads.dx, .ldc = ld_dx, .m = tokens, .n = K, .k = N}};
+  if (spec_.gated) {
+    after.insert(after.begin() + 1, LtGemm{.a = at(u), .lda = N, .a_is_k_by_m = true, .b = t.x, .ldb = ld_x, .c = grads.dw_up,
+                                           .ldc = or_default(grads.ld_dw_up, K), .m = N, .n = K, .k = tokens, .c_fp32 = c_fp32});
+    after.push_back({.a = at(u), .lda = N, .b = t.w_up, .ldb = or_default(t.ld_up, K), .c = grads.dx, .ldc = ld_dx, .m = tokens, .n = K,
+                     .k = N});
+  }
+  // Every algorithm before the first launch: a shape cuBLASLt cannot take fails here, with g and u intact.
+  lt.prepare(dh_gemm);
+  for (const LtGemm& gemm : after) lt.prepare(gemm);
+  consumed = true;  // g and u are overwritten from here on
+  lt.run(cu, dh_gemm);
   const int64_t m_l1 = l1_tokens > 0 ? l1_tokens : tokens;
   device::TrainDenseBackwardParams bp{static_cast<uint16_t*>(at(g)), spec_.gated ? static_cast<uint16_t*>(at(u)) : nullptr,
                                       static_cast<uint16_t*>(h), l1_weight,
@@ -116,27 +147,7 @@ void DenseTraining::backward(CUstream cu, const FfnTensors& t, const void* dy, i
                                       lambda != 0.0f ? 1u : 0u, tokens, N, N, spec_.threshold};
   void* args[1] = {&bp};
   launch(*backward_kernel_, kernels::LaunchShape{0, tokens, N}, args, cu, who);
-  const bool c_fp32 = !gradients_in_dtype;
-  // The weight gradients, sums over the tokens: dWg = dg^T x, dWu = du^T x ([N, M] times [M, K]: A stored
-  // [k, m]), dWd^T = h^T dy, or dWd = dy^T h.
-  lt.run(cu, {.a = at(g), .lda = N, .a_is_k_by_m = true, .b = t.x, .ldb = ld_x, .c = grads.dw_gate, .ldc = or_default(grads.ld_dw_gate, K),
-              .m = N, .n = K, .k = tokens, .c_fp32 = c_fp32});
-  if (spec_.gated)
-    lt.run(cu, {.a = at(u), .lda = N, .a_is_k_by_m = true, .b = t.x, .ldb = ld_x, .c = grads.dw_up, .ldc = or_default(grads.ld_dw_up, K),
-                .m = N, .n = K, .k = tokens, .c_fp32 = c_fp32});
-  if (dw_down_is_weight)
-    lt.run(cu, {.a = dy, .lda = ld_dy, .a_is_k_by_m = true, .b = h, .ldb = N, .c = grads.dw_down, .ldc = or_default(grads.ld_dw_down, N),
-                .m = K, .n = N, .k = tokens, .c_fp32 = c_fp32});
-  else
-    lt.run(cu, {.a = h, .lda = N, .a_is_k_by_m = true, .b = dy, .ldb = ld_dy, .c = grads.dw_down, .ldc = or_default(grads.ld_dw_down, K),
-                .m = N, .n = K, .k = tokens, .c_fp32 = c_fp32});
-  // dx = dg Wg + du Wu (Wg, Wu [N, K]: B stored [k, n]); the second adds onto the first (beta 1).
-  const int64_t ld_dx = or_default(grads.ld_dx, K);
-  lt.run(cu, {.a = at(g), .lda = N, .b = t.w_gate, .ldb = or_default(t.ld_gate, K), .c = grads.dx, .ldc = ld_dx, .m = tokens, .n = K,
-              .k = N});
-  if (spec_.gated)
-    lt.run(cu, {.a = at(u), .lda = N, .b = t.w_up, .ldb = or_default(t.ld_up, K), .c = grads.dx, .ldc = ld_dx, .m = tokens, .n = K, .k = N},
-           1.0f);
+  for (size_t i = 0; i < after.size(); ++i) lt.run(cu, after[i], i + 1 == after.size() && spec_.gated ? 1.0f : 0.0f);
 }
 
 }  // namespace twell::detail

@@ -23,18 +23,21 @@ namespace twell::detail {
 class DenseTraining {
  public:
   // spec: the plan's (canonical; its own down_layout). Obtains both elementwise kernels (their reports
-  // appended to `reports`) and, with a GPU, the cuBLASLt handle. Throws what Context::Impl::auxiliary throws.
+  // appended to `reports`); the cuBLASLt handle is made at the first call. Throws what
+  // Context::Impl::auxiliary throws.
   DenseTraining(std::shared_ptr<Context::Impl> context, const FfnSpec& spec, std::vector<KernelReport>& reports, const char* who);
 
   // g and u ([tokens, d_ff] spec.dtype, grown as needed) for the backward; with t.y or row_l1 also h (the
   // plan's scratch), row_l1 and y. Arguments checked by the caller (FfnTrainingPlan::forward).
   void forward(CUstream cu, const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u, float* row_l1);
   // The gradients (FfnTrainingPlan::backward's contract); g and u become dg and du (a state's dense forward
-  // serves one backward). Outputs checked by the caller against each other and the weights; here against
-  // x and dy. dw_down_as_weight: dWd [K, N] for an out_in Wd (else the rows of dWd^T).
+  // serves one backward: `consumed` is set once they may have changed, before the first launch and after
+  // every check and cuBLASLt algorithm choice). The caller checks the pointers, strides and dx's overlaps
+  // with the weights and weight gradients; here the weight gradients against each other, x, dy and the
+  // weights, and dx against x and dy. dw_down_as_weight: dWd [K, N] for an out_in Wd (else dWd^T's rows).
   void backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens, DeviceBuffer& g,
                 DeviceBuffer& u, const FfnGradients& grads, bool gradients_in_dtype, bool dw_down_as_weight, float lambda,
-                int64_t l1_tokens, const float* l1_weight, const char* who);
+                int64_t l1_tokens, const float* l1_weight, const char* who, bool& consumed);
 
   size_t scratch_bytes() const { return scratch_.bytes(); }
   static size_t state_bytes(const FfnSpec& spec, int64_t tokens);  // g and u of `tokens` rows

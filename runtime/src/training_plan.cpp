@@ -54,7 +54,9 @@ struct FfnTrainingState::Impl {
   uint64_t forward_number = 0;  // the plan's count of forwards at its last forward (FfnTrainingPlan::Impl)
   TrainingPath path = TrainingPath::Sparse;  // the last forward's
   detail::DeviceBuffer dense_g, dense_u;     // TrainingPath::Dense: g and u, then dg and du
-  bool dense_consumed = false;               // a backward has turned dense_g, dense_u into dg, du
+  // A backward has read it since its forward: on the dense path it turned dense_g, dense_u into dg, du,
+  // so a second backward is refused there (and under dispatch Auto on either path: one contract).
+  bool consumed = false;
 
   ~Impl() {
     if (!context || !context->gpu) return;
@@ -275,7 +277,11 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   FfnPlan::Impl& f = *p.forward.impl_;
   // Neither y nor row_l1 wanted: the gate alone, which makes everything the backward reads.
   const bool gate_only = t.y == nullptr && row_l1 == nullptr;
-  check_run_arguments(who, f.spec, t, tokens, p.max_tokens, gate_only ? RunOperands::Gate : RunOperands::All);
+  // The dense path's gate-only forward also computes u (x and Wu), and Auto's timing runs whole steps: both
+  // read the weights a TwELL gate-only forward does not.
+  const bool may_be_dense = p.options.dispatch != TrainingDispatch::Sparse;
+  check_run_arguments(who, f.spec, t, tokens, p.max_tokens,
+                      !gate_only ? RunOperands::All : may_be_dense ? RunOperands::GateAndWeights : RunOperands::Gate);
   check_operand_alignment(f, t, gate_only);
   if (row_l1 != nullptr) {
     if (std::string problem = pointer_problem("row_l1", row_l1, 4); !problem.empty()) fail(who, problem);
@@ -285,9 +291,13 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   s.tokens = -1;  // not a forward's state until this one's launches are enqueued (a failure leaves it so)
   auto cu = reinterpret_cast<CUstream>(stream);
   TrainingPath path = p.options.dispatch == TrainingDispatch::Dense ? TrainingPath::Dense : TrainingPath::Sparse;
-  if (p.options.dispatch == TrainingDispatch::Auto && tokens > 0 && !capturing(cu)) {
+  if (p.options.dispatch == TrainingDispatch::Auto && tokens > 0) {
     const int bucket = std::bit_width(static_cast<uint64_t>(tokens - 1));  // tokens in (2^(bucket-1), 2^bucket]
-    auto [it, fresh] = p.decisions.try_emplace({decision_key, bucket});
+    const auto decided = p.decisions.find({decision_key, bucket});
+    // Under stream capture nothing can be timed: a decided bucket keeps its path, an undecided one takes
+    // Sparse without deciding.
+    const bool capture = decided == p.decisions.end() && capturing(cu);
+    auto [it, fresh] = capture ? std::pair{decided, false} : p.decisions.try_emplace({decision_key, bucket});
     if (fresh) {
       try {
         it->second.decision_key = decision_key;
@@ -298,7 +308,7 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
         throw;
       }
     }
-    path = it->second.path;
+    if (!capture) path = it->second.path;
   }
   p.run_forward(path, cu, t, tokens, s, row_l1);
 }
@@ -308,9 +318,11 @@ void FfnTrainingPlan::Impl::run_forward(TrainingPath path, CUstream cu, const Ff
   constexpr const char* who = "FfnTrainingPlan::forward";
   const detail::Driver& d = detail::Driver::get();
   s.tokens = -1;
-  // A state that changes path gives the other path's buffers back (the stream may still read them).
+  s.consumed = false;
+  // A state that changes path gives the other path's buffers back (the stream may still read them; not
+  // during stream capture, which a synchronization would end: they are kept then).
   const bool dense_path = path == TrainingPath::Dense;
-  if (dense_path ? (s.twell || s.backup) : bool(s.dense_g)) {
+  if ((dense_path ? (s.twell || s.backup) : bool(s.dense_g)) && !capturing(cu)) {
     detail::check(d.cuStreamSynchronize(cu), "FfnTrainingPlan::forward: cuStreamSynchronize (a state changing path)");
     (dense_path ? s.twell : s.dense_g).reset();
     (dense_path ? s.backup : s.dense_u).reset();
@@ -320,7 +332,6 @@ void FfnTrainingPlan::Impl::run_forward(TrainingPath path, CUstream cu, const Ff
     s.has_u = false;
     dense->forward(cu, t, tokens, s.dense_g, s.dense_u, row_l1);
     s.path = TrainingPath::Dense;
-    s.dense_consumed = false;
     s.tokens = tokens;
     s.capacity = capacity;
     return;
@@ -363,9 +374,10 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   if (!state.impl_ || state.impl_->plan_id != p.id) fail(who, "state: expected a state this plan made (FfnTrainingPlan::make_state)");
   FfnTrainingState::Impl& s = *state.impl_;
   if (s.tokens < 0) fail(who, "state: expected the state of a forward() call, got one no forward has filled");
-  if (s.path == TrainingPath::Dense && s.dense_consumed)
+  if (s.consumed && (s.path == TrainingPath::Dense || p.options.dispatch == TrainingDispatch::Auto))
     fail(who, "state: expected a forward's state with no backward yet (a dense forward's g and u became dg and du in its "
-              "backward: run forward() again), got one a backward has used");
+              "backward; under dispatch Auto either path's state serves one backward: run forward() again), got one a "
+              "backward has used");
   if (tokens != s.tokens)
     fail(who, fmt::format("tokens: expected the forward's token count {} (the state's), got {}", s.tokens, tokens));
   p.context->make_current();
@@ -443,11 +455,13 @@ void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& t, const
                                          const float* l1_weight) {
   constexpr const char* who = "FfnTrainingPlan::backward";
   if (s.path == TrainingPath::Dense) {
+    // Consumed from here on, whatever happens next: the backward overwrites g and u once its checks passed
+    // (a failure after that must not let a retry read dg and du as g and u).
     dense->backward(cu, t, dy, ld_dy, tokens, s.dense_g, s.dense_u, g, options.gradients_in_dtype, options.dw_down_as_weight, lambda,
-                    l1_tokens, l1_weight, who);
-    s.dense_consumed = true;
+                    l1_tokens, l1_weight, who, s.consumed);
     return;
   }
+  s.consumed = true;
   Impl& p = *this;
   FfnPlan::Impl& f = *p.forward.impl_;
   const int64_t K = f.spec.d_model, N = f.spec.d_ff;
@@ -557,7 +571,6 @@ void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& t, const
 // (its first kCalibrationRows rows), with scratch y, dy, dx and weight gradients and a scratch state, so
 // nothing of the caller's is written. Host launch time is part of a step (as in the caller's steps).
 TrainingPath FfnTrainingPlan::Impl::calibrate(CUstream cu, const FfnTensors& t, int64_t tokens, TrainingDecision& decision) {
-  constexpr const char* who = "FfnTrainingPlan::forward (dispatch Auto's timing)";
   const FfnSpec& spec = forward.spec();
   const int64_t rows = std::min(tokens, FfnTrainingPlan::kCalibrationRows), K = spec.d_model, N = spec.d_ff;
   const size_t out_bytes = options.gradients_in_dtype ? 2 : 4;
@@ -570,6 +583,7 @@ TrainingPath FfnTrainingPlan::Impl::calibrate(CUstream cu, const FfnTensors& t, 
   FfnTensors c = t;
   c.y = reinterpret_cast<void*>(y.get());
   c.ld_y = 0;
+  check_operand_alignment(*forward.impl_, c, /*gate_only=*/false);  // the whole step reads Wu and Wd too
   const FfnGradients g{reinterpret_cast<void*>(dx.get()), reinterpret_cast<void*>(dw_gate.get()),
                        spec.gated ? reinterpret_cast<void*>(dw_up.get()) : nullptr, reinterpret_cast<void*>(dw_down.get())};
   const std::unique_ptr<FfnTrainingState::Impl> state = new_state();
@@ -597,7 +611,6 @@ TrainingPath FfnTrainingPlan::Impl::calibrate(CUstream cu, const FfnTensors& t, 
     std::sort(ms.begin(), ms.end());
     return double{ms[1]};
   };
-  (void)who;
   decision.sparse_ms = step_ms(TrainingPath::Sparse);
   decision.dense_ms = step_ms(TrainingPath::Dense);
   decision.path = decision.dense_ms < decision.sparse_ms ? TrainingPath::Dense : TrainingPath::Sparse;

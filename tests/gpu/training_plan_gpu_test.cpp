@@ -306,14 +306,15 @@ TEST(GpuTrainingPlan, DensePathAgainstTheReference) {
   const FfnSpec odd = make_spec(520, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
   const FfnSpec silu = make_spec(256, 1024, true, Activation::SiLU, 0.05f, DType::FP16, WeightLayout::OutIn);
   const FfnSpec plain = make_spec(256, 1024, false, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
-  const FfnSpec odd_rows = make_spec(200, 1000, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);  // 8-element rows: scalar pass
+  // d_ff 1001: rows that are not whole 16-byte chunks, so both elementwise kernels take their scalar loops.
+  const FfnSpec odd_rows = make_spec(200, 1001, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
   for (const Case& c : {Case{"relu bf16 out_in M=1000 2%", relu_bf16, 1000, 0.02, {}},
                         Case{"relu bf16 out_in M=1 5%", relu_bf16, 1, 0.05, {}},
                         Case{"odd 520x1408 in_out M=7 20%", odd, 7, 0.2, {}},
                         Case{"silu f16 M=200 5%", silu, 200, 0.05, {}},
                         Case{"non-gated M=300 2%", plain, 300, 0.02, {}},
                         Case{"lambda 0 M=256 0.5%", relu_bf16, 256, 0.005, {}, 0.0f},
-                        Case{"d_ff 1000, M=333 10%", odd_rows, 333, 0.10, {}},
+                        Case{"d_ff 1001 (scalar elementwise loops), M=333 10%", odd_rows, 333, 0.10, {}},
                         Case{"every row heavy, M=500 50%", relu_bf16, 500, 0.5, {}}})
     check_dense(c);
 }
@@ -346,6 +347,27 @@ TEST(GpuTrainingPlan, DensePathStateAndZeroTokens) {
     EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
     EXPECT_NE(std::string(e.what()).find("state"), std::string::npos) << e.what();
   }
+  // A gate-only forward (no y, no row_l1) still computes u on the dense path: w_up is checked.
+  FfnTensors no_up = d.t;
+  no_up.y = nullptr;
+  no_up.w_up = nullptr;
+  try {
+    plan.forward(stream.get(), no_up, f.tokens, state);
+    ADD_FAILURE() << "a gate-only dense forward without w_up not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("w_up"), std::string::npos) << e.what();
+  }
+  // Weight gradients overlapping each other are refused before anything is written.
+  plan.forward(stream.get(), d.t, f.tokens, state);
+  FfnGradients overlapping = d.g;
+  overlapping.dw_up = d.g.dw_gate;
+  try {
+    plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, overlapping, 0.1f);
+    ADD_FAILURE() << "overlapping weight gradients not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("g.dw_up"), std::string::npos) << e.what();
+  }
+  plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);  // the state was not consumed
   for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) m->fill(0xFF);
   plan.forward(stream.get(), d.t, 0, state);
   plan.backward(stream.get(), d.t, d.dy.data(), 0, 0, state, d.g, 0.1f);
@@ -390,6 +412,30 @@ TEST(GpuTrainingPlan, AutoTimesBothPathsOncePerBucket) {
   EXPECT_LT(relative_error(down_as_spec(s, a.dw_down), ref.dw_down), 1e-2);
   std::printf("auto at M=1000, 30%%: sparse %.3f ms, dense %.3f ms -> %s\n", first.sparse_ms, first.dense_ms,
               first.path == TrainingPath::Dense ? "dense" : "sparse");
+  // Under Auto a state serves one backward whichever path it took.
+  try {
+    FfnGradients g;
+    DeviceMemory dx(plan_context(), f.x.size() * 2), dwg(plan_context(), f.w_gate.size() * 4), dwu(plan_context(), f.w_up.size() * 4),
+        dwd(plan_context(), f.w_down.size() * 4), x(plan_context(), f.x.size() * 2), wg(plan_context(), f.w_gate.size() * 2),
+        wu(plan_context(), f.w_up.size() * 2), wd(plan_context(), f.w_down.size() * 2), y(plan_context(), f.x.size() * 2),
+        dyd(plan_context(), f.x.size() * 2);
+    x.upload(f.x);
+    wg.upload(f.w_gate);
+    wu.upload(f.w_up);
+    wd.upload(f.w_down);
+    dyd.upload(dy);
+    const FfnTensors t = tensors(f, x, wg, wu, wd, y);
+    g.dx = dx.data();
+    g.dw_gate = dwg.data();
+    g.dw_up = dwu.data();
+    g.dw_down = dwd.data();
+    plan.forward(stream.get(), t, f.tokens, state);
+    plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, g, 0.5f);
+    plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, g, 0.5f);
+    ADD_FAILURE() << "a second backward under Auto not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("state"), std::string::npos) << e.what();
+  }
   plan.recalibrate();
   EXPECT_TRUE(plan.decisions().empty());
 }

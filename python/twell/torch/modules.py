@@ -46,7 +46,8 @@ class SparseGatedMLP(nn.Module):
     its TwELL state for the sparse backward, and `self.l1` holds this call's L1 term sum |h| / tokens (a
     scalar in the graph: add l1_coefficient * sum(m.l1 for m in layers) to the loss); None otherwise
     (no_grad, torch.compile, a hot/cold split: those train through the operators' backward, without an
-    L1 term). In training, dispatch "dense" is PyTorch's own autograd, "auto" the faster whole step.
+    L1 term). In training, dispatch "dense" is PyTorch's own autograd, "auto" the fastest whole step of twell's
+    TwELL path, twell's dense path and PyTorch's.
     Inference advice above (convert the model) aside, train with fp32 master weights under autocast: the
     per-call casts pass the gradients on.
     """
@@ -129,7 +130,7 @@ class SparseGatedMLP(nn.Module):
             training = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
             if eager and training and self.dense_neurons == 0:
                 # Training: twell's forward keeps its TwELL state for the sparse backward, and the L1 term
-                # comes with y (dispatch "auto": per token bucket the faster whole step, twell or PyTorch).
+                # comes with y (dispatch "auto": per token bucket the fastest whole step: twell's two paths, PyTorch).
                 y, self.l1 = training_ops.sparse_ffn_train(x, w_gate, w_up, w_down, self.activation, self.threshold,
                                                            dispatch=self.dispatch, decision_key=self.decision_key)
                 return y

@@ -9,8 +9,9 @@ y = (act(x Wg^T) * (x Wu^T)) Wd^T as twell.torch.sparse_gated_ffn computes it (t
 bit, on the TwELL path); l1 = sum |h| / tokens (h = act(g) * u, over every row of x; an fp32 scalar),
 the paper's sparsity penalty. Both carry gradients: the backward reads the L1 term's upstream gradient on
 the device (no host synchronization for it) and folds it into dh (TRAINING.md, "The gradients").
-The forward keeps the TwELL matrix of act(g) and each entry's u (an FfnTrainingState: 8 bytes per TwELL word,
-about 6 MB per thousand rows at the paper's shape) instead of the dense g and u autograd keeps; the backward's per-entry
+On the TwELL path the forward keeps the TwELL matrix of act(g) and each entry's u (an FfnTrainingState: 8 bytes
+per TwELL word, about 6 MB per thousand rows at the paper's shape) instead of the dense a, u and h autograd keeps;
+twell's dense path keeps g and u (4 bytes per token and neuron: 23 MB per thousand rows there); the backward's
 scratch is the shared plan's.
 
 x [..., d_model], weights as nn.Linear's (w_down [d_model, d_ff]); bf16 or fp16, one CUDA device, contiguous
@@ -23,9 +24,12 @@ dispatch: "sparse" (always twell's TwELL kernels), "twell_dense" (twell's dense 
 and two elementwise kernels, FfnTrainingPlan's TrainingPath::Dense; it keeps g and u, not PyTorch's a, u and
 h), "dense" (PyTorch's own autograd of the same function, exact threshold semantics), "auto": per (layer
 key, power-of-two token bucket) the first call times the three full steps (forward and backward, on up to
-TIMING_ROWS of its own rows, synchronizing) and keeps the fastest, so a dense bucket trains within a few % of
-PyTorch's own time (bench/README.md v51, v53, v58), plus the one-time timing and compilation; recalibrate()
-re-times (call it as the density moves). Eager mode only (the
+TIMING_ROWS of its own rows, synchronizing) and keeps the fastest (bench/README.md v58: twell's dense path at
+2-5% and on the real paper layer, 1.1-1.25x PyTorch's step), plus the one-time timing and compilation;
+recalibrate() re-times (call it as the density moves). This "auto" is twell.torch's own: it uses plans of
+fixed dispatch ("sparse", "dense"), not the plan-level TrainingDispatch::Auto of twell/training_plan.h.
+SparseGatedMLP's dispatch takes "auto", "sparse" or "dense" (PyTorch's): a module reaches twell's dense path
+through "auto". Eager mode only (the
 forward keeps an opaque state: torch.compile graph-breaks here).
 """
 from __future__ import annotations
@@ -66,7 +70,7 @@ class _TrainingEntry:
             self.free_states.append(state)
 
 
-_refused: dict[tuple, str] = {}  # (device, spec) -> why the training kernels refuse it
+_refused: dict[tuple, str] = {}  # (device, spec, plan path) -> why the training kernels refuse it
 _sparse_keys: set[tuple] = set()  # (device, spec, plan path) that dispatch "sparse" / "twell_dense" calls use
 
 
@@ -94,7 +98,7 @@ def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: st
     16384, a d_ff beyond train_weight_grad's shared memory, a layout they cannot build: the inference
     plan may still take it), remembered per (device, spec); the callers then train it with PyTorch's
     dense autograd. Other errors propagate."""
-    key = (device.index, spec)
+    key = (device.index, spec, path)
     if key in _refused:
         return False
     try:
@@ -247,7 +251,7 @@ def _sparse_train(x, w_gate, w_up, w_down, spec, ld_x, path="sparse"):
     return _SparseFfnTraining.apply(x, w_gate, w_up, w_down, spec, ld_x, path)
 
 
-TIMING_ROWS = 32768  # dispatch "auto" times both paths on at most this many of the call's rows
+TIMING_ROWS = 32768  # dispatch "auto" times the paths on at most this many of the call's rows
 
 
 def _step_ms(fn, x: Tensor, weights: list, reps: int = 3) -> float:
@@ -330,10 +334,11 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
         path = _paths.get(bucket)
         if path is None:
             weights = [w_gate, w_up, w_down]
-            times = {"twell": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model), x, weights),
-                     "twell_dense": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model, "dense"), x,
-                                             weights),
-                     "torch": _step_ms(lambda *a: _dense_train(*a, activation, threshold), x, weights)}
+            times = {"twell": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model), x, weights)}
+            if trainable(x.device, spec, tokens, "dense"):  # (a dense plan that cannot be made is not a candidate)
+                times["twell_dense"] = _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model, "dense"), x,
+                                                weights)
+            times["torch"] = _step_ms(lambda *a: _dense_train(*a, activation, threshold), x, weights)
             fastest = min(times, key=times.get)  # (ties: the first, twell's TwELL path)
             path = {"twell": "sparse", "twell_dense": "twell_dense", "torch": "dense"}[fastest]
             with _lock:
@@ -346,7 +351,7 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
 
 
 def recalibrate(release_memory: bool = True) -> None:
-    """Forgets dispatch "auto"'s decisions: the next call of each bucket times both paths again. Call it
+    """Forgets dispatch "auto"'s decisions: the next call of each bucket times the three paths again. Call it
     when the density has moved (during training it falls as the L1 term bites). release_memory: also
     drops the training plans and their states, whose backups and scratch grew to the largest overflow
     seen so far (a dense early phase); the next calls make them again at their default sizes (the
@@ -359,6 +364,9 @@ def recalibrate(release_memory: bool = True) -> None:
 
 
 def dispatch_decisions() -> list[dict]:
-    """dispatch "auto"'s decisions so far: per bucket the path and both measured step times (ms)."""
+    """dispatch "auto"'s decisions so far: per bucket (decision_key, device index, d_model, d_ff, gated,
+    activation, threshold, dtype, bit_length(tokens - 1): the bucket holds up to 2**that rows) the path taken
+    ("sparse", "twell_dense" or "dense" = PyTorch's) and the three measured step times in ms, keyed "twell"
+    (the TwELL path), "twell_dense" and "torch"."""
     with _lock:
         return [{"bucket": k, "path": v, "ms": _path_times.get(k)} for k, v in _paths.items()]

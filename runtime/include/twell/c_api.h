@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define TWELL_C_API_VERSION 6 /* 6: TWELL_TRAINING_DISPATCH_DENSE / _AUTO, twell_training_plan_recalibrate; 5: TWELL_TRAINING_DW_DOWN_AS_WEIGHT; 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
+#define TWELL_C_API_VERSION 6 /* 6: TWELL_TRAINING_DISPATCH_DENSE / _AUTO, twell_training_plan_recalibrate, twell_training_forward_keyed; 5: TWELL_TRAINING_DW_DOWN_AS_WEIGHT; 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
 
 typedef enum twell_status {
   TWELL_SUCCESS = 0,
@@ -238,8 +238,8 @@ twell_status_t twell_training_plan_destroy(twell_training_plan_t plan); /* NULL 
 /* The plan as JSON (its spec, layout, max_tokens and kernels, as twell_plan_describe, state_bytes_per_row:
  * a state's device bytes per token row, 4 or 8 per TwELL word, and the flags as gradients_in_dtype, keep_u
  * (the option asked; state_bytes_per_row says whether the kernels keep u) and dw_down_as_weight, dispatch
- * ("sparse", "dense", "auto") and decisions (dispatch auto's so far: max_tokens, path, sparse_ms, dense_ms));
- * owned by the plan. */
+ * ("sparse", "dense", "auto"), dense_state_bytes_per_row (a state after a dense forward: g and u) and
+ * decisions (dispatch auto's so far: decision_key, max_tokens, path, sparse_ms, dense_ms)); owned by the plan. */
 twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const char** json);
 /* Forgets dispatch auto's decisions (FfnTrainingPlan::recalibrate): the next forward of each bucket times
  * both paths again. */
@@ -247,13 +247,19 @@ twell_status_t twell_training_plan_recalibrate(twell_training_plan_t plan);
 twell_status_t twell_training_state_create(twell_training_plan_t plan, twell_training_state_t* state);
 twell_status_t twell_training_state_destroy(twell_training_state_t state); /* NULL is a no-op */
 /* y (tensors->y) and, where row_l1 is not NULL, each row's sum |h| ([tokens] fp32 device memory: the L1
- * term is their sum / tokens); the TwELL matrix goes into `state`. tensors->y and row_l1 both NULL: the
+ * term is their sum / tokens); the TwELL matrix (dense path: g and u) goes into `state`. tensors->y and row_l1 both NULL: the
  * gate alone (the state, all a backward reads). No host synchronization unless the state must grow (its
  * first use, more tokens, a larger backup: the stream is synchronized before its old buffers go). The
- * backward waits on the host for the forward's gate and synchronizes the stream when its scratch grows;
+ * TwELL path's backward waits on the host for the forward's gate (the dense path's does not); a backward
+ * synchronizes the stream when its scratch grows;
  * run a state's forward and backward on one stream (or order them yourself). */
 twell_status_t twell_training_forward(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
                                       int64_t tokens, twell_training_state_t state, float* row_l1);
+/* twell_training_forward with dispatch auto's decision key (FfnTrainingPlan::forward's decision_key: layers of
+ * one shape sharing a plan decide apart; twell_training_forward uses key 0). */
+twell_status_t twell_training_forward_keyed(twell_training_plan_t plan, void* stream, const twell_ffn_tensors* tensors,
+                                            int64_t tokens, twell_training_state_t state, float* row_l1,
+                                            uint64_t decision_key);
 /* The gradients of L(y) + lambda * l1 for dy (FfnTrainingPlan::backward): tensors and tokens as the state's
  * forward (y unused); lambda finite, >= 0; l1_tokens 0: tokens; l1_weight NULL or a device fp32 that
  * multiplies lambda / l1_tokens. Gradients are written, not accumulated. Waits on the host for the forward's

@@ -43,7 +43,7 @@ enum class TrainingPath : uint8_t {
   // dense framework computes the step: 9 GEMMs of the layer's size whatever the density. The state keeps
   // g and u ([tokens, d_ff] spec.dtype each; dense_state_bytes), which its backward overwrites with dg and
   // du: one backward per dense forward. g, u, dh and h are rounded to spec.dtype between the steps (as in
-  // PyTorch's autograd), dx once per GEMM (two).
+  // PyTorch's autograd), dx once per GEMM (dg Wg, then + du Wu where gated).
   Dense,
 };
 
@@ -54,10 +54,12 @@ enum class TrainingDispatch : uint8_t {
   Dense,   // always TrainingPath::Dense
   // Per (decision key, power-of-two token bucket), the first forward times a whole step (forward and
   // backward) of each path on its own operands (its first kCalibrationRows rows; one warm-up and the median
-  // of three steps each, host launch time included, with scratch outputs and a stream synchronization
-  // per step) and keeps the faster for later forwards of that bucket (decisions()). The density moves
-  // during training: recalibrate() forgets the decisions. Not during stream capture: there the forward
-  // takes Sparse without deciding.
+  // of three steps each, host launch time included, with scratch outputs, dy and state allocated for it
+  // and a stream synchronization per step) and keeps the faster (ties: Sparse) for later forwards of that
+  // bucket (decisions()). The plan then holds both paths' scratch; a state whose forward changes path frees
+  // the other path's buffers after a stream synchronization (give layers that decide apart their own
+  // states). The density moves during training: recalibrate() forgets the decisions (not the scratch).
+  // Not during stream capture: there the forward takes Sparse without deciding.
   Auto,
 };
 
@@ -161,7 +163,7 @@ class FfnTrainingPlan {
 
   // y = FFN(x) for `tokens` rows (0..max_tokens; tensors as FfnPlan::run's), stream-ordered, no host
   // synchronization unless `state` must grow (its first use, more tokens, a larger backup: the stream is
-  // synchronized before its old buffers are freed, then cuMemAlloc); the TwELL matrix goes into `state`. row_l1:
+  // synchronized before its old buffers are freed, then cuMemAlloc); the TwELL matrix (dense path: g and u) goes into `state`. row_l1:
   // nullptr, or [tokens] fp32 device memory, 4-byte aligned: row t's sum of |h_tj| over its active
   // entries in their order (fp32); the L1 term of TRAINING.md is their sum / tokens. t.y nullptr with
   // row_l1 nullptr: the gate alone (no consumer; what a backward that recomputes its forward needs). Throws as
@@ -177,13 +179,13 @@ class FfnTrainingPlan {
 
   // The gradients of L(y) + lambda * l1 for dy = dL/dy ([tokens, d_model] spec.dtype, row stride ld_dy,
   // 0 = dense) after forward(state) with the same t (x and the weights, unchanged; y is not read) and
-  // tokens: dx (rounded to spec.dtype once), dWg, dWu, dWd^T (twell/training.h; dWd as the weight with
+  // tokens: dx (rounded to spec.dtype once; on the dense path once per GEMM), dWg, dWu, dWd^T (twell/training.h; dWd as the weight with
   // dw_down_as_weight). lambda: finite, >= 0;
   // the L1 term's coefficient is lambda / l1_tokens (l1_tokens 0: tokens; pass the whole batch's rows when
   // a batch is split into several calls), times *l1_weight where l1_weight (a device fp32) is given.
   // Gradients are written, not accumulated. A dense forward's state serves one backward (it becomes dg and
-  // du: a second backward throws Error(InvalidArgument) naming `state`); on the dense path nothing waits on
-  // the host. Stream-ordered; the sparse path waits on the host for the forward's overflow
+  // du: a second backward throws Error(InvalidArgument) naming `state`), and under dispatch Auto every
+  // state does (whichever path its forward took); on the dense path nothing waits on the host. Stream-ordered; the sparse path waits on the host for the forward's overflow
   // count (an event recorded by forward() after its gate, long complete in a training step; the backward
   // does not make its stream wait for the forward's consumer, which writes u and Wd^T: run forward and backward on
   // one stream, or order them yourself). The plan's scratch
