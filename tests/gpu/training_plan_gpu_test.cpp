@@ -160,6 +160,36 @@ struct Case {
   float lambda = 0.5f;
 };
 
+// A step's outputs against the CPU reference (y, dx and the weight gradients within 1e-2, the L1 term
+// within l1_tolerance relative), and a second step's bits equal to the first's. Returns the relative errors
+// (dx, dWg, dWu, dWd) and the L1 term for a verbose line.
+struct StepErrors {
+  double l1, dx, wg, wu, wd;
+};
+StepErrors expect_reference_and_repeatable(const Case& c, const Step& a, const Step& b, const TrainingForward& fw,
+                                           const TrainingGradients& ref, double l1_tolerance) {
+  EXPECT_LT(relative_error(to_float(c.spec.dtype, a.y), fw.y), 1e-2) << "y";
+  StepErrors e{};
+  for (float r : a.row_l1) e.l1 += r;
+  e.l1 = c.tokens > 0 ? e.l1 / double(c.tokens) : 0.0;
+  EXPECT_LE(std::abs(e.l1 - fw.l1), l1_tolerance * std::abs(fw.l1) + 1e-30) << "L1 term: " << e.l1 << " vs " << fw.l1;
+  e.dx = relative_error(to_float(c.spec.dtype, a.dx), ref.dx);
+  e.wg = relative_error(a.dw_gate, ref.dw_gate);
+  e.wd = relative_error(down_as_spec(c.spec, a.dw_down), ref.dw_down);
+  e.wu = c.spec.gated ? relative_error(a.dw_up, ref.dw_up) : 0.0;
+  EXPECT_LT(e.dx, 1e-2) << "dx";
+  EXPECT_LT(e.wg, 1e-2) << "dWg";
+  EXPECT_LT(e.wu, 1e-2) << "dWu";
+  EXPECT_LT(e.wd, 1e-2) << "dWd";
+  EXPECT_EQ(a.y, b.y) << "y differs between two steps";
+  EXPECT_EQ(a.dx, b.dx) << "dx differs between two steps";
+  EXPECT_TRUE(same_bits(a.dw_gate, b.dw_gate)) << "dWg differs between two steps";
+  EXPECT_TRUE(same_bits(a.dw_up, b.dw_up)) << "dWu differs between two steps";
+  EXPECT_TRUE(same_bits(a.dw_down, b.dw_down)) << "dWd differs between two steps";
+  EXPECT_TRUE(same_bits(a.row_l1, b.row_l1)) << "row_l1 differs between two steps";
+  return e;
+}
+
 void check(const Case& c) {
   SCOPED_TRACE(c.name);
   const RandomFfn f = make_random_ffn(c.spec, c.tokens, c.density, 4242 + static_cast<uint32_t>(c.tokens));
@@ -179,26 +209,8 @@ void check(const Case& c) {
   const TrainingGradients ref = reference_training_backward(ref_spec, f.x, f.weights(), fw, dy, c.lambda);
 
   EXPECT_EQ(a.y, inference_y(f, plan.layout())) << "y: not FfnPlan::run's bits";
-  EXPECT_LT(relative_error(to_float(c.spec.dtype, a.y), fw.y), 1e-2) << "y";
-  double l1 = 0;
-  for (float r : a.row_l1) l1 += r;
-  l1 = c.tokens > 0 ? l1 / double(c.tokens) : 0.0;
-  EXPECT_LE(std::abs(l1 - fw.l1), 1e-4 * std::abs(fw.l1) + 1e-30) << "L1 term: " << l1 << " vs " << fw.l1;
-  const double e_dx = relative_error(to_float(c.spec.dtype, a.dx), ref.dx);
-  const double e_wg = relative_error(a.dw_gate, ref.dw_gate);
-  const double e_wd = relative_error(down_as_spec(c.spec, a.dw_down), ref.dw_down);
-  const double e_wu = c.spec.gated ? relative_error(a.dw_up, ref.dw_up) : 0.0;
-  EXPECT_LT(e_dx, 1e-2) << "dx";
-  EXPECT_LT(e_wg, 1e-2) << "dWg";
-  EXPECT_LT(e_wu, 1e-2) << "dWu";
-  EXPECT_LT(e_wd, 1e-2) << "dWd";
-  // The second step (same inputs; its backup may be larger after the first one's overflow).
-  EXPECT_EQ(a.y, b.y) << "y differs between two steps";
-  EXPECT_EQ(a.dx, b.dx) << "dx differs between two steps";
-  EXPECT_TRUE(same_bits(a.dw_gate, b.dw_gate)) << "dWg differs between two steps";
-  EXPECT_TRUE(same_bits(a.dw_up, b.dw_up)) << "dWu differs between two steps";
-  EXPECT_TRUE(same_bits(a.dw_down, b.dw_down)) << "dWd differs between two steps";
-  EXPECT_TRUE(same_bits(a.row_l1, b.row_l1)) << "row_l1 differs between two steps";
+  // (The second step's backup may be larger after the first one's overflow.)
+  const StepErrors e = expect_reference_and_repeatable(c, a, b, fw, ref, 1e-4);
   // Without u kept from the forward (the backward recomputes it): the same bits.
   options.keep_u = false;
   FfnTrainingPlan recompute = FfnTrainingPlan::create(plan_context(), c.spec, std::max<int64_t>(1, c.tokens), options);
@@ -218,7 +230,7 @@ void check(const Case& c) {
   }
   if (std::getenv("TWELL_TEST_VERBOSE"))
     std::printf("%s: nnz %zu, L1 %.6g (ref %.6g), relative errors dx %.3g dWg %.3g dWu %.3g dWd %.3g, state %zu bytes\n",
-                c.name.c_str(), fw.neuron.size(), l1, fw.l1, e_dx, e_wg, e_wu, e_wd, state.device_bytes());
+                c.name.c_str(), fw.neuron.size(), e.l1, fw.l1, e.dx, e.wg, e.wu, e.wd, state.device_bytes());
 }
 
 }  // namespace
@@ -275,28 +287,10 @@ void check_dense(const Case& c) {
   ref_spec.slots = plan.layout().slots;
   const TrainingForward fw = reference_training_forward(ref_spec, f.x, f.tokens, f.weights());
   const TrainingGradients ref = reference_training_backward(ref_spec, f.x, f.weights(), fw, dy, c.lambda);
-  EXPECT_LT(relative_error(to_float(c.spec.dtype, a.y), fw.y), 1e-2) << "y";
-  double l1 = 0;
-  for (float r : a.row_l1) l1 += r;
-  l1 = c.tokens > 0 ? l1 / double(c.tokens) : 0.0;
-  EXPECT_LE(std::abs(l1 - fw.l1), 2e-3 * std::abs(fw.l1) + 1e-30) << "L1 term: " << l1 << " vs " << fw.l1;
-  const double e_dx = relative_error(to_float(c.spec.dtype, a.dx), ref.dx);
-  const double e_wg = relative_error(a.dw_gate, ref.dw_gate);
-  const double e_wd = relative_error(down_as_spec(c.spec, a.dw_down), ref.dw_down);
-  const double e_wu = c.spec.gated ? relative_error(a.dw_up, ref.dw_up) : 0.0;
-  EXPECT_LT(e_dx, 1e-2) << "dx";
-  EXPECT_LT(e_wg, 1e-2) << "dWg";
-  EXPECT_LT(e_wu, 1e-2) << "dWu";
-  EXPECT_LT(e_wd, 1e-2) << "dWd";
-  EXPECT_EQ(a.y, b.y) << "y differs between two steps";
-  EXPECT_EQ(a.dx, b.dx) << "dx differs between two steps";
-  EXPECT_TRUE(same_bits(a.dw_gate, b.dw_gate)) << "dWg differs between two steps";
-  EXPECT_TRUE(same_bits(a.dw_up, b.dw_up)) << "dWu differs between two steps";
-  EXPECT_TRUE(same_bits(a.dw_down, b.dw_down)) << "dWd differs between two steps";
-  EXPECT_TRUE(same_bits(a.row_l1, b.row_l1)) << "row_l1 differs between two steps";
+  const StepErrors e = expect_reference_and_repeatable(c, a, b, fw, ref, 2e-3);
   if (std::getenv("TWELL_TEST_VERBOSE"))
-    std::printf("%s (dense): L1 %.6g (ref %.6g), relative errors dx %.3g dWg %.3g dWu %.3g dWd %.3g\n", c.name.c_str(), l1, fw.l1,
-                e_dx, e_wg, e_wu, e_wd);
+    std::printf("%s (dense): L1 %.6g (ref %.6g), relative errors dx %.3g dWg %.3g dWu %.3g dWd %.3g\n", c.name.c_str(), e.l1, fw.l1,
+                e.dx, e.wg, e.wu, e.wd);
 }
 }  // namespace
 
