@@ -4,7 +4,10 @@
 // GPU (or that the plan is empty) rather than crashing.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <string>
 
@@ -155,6 +158,39 @@ TEST(TrainingPlan, DenseAndAutoDispatchMakeTheDenseKernels) {
   FfnTrainingPlan plan = FfnTrainingPlan::create(no_gpu(), small_spec(), 64);
   EXPECT_TRUE(plan.decisions().empty());
   plan.recalibrate();
+}
+
+// A Dense or Auto plan's kernels go into a bundle (Context::save_bundle) with the TwELL ones, and a context
+// without the JIT makes the same plan from that bundle alone (the bundle reader checks each training
+// kernel's name against its request).
+TEST(TrainingPlan, DenseKernelsTravelInBundles) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("twell_train_dense_bundle_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  TrainingPlanOptions o;
+  o.dispatch = TrainingDispatch::Auto;
+  {
+    ContextOptions co;
+    co.device = ContextOptions::kNoDevice;
+    co.disk_cache = false;
+    Context maker(co);
+    FfnTrainingPlan::create(maker, small_spec(), 64, o);
+    maker.save_bundle(dir);
+  }
+  ContextOptions co;
+  co.device = ContextOptions::kNoDevice;
+  co.disk_cache = false;
+  co.jit = ContextOptions::Jit::Never;
+  co.bundles = {dir};
+  Context user(co);
+  const FfnTrainingPlan plan = FfnTrainingPlan::create(user, small_spec(), 64, o);
+  int dense_kernels = 0;
+  for (const KernelReport& k : plan.kernels())
+    if (k.kind == "train_dense_forward" || k.kind == "train_dense_backward") {
+      ++dense_kernels;
+      EXPECT_EQ(k.cache.rfind("bundle", 0), 0u) << k.kind << " came from " << k.cache;
+    }
+  EXPECT_EQ(dense_kernels, 2);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(TrainingPlan, RunTimeCallsWithoutAGpuOrOnAnEmptyPlanAreClearErrors) {
