@@ -394,6 +394,9 @@ class TrainingPlan:
                        row_l1: int | None, decision_key: int = 0) -> None:
         """forward() with a prepared twell_ffn_tensors (twell.torch checks the arguments first); decision_key:
         dispatch "auto"'s key (layers of one shape sharing the plan decide apart), an unsigned 64-bit int."""
+        if decision_key and not 0 <= decision_key < 2 ** 64:
+            raise InvalidArgumentError(f"twell.TrainingPlan.forward_struct: decision_key: expected 0..2**64 - 1, got "
+                                       f"{decision_key}")
         status = self._forward(self._handle, stream, ctypes.byref(tensors), tokens, state._handle, row_l1, decision_key)
         if status:
             check(status)

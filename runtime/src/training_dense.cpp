@@ -74,28 +74,6 @@ void DenseTraining::backward(CUstream cu, const FfnTensors& t, const void* dy, i
   const int out_bytes = gradients_in_dtype ? 2 : 4;
   ld_dy = or_default(ld_dy, K);
   const int64_t ld_x = or_default(t.ld_x, K);
-  // The weight gradients against each other and everything the GEMMs read (FfnTrainingPlan::backward
-  // checked dx against the weights and the weight gradients): they are written before the dx GEMMs read
-  // Wg and Wu, and by separate GEMMs (an overlap would be silently overwritten), so none may overlap.
-  const ByteRange read[] = {matrix_range("t.x", t.x, tokens, ld_x, K, 2), matrix_range("dy", dy, tokens, ld_dy, K, 2),
-                            matrix_range("t.w_gate", t.w_gate, N, or_default(t.ld_gate, K), K, 2),
-                            matrix_range("t.w_up", t.w_up, spec_.gated ? N : 0, or_default(t.ld_up, K), K, 2),
-                            matrix_range("t.w_down", t.w_down, out_in ? K : N, or_default(t.ld_down, out_in ? N : K), out_in ? N : K, 2)};
-  const ByteRange written[] = {
-      matrix_range("g.dw_gate", grads.dw_gate, N, or_default(grads.ld_dw_gate, K), K, out_bytes),
-      matrix_range("g.dw_up", grads.dw_up, spec_.gated ? N : 0, or_default(grads.ld_dw_up, K), K, out_bytes),
-      matrix_range("g.dw_down", grads.dw_down, dw_down_is_weight ? K : N, or_default(grads.ld_dw_down, dw_down_is_weight ? N : K),
-                   dw_down_is_weight ? N : K, out_bytes)};
-  const ByteRange dx = matrix_range("g.dx", grads.dx, tokens, or_default(grads.ld_dx, K), K, 2);
-  auto refuse_overlap = [&](const ByteRange& w, const ByteRange& other) {
-    if (std::string problem = overlap_problem(w, other); !problem.empty())
-      throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, problem));
-  };
-  for (size_t i = 0; i < std::size(written); ++i) {
-    for (const ByteRange& r : read) refuse_overlap(written[i], r);
-    for (size_t j = i + 1; j < std::size(written); ++j) refuse_overlap(written[i], written[j]);
-  }
-  for (const ByteRange& r : read) refuse_overlap(dx, r);
   const Driver& d = Driver::get();
   if (tokens == 0) {  // no token: every weight gradient is zero (dx has no rows)
     consumed = true;

@@ -32,9 +32,8 @@ class DenseTraining {
   void forward(CUstream cu, const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u, float* row_l1);
   // The gradients (FfnTrainingPlan::backward's contract); g and u become dg and du (a state's dense forward
   // serves one backward: `consumed` is set once they may have changed, before the first launch and after
-  // every check and cuBLASLt algorithm choice). The caller checks the pointers, strides and dx's overlaps
-  // with the weights and weight gradients; here the weight gradients against each other, x, dy and the
-  // weights, and dx against x and dy. dw_down_as_weight: dWd [K, N] for an out_in Wd (else dWd^T's rows).
+  // every cuBLASLt algorithm choice). The caller (FfnTrainingPlan::backward) checked every argument and
+  // overlap. dw_down_as_weight: dWd [K, N] for an out_in Wd (else dWd^T's rows).
   void backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens, DeviceBuffer& g,
                 DeviceBuffer& u, const FfnGradients& grads, bool gradients_in_dtype, bool dw_down_as_weight, float lambda,
                 int64_t l1_tokens, const float* l1_weight, const char* who, bool& consumed);

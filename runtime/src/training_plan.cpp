@@ -8,6 +8,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <iterator>
 #include <map>
 
 #include "driver.h"
@@ -422,18 +423,20 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   const ByteRange dw_gate_range = matrix("g.dw_gate", g.dw_gate, g.ld_dw_gate, N, K, out_bytes),
                   dw_up_range = matrix("g.dw_up", g.dw_up, g.ld_dw_up, f.spec.gated ? N : 0, K, out_bytes),
                   dw_down_range = matrix("g.dw_down", g.dw_down, g.ld_dw_down, dw_down_rows, dw_down_cols, out_bytes);
-  const ByteRange others[] = {
-      matrix("t.w_gate", t.w_gate, t.ld_gate, N, K, 2), matrix("t.w_up", t.w_up, t.ld_up, f.spec.gated ? N : 0, K, 2),
-      matrix("t.w_down", t.w_down, t.ld_down, out_in ? K : N, out_in ? N : K, 2), dw_gate_range, dw_up_range, dw_down_range};
-  for (const ByteRange& other : others)
-    if (std::string problem = overlap_problem(dx_range, other); !problem.empty()) fail(who, problem);
-  if (dw_down_transposed) {
-    // train_weight_grad checks its outputs against its inputs and each other; here it writes the plan's
-    // buffer, and the transpose writes g.dw_down last: the same rules for it, checked here.
-    const ByteRange read_or_written[] = {matrix("t.x", t.x, t.ld_x, tokens, K, 2), matrix("dy", dy, ld_dy, tokens, K, 2),
-                                         dw_gate_range, dw_up_range};
-    for (const ByteRange& other : read_or_written)
-      if (std::string problem = overlap_problem(dw_down_range, other); !problem.empty()) fail(who, problem);
+  // Every output against everything the step reads and every other output, here for both paths (the
+  // kernels check again): no output may overlap x, dy, a weight or another output, so a call is refused
+  // before any launch and by the same rules whichever path Auto chose (the dense path writes the weight
+  // gradients before its dx GEMMs read Wg and Wu).
+  const ByteRange reads[] = {matrix("t.x", t.x, t.ld_x, tokens, K, 2), matrix("dy", dy, ld_dy, tokens, K, 2),
+                             matrix("t.w_gate", t.w_gate, t.ld_gate, N, K, 2),
+                             matrix("t.w_up", t.w_up, t.ld_up, f.spec.gated ? N : 0, K, 2),
+                             matrix("t.w_down", t.w_down, t.ld_down, out_in ? K : N, out_in ? N : K, 2)};
+  const ByteRange writes[] = {dx_range, dw_gate_range, dw_up_range, dw_down_range};
+  for (size_t i = 0; i < std::size(writes); ++i) {
+    for (const ByteRange& r : reads)
+      if (std::string problem = overlap_problem(writes[i], r); !problem.empty()) fail(who, problem);
+    for (size_t j = i + 1; j < std::size(writes); ++j)
+      if (std::string problem = overlap_problem(writes[i], writes[j]); !problem.empty()) fail(who, problem);
   }
   // The upstream gradient and the L1 term's arguments (both paths read them).
   if (std::string problem = pointer_problem("dy", dy, 2); !problem.empty()) fail(who, problem);
@@ -461,7 +464,6 @@ void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& t, const
                     l1_tokens, l1_weight, who, s.consumed);
     return;
   }
-  s.consumed = true;
   Impl& p = *this;
   FfnPlan::Impl& f = *p.forward.impl_;
   const int64_t K = f.spec.d_model, N = f.spec.d_ff;
@@ -565,6 +567,7 @@ void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& t, const
     detail::launch_transpose16(*f.transpose, reinterpret_cast<const void*>(f.w_down_t->get()), N, K, K, g.dw_down,
                                g.ld_dw_down ? g.ld_dw_down : N, cu, who);
   }
+  s.consumed = true;  // (enqueued: a call refused inside the kernels' checks left it unused)
 }
 
 // TrainingDispatch::Auto's timing (training_plan.h): whole steps of both paths on the call's x and weights

@@ -407,25 +407,11 @@ TEST(GpuTrainingPlan, AutoTimesBothPathsOncePerBucket) {
   std::printf("auto at M=1000, 30%%: sparse %.3f ms, dense %.3f ms -> %s\n", first.sparse_ms, first.dense_ms,
               first.path == TrainingPath::Dense ? "dense" : "sparse");
   // Under Auto a state serves one backward whichever path it took.
+  GatedLayer d(plan_context(), f, dy);
+  plan.forward(stream.get(), d.t, f.tokens, state);
+  plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.5f);
   try {
-    FfnGradients g;
-    DeviceMemory dx(plan_context(), f.x.size() * 2), dwg(plan_context(), f.w_gate.size() * 4), dwu(plan_context(), f.w_up.size() * 4),
-        dwd(plan_context(), f.w_down.size() * 4), x(plan_context(), f.x.size() * 2), wg(plan_context(), f.w_gate.size() * 2),
-        wu(plan_context(), f.w_up.size() * 2), wd(plan_context(), f.w_down.size() * 2), y(plan_context(), f.x.size() * 2),
-        dyd(plan_context(), f.x.size() * 2);
-    x.upload(f.x);
-    wg.upload(f.w_gate);
-    wu.upload(f.w_up);
-    wd.upload(f.w_down);
-    dyd.upload(dy);
-    const FfnTensors t = tensors(f, x, wg, wu, wd, y);
-    g.dx = dx.data();
-    g.dw_gate = dwg.data();
-    g.dw_up = dwu.data();
-    g.dw_down = dwd.data();
-    plan.forward(stream.get(), t, f.tokens, state);
-    plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, g, 0.5f);
-    plan.backward(stream.get(), t, dyd.data(), 0, f.tokens, state, g, 0.5f);
+    plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.5f);
     ADD_FAILURE() << "a second backward under Auto not refused";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("state"), std::string::npos) << e.what();

@@ -366,7 +366,7 @@ def recalibrate(release_memory: bool = True) -> None:
 def dispatch_decisions() -> list[dict]:
     """dispatch "auto"'s decisions so far: per bucket (decision_key, device index, d_model, d_ff, gated,
     activation, threshold, dtype, bit_length(tokens - 1): the bucket holds up to 2**that rows) the path taken
-    ("sparse", "twell_dense" or "dense" = PyTorch's) and the three measured step times in ms, keyed "twell"
-    (the TwELL path), "twell_dense" and "torch"."""
+    ("sparse", "twell_dense" or "dense" = PyTorch's) and the measured step times in ms, keyed "twell" (the
+    TwELL path), "twell_dense" (absent where twell's dense plan could not be made) and "torch"."""
     with _lock:
         return [{"bucket": k, "path": v, "ms": _path_times.get(k)} for k, v in _paths.items()]

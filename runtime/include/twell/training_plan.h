@@ -59,7 +59,8 @@ enum class TrainingDispatch : uint8_t {
   // bucket (decisions()). The plan then holds both paths' scratch; a state whose forward changes path frees
   // the other path's buffers after a stream synchronization (give layers that decide apart their own
   // states). The density moves during training: recalibrate() forgets the decisions (not the scratch).
-  // Not during stream capture: there the forward takes Sparse without deciding.
+  // Nothing is timed during stream capture: a decided bucket keeps its path, an undecided one takes Sparse
+  // without deciding, and a state changing path keeps both paths' buffers (no synchronization).
   Auto,
 };
 
@@ -171,7 +172,7 @@ class FfnTrainingPlan {
   // state another plan made, Error(NoDevice) without a GPU.
   // The path: options().dispatch's (Auto: the decision of (decision_key, the tokens' power-of-two
   // bucket); its first forward times both paths, see TrainingDispatch::Auto). A state that changes path
-  // frees the other path's buffers (after a stream synchronization). On the dense path row_l1 sums the
+  // frees the other path's buffers (after a stream synchronization; kept during capture). On the dense path row_l1 sums the
   // unrounded |h| of each row in a fixed order (not the sparse path's order: the two differ in the last
   // bits), and y is cuBLASLt's.
   void forward(Stream stream, const FfnTensors& t, int64_t tokens, FfnTrainingState& state, float* row_l1 = nullptr,
@@ -197,7 +198,8 @@ class FfnTrainingPlan {
   // in between; the plan records this on the host, so Wd's contents must be what that forward read, as
   // above), and with dw_down_as_weight the backward then writes
   // dWd^T there). Throws Error(InvalidArgument) naming the argument
-  // (a state without a forward or of another token count, a bad pointer, stride or overlap), Error(NoDevice)
+  // (a state without a forward or of another token count, a bad pointer or stride, an output overlapping x, dy, a
+  // weight or another output: refused before any launch on either path), Error(NoDevice)
   // without a GPU, Error(Cuda).
   void backward(Stream stream, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens,
                 const FfnTrainingState& state, const FfnGradients& g, float lambda, int64_t l1_tokens = 0,
