@@ -8,6 +8,9 @@ operands, weights and x requiring grad, gradients in bf16 as autograd gives them
   twell dense     dispatch="twell_dense": FfnTrainingPlan's dense path (cuBLASLt GEMMs, two elementwise kernels)
   twell sparse    twell.torch.sparse_ffn_train(..., dispatch="sparse"): FfnTrainingPlan's forward and backward
   twell auto      dispatch="auto" (per bucket, the fastest whole step of the three, timed once)
+  twell split H   (real and pattern layers) dispatch="sparse", dense_neurons=H: the H most active neurons on twell's
+                  dense kernels, the rest on TwELL, with the weights ordered hot-first (by the activity on the
+                  call's x, before the timing: a reparametrization a training loop applies now and then)
 Time: CUDA events around whole steps on the current stream (the host's work inside, as a training loop
 sees it: twell's backward waits on the host for its forward's overflow count), median of --reps after
 warm-up, the variants interleaved round by round; "in a row": --in-a-row steps enqueued back to back
@@ -20,11 +23,14 @@ device-wide used memory after the variant's warm-up steps less torch's reserved 
 before them; "twell auto" may use every twell plan of the case, so it is charged for all of them).
 Inputs: "uniform" (Wg with a shifted first column so relu(g) > 0 with probability --densities, x uniform,
 as python/tests/test_training_gpu.py), and "real" (the paper model's layer 1: its x tiled to M rows and its
-Wg from ../shared/data or $TWELL_DATA_DIR, Wu and Wd random: about 5% dense).
+Wg from ../shared/data or $TWELL_DATA_DIR, Wu and Wd random: about 5% dense), and with --patterns, "paper
+layer L activity" (pattern_layer: uniform's construction with each neuron's own activation frequency as
+measured on the paper model's layer L, paper_patterns.safetensors: its hot neurons).
 
   PYTHONPATH=python TWELL_LIB_DIR=build/lib .venv/bin/python bench/torch_train_bench.py --tokens 16384 65536
 """
 import argparse
+import functools
 import json
 import math
 import os
@@ -55,6 +61,7 @@ def uniform_layer(m, density, dev, seed=0):
 
 
 REAL_FILES = ("paper_l1_gate_a.safetensors", "paper_l1_gate_b.safetensors", "paper_l1_x.safetensors")
+PATTERN_FILE = "paper_patterns.safetensors"
 
 
 def data_dir():
@@ -70,6 +77,26 @@ def real_layer(m, dev):
     wu = (torch.randn(wg.shape, generator=g, device=dev) * 0.02).to(torch.bfloat16)
     wd = (torch.randn(wg.shape[1], wg.shape[0], generator=g, device=dev) * 0.02).to(torch.bfloat16)
     return [x.repeat((m + x.shape[0] - 1) // x.shape[0], 1)[:m].contiguous(), wg, wu, wd]
+
+
+def pattern_layer(m, layer, dev, seed=0):
+    """uniform_layer with paper_patterns.safetensors' per-neuron activity of the paper model's `layer`: neuron
+    j active on a token with that neuron's measured frequency (at least 1e-6), independently per token (the
+    real layer's hot neurons, not its heavy rows), the neurons in a random order."""
+    from safetensors.torch import load_file
+    p = load_file(data_dir() / PATTERN_FILE)
+    col = p[f"layers.{layer}.col"].long() % 65536  # int16 storage of 0..5631
+    freq = torch.bincount(col, minlength=D_FF).double() / (p[f"layers.{layer}.row_ptr"].numel() - 1)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    freq = freq[torch.randperm(D_FF, generator=torch.Generator().manual_seed(seed))].clamp(1e-6, 1 - 1e-6)
+    x = torch.rand(m, D_MODEL, generator=g, device=dev) * 2 - 1
+    x[:, 0] = 1
+    wg = (torch.rand(D_FF, D_MODEL, generator=g, device=dev) * 2 - 1) / math.sqrt(D_MODEL)
+    sigma = (wg[:, 1:].pow(2).sum(1) / 3).sqrt()
+    wg[:, 0] = -sigma * torch.distributions.Normal(0, 1).icdf(1 - freq).to(dev, torch.float32)
+    wu = (torch.rand(D_FF, D_MODEL, generator=g, device=dev) * 2 - 1) / math.sqrt(D_MODEL)
+    wd = (torch.rand(D_MODEL, D_FF, generator=g, device=dev) * 2 - 1) / math.sqrt(D_FF)
+    return [t.to(torch.bfloat16) for t in (x, wg, wu, wd)]
 
 
 def torch_dense(x, wg, wu, wd):
@@ -92,12 +119,19 @@ def main():
     ap.add_argument("--lam", type=float, default=1e-3, help="the L1 term's coefficient lambda in (y * dy).sum() + lambda * l1")
     ap.add_argument("--reps", type=int, default=12, help="timed steps per variant (in three interleaved rounds)")
     ap.add_argument("--in-a-row", type=int, default=8, help="steps per 'in a row' timing (0: none)")
+    ap.add_argument("--patterns", type=int, nargs="*", default=[],
+                    help="also layers of the paper model (0-3) with their measured per-neuron activity "
+                         "(paper_patterns.safetensors; pattern_layer)")
+    ap.add_argument("--splits", type=int, nargs="*", default=[512, 1024, 2048],
+                    help="dense_neurons of the 'twell split' variants on the real layer (multiples of 64)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     if a.real:  # checked first: a missing file must not cost the uniform cases' results
         missing = [f for f in REAL_FILES if not (data_dir() / f).is_file()]
         if missing:
             ap.error(f"--real needs {', '.join(missing)} in {data_dir()} (or $TWELL_DATA_DIR); pass --no-real to skip")
+    if a.patterns and not (data_dir() / PATTERN_FILE).is_file():
+        ap.error(f"--patterns needs {PATTERN_FILE} in {data_dir()} (or $TWELL_DATA_DIR)")
     t_start = time.time()
     log = lambda what: print(f"[{time.time() - t_start:6.1f} s] {what}", file=sys.stderr, flush=True)
     dev = torch.device("cuda")
@@ -106,10 +140,12 @@ def main():
     cases = [(m, f"uniform {100 * d:g}%", d) for m in a.tokens for d in a.densities]
     if a.real:
         cases += [(m, "real paper layer 1", None) for m in a.tokens]
+    cases += [(m, f"paper layer {layer} activity", layer) for m in a.tokens for layer in a.patterns]
     for m, pattern, density in cases:
         tt.training.clear()  # each case's plans and memory from scratch
         torch.cuda.empty_cache()
-        ops = uniform_layer(m, density, dev) if density is not None else real_layer(m, dev)
+        ops = real_layer(m, dev) if density is None else pattern_layer(m, density, dev) if isinstance(density, int) \
+            else uniform_layer(m, density, dev)
         leaves = [t.detach().requires_grad_() for t in ops]
         dy = (torch.rand(m, D_MODEL, device=dev) * 2 - 1).to(torch.bfloat16)
         for t in leaves:  # gradient buffers exist before the step, as in a training loop
@@ -127,6 +163,21 @@ def main():
             "twell sparse": lambda: step(lambda *t: tt.sparse_ffn_train(*t, dispatch="sparse")),
             "twell auto": lambda: step(lambda *t: tt.sparse_ffn_train(*t, dispatch="auto")),
         }
+        if (density is None or isinstance(density, int)) and a.splits:
+            # The split on hot-first weights: the same layer with its hidden units reordered (the same function).
+            with torch.no_grad():
+                order = torch.argsort((F.linear(ops[0], ops[1]) > 0).sum(0), descending=True, stable=True)
+                hot_first = [ops[0], ops[1][order], ops[2][order], ops[3][:, order]]
+            hot_leaves = [t.detach().contiguous().requires_grad_() for t in hot_first]
+            for t in hot_leaves:
+                t.grad = torch.zeros_like(t)
+
+            def split_step(h):
+                y, l1 = tt.sparse_ffn_train(*hot_leaves, dispatch="sparse", dense_neurons=h)
+                torch.autograd.backward([y, l1], [dy, lam])
+
+            for h in a.splits:
+                variants[f"twell split {h}"] = functools.partial(split_step, h)
         memory = {}
         torch.cuda.synchronize()
         outside0 = used_device_bytes() - torch.cuda.memory_reserved()  # before twell makes anything
@@ -174,11 +225,12 @@ def main():
                             "peak_mb_over_inputs": memory[k],
                             "auto_path": decisions if k == "twell auto" else None})
         del ops, leaves, dy
-    print(f"\n{'M':>6} | {'pattern':20} | {'density':>7} | {'variant':12} | {'median ms':>9} | {'speedup':>7} | "
+        hot_leaves = None
+    print(f"\n{'M':>6} | {'pattern':20} | {'density':>7} | {'variant':16} | {'median ms':>9} | {'speedup':>7} | "
           f"{'in a row ms':>11} | peak MB over inputs")
     for r in results:
         row_ms = f"{r['in_a_row_ms']:11.2f}" if r["in_a_row_ms"] is not None else f"{'-':>11}"
-        print(f"{r['tokens']:>6} | {r['pattern']:20} | {100 * r['density']:6.2f}% | {r['variant']:12} | "
+        print(f"{r['tokens']:>6} | {r['pattern']:20} | {100 * r['density']:6.2f}% | {r['variant']:16} | "
               f"{r['median_ms']:9.2f} | {r['speedup']:6.2f}x | {row_ms} | {r['peak_mb_over_inputs']:8.0f}"
               + (f"  (auto: {r['auto_path']})" if r["auto_path"] else ""))
     if a.json:

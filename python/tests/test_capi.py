@@ -228,7 +228,13 @@ def test_training_plan_without_a_gpu_describes_and_refuses_by_name():
         assert dd["dense_state_bytes_per_row"] == 2 * 2 * 1024  # g and u, 2 bytes per neuron each
         assert {"train_dense_forward", "train_dense_backward", "train_row_backward"} <= {k["kind"] for k in dd["kernels"]}
         dp.recalibrate()
-    assert d["dispatch"] == "sparse"
+    assert d["dispatch"] == "sparse" and d["dense_neurons"] == 0
+    # v7: the split (the dense path's kernels made for its dense neurons); dense_neurons checked by name.
+    sd = ctx.training_plan(twell.FfnSpec(256, 1024), 128, dense_neurons=256).describe()
+    assert sd["dense_neurons"] == 256 and "train_dense_backward" in {k["kind"] for k in sd["kernels"]}
+    for bad in (100, -64, 1024, 64.0, True):
+        with pytest.raises(twell.InvalidArgumentError, match="dense_neurons"):
+            ctx.training_plan(twell.FfnSpec(256, 1024), 128, dense_neurons=bad)
     for bad in ("fast", "Dense", None, ["dense"]):
         with pytest.raises(twell.InvalidArgumentError, match="dispatch"):
             ctx.training_plan(twell.FfnSpec(256, 1024), 128, dispatch=bad)

@@ -219,8 +219,8 @@ def test_auto_dispatch_decides_per_bucket_and_stays_exact(cuda):
     assert len([d for d in training.dispatch_decisions() if d["bucket"][0] == 77]) == 1
     # Only the plan of the path taken stays (the others' scratch would add to the memory).
     spec = training.spec_of(x, wg, wu, "relu", 0.0)
-    assert ((x.device.index, spec, "sparse") in training._training_plans) == (decisions[0]["path"] == "sparse")
-    assert ((x.device.index, spec, "dense") in training._training_plans) == (decisions[0]["path"] == "twell_dense")
+    assert ((x.device.index, spec, "sparse", 0) in training._training_plans) == (decisions[0]["path"] == "sparse")
+    assert ((x.device.index, spec, "dense", 0) in training._training_plans) == (decisions[0]["path"] == "twell_dense")
 
 
 def test_auto_dense_decision_releases_the_training_plan(cuda):
@@ -228,7 +228,7 @@ def test_auto_dense_decision_releases_the_training_plan(cuda):
     # 60% dense at 4096 rows: a dense step (PyTorch's or twell's dense path) is far faster, so auto takes one.
     x, wg, wu, wd = shifted_layer(4096, 512, 1408, 0.6, cuda, seed=13)
     spec = training.spec_of(x, wg, wu, "relu", 0.0)
-    key, dense_key = (x.device.index, spec, "sparse"), (x.device.index, spec, "dense")
+    key, dense_key = (x.device.index, spec, "sparse", 0), (x.device.index, spec, "dense", 0)
     check_against_reference(x, wg, wu, wd, what="auto at 60%", dispatch="auto", decision_key=78, row_wise=False)
     decisions = [d for d in training.dispatch_decisions() if d["bucket"][0] == 78]
     assert [d["path"] for d in decisions] in (["dense"], ["twell_dense"]), decisions
@@ -265,7 +265,34 @@ def test_twell_dense_path_matches_the_reference(cuda):
                             threshold=0.05)
     check_against_reference(x, wg, None, wd, what="twell_dense non-gated", dispatch="twell_dense")
     spec = training.spec_of(x, wg, None, "relu", 0.0)  # the non-gated call's plan
-    assert training._training_plans[(cuda.index, spec, "dense")].plan.describe()["dispatch"] == "dense"
+    assert training._training_plans[(cuda.index, spec, "dense", 0)].plan.describe()["dispatch"] == "dense"
+
+
+def test_split_matches_the_reference(cuda):
+    # dense_neurons: the first neurons on twell's dense kernels, the rest on TwELL (any order is exact; the
+    # real layer's hot-first order is the intended use); its state serves one backward.
+    for density, d_ff, split in ((0.02, 1408, 512), (0.3, 1408, 64), (0.05, 1001, 960)):
+        x, wg, wu, wd = shifted_layer(1000, 512, d_ff, density, cuda, seed=33)
+        check_against_reference(x, wg, wu, wd, what=f"split {split} at {density}", dense_neurons=split)
+    x, wg, wu, wd = shifted_layer(300, 256, 1024, 0.05, cuda, seed=34)
+    check_against_reference(x, wg, None, wd, what="split non-gated", dense_neurons=256)
+    spec = training.spec_of(x, wg, None, "relu", 0.0)
+    assert training._training_plans[(cuda.index, spec, "sparse", 256)].plan.describe()["dense_neurons"] == 256
+    from safetensors.torch import load_file
+    a = load_file(data_file("paper_l1_gate_a.safetensors"))
+    b = load_file(data_file("paper_l1_gate_b.safetensors"))
+    x = load_file(data_file("paper_l1_x.safetensors"))["layers.1.x"].to(cuda)[:2048]
+    wg = torch.cat([a["layers.1.gate.weight.rows0"], b["layers.1.gate.weight.rows1"]]).to(cuda)
+    order = torch.argsort((x @ wg.t() > 0).sum(0), descending=True, stable=True)  # hot first
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    wu = (torch.randn(wg.shape, generator=gen) * 0.02).to(cuda, torch.bfloat16)
+    wd = (torch.randn(wg.shape[1], wg.shape[0], generator=gen) * 0.02).to(cuda, torch.bfloat16)
+    check_against_reference(x, wg[order].contiguous(), wu[order].contiguous(), wd[:, order].contiguous(),
+                            what="paper layer 1, hot-first, split 640", dense_neurons=640)
+    with pytest.raises(Exception, match="dense_neurons"):
+        tt.sparse_ffn_train(x, wg, wu, wd, dense_neurons=100)
+    with pytest.raises(Exception, match="dense_neurons"):
+        tt.sparse_ffn_train(x, wg, wu, wd, dense_neurons=wg.shape[0])
 
 
 def test_bad_arguments_are_named_and_the_process_keeps_working(cuda):
@@ -304,7 +331,7 @@ def test_without_grad_the_forward_runs_alone_and_keeps_no_state(cuda):
     assert rel(y, y_ref) < 1e-2 and abs(l1.item() - l1_ref.item()) <= 1e-3 * l1_ref.item()
     assert not [d for d in training.dispatch_decisions() if d["bucket"][0] == 91]  # nothing timed without grad
     spec = tt.training.runtime.FfnSpec(512, 1408, gated=True, activation="relu", threshold=0.0, dtype="bf16")
-    assert len(training._training_plans[(cuda.index, spec, "sparse")].free_states) >= 1  # the state went back to the pool
+    assert len(training._training_plans[(cuda.index, spec, "sparse", 0)].free_states) >= 1  # the state went back to the pool
 
 
 def test_checkpointed_calls_read_the_recomputed_operands(cuda):

@@ -14,7 +14,7 @@ import threading
 
 from ._errors import InvalidArgumentError, error_for_status
 
-C_API_VERSION = 6  # TWELL_C_API_VERSION this module was written for
+C_API_VERSION = 7  # TWELL_C_API_VERSION this module was written for
 
 # Enum values of c_api.h.
 DTYPES = {"bf16": 0, "fp16": 1}
@@ -141,6 +141,8 @@ _SIGNATURES = {
     "twell_dense_destroy": (_STATUS, [_P]),
     "twell_dense_run": (_STATUS, [_P, _P, ctypes.POINTER(FfnTensors), _I64]),
     "twell_training_plan_create": (_STATUS, [_P, ctypes.POINTER(FfnSpec), _I64, _I64, ctypes.c_int, ctypes.POINTER(_P)]),
+    "twell_training_plan_create_split": (_STATUS, [_P, ctypes.POINTER(FfnSpec), _I64, _I64, ctypes.c_int, _I64,
+                                                   ctypes.POINTER(_P)]),
     "twell_training_plan_destroy": (_STATUS, [_P]),
     "twell_training_plan_describe": (_STATUS, [_P, ctypes.POINTER(ctypes.c_char_p)]),
     "twell_training_plan_recalibrate": (_STATUS, [_P]),

@@ -218,7 +218,8 @@ class Context:
 
     def training_plan(self, spec: FfnSpec, max_tokens: int, backup_capacity: int | None = None,
                       gradients_in_dtype: bool = False, keep_u: bool = True,
-                      dw_down_as_weight: bool = False, dispatch: str = "sparse") -> "TrainingPlan":
+                      dw_down_as_weight: bool = False, dispatch: str = "sparse",
+                      dense_neurons: int = 0) -> "TrainingPlan":
         """twell::FfnTrainingPlan (twell/training_plan.h): the training forward and backward of `spec`.
         keep_u: the state keeps each entry's u from the forward (4 bytes per TwELL word) so the backward
         reads no Wu row for it (TrainingPlanOptions::keep_u; False: recomputed, the same bits).
@@ -227,9 +228,12 @@ class Context:
         dispatch: "sparse" (the TwELL kernels), "dense" (cuBLASLt GEMMs and two elementwise kernels: the same
         function at a dense framework's cost) or "auto" (per power-of-two token bucket, the first forward
         times a step of both and keeps the faster; TrainingPlan.recalibrate() forgets; describe()'s
-        "decisions" lists them) (TrainingPlanOptions::dispatch)."""
+        "decisions" lists them) (TrainingPlanOptions::dispatch).
+        dense_neurons: the hot/cold split of the TwELL path (a multiple of 64 below d_ff; 0: none): the first
+        dense_neurons neurons of weights ordered hot-first run on the dense path's GEMMs, the rest on the TwELL
+        kernels; a state then serves one backward (TrainingPlanOptions::dense_neurons)."""
         return TrainingPlan(self, spec, max_tokens, backup_capacity, gradients_in_dtype, keep_u, dw_down_as_weight,
-                            dispatch)
+                            dispatch, dense_neurons)
 
 
 class Plan:
@@ -345,8 +349,9 @@ class TrainingPlan:
 
     def __init__(self, context: Context, spec: FfnSpec, max_tokens: int, backup_capacity: int | None,
                  gradients_in_dtype: bool, keep_u: bool = True, dw_down_as_weight: bool = False,
-                 dispatch: str = "sparse"):
+                 dispatch: str = "sparse", dense_neurons: int = 0):
         _int("Context.training_plan", "max_tokens", max_tokens, 1, _INT64[1])
+        _int("Context.training_plan", "dense_neurons", dense_neurons, 0, _INT64[1])
         if backup_capacity is not None:
             _int("Context.training_plan", "backup_capacity", backup_capacity, 0, 2 ** 32 - 1)
         if not isinstance(gradients_in_dtype, bool):
@@ -365,9 +370,9 @@ class TrainingPlan:
         flags = (1 if gradients_in_dtype else 0) | (0 if keep_u else 2) | (4 if dw_down_as_weight else 0) | \
             dispatch_flags[dispatch]
         handle = ctypes.c_void_p()
-        check(lib().twell_training_plan_create(context._handle, ctypes.byref(spec._struct()), max_tokens,
-                                               -1 if backup_capacity is None else backup_capacity,
-                                               flags, ctypes.byref(handle)))
+        check(lib().twell_training_plan_create_split(context._handle, ctypes.byref(spec._struct()), max_tokens,
+                                                     -1 if backup_capacity is None else backup_capacity,
+                                                     flags, dense_neurons, ctypes.byref(handle)))
         self._handle = handle
         self.context, self.spec, self.max_tokens = context, spec, max_tokens
         self._forward, self._backward = lib().twell_training_forward_keyed, lib().twell_training_backward

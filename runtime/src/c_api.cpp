@@ -502,10 +502,10 @@ twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ff
   });
 }
 
-twell_status_t twell_training_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
-                                          int64_t backup_capacity, int flags, twell_training_plan_t* plan) {
+namespace {
+twell_status_t training_plan_create(const char* fn, twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
+                                    int64_t backup_capacity, int flags, int64_t dense_neurons, twell_training_plan_t* plan) {
   return guarded([&] {
-    constexpr const char* fn = "twell_training_plan_create";
     twell_context& c = require(context, fn, "context");
     require_out(plan, fn, "plan");
     const twell::FfnSpec s = to_spec(spec, fn);
@@ -529,8 +529,22 @@ twell_status_t twell_training_plan_create(twell_context_t context, const twell_f
     o.gradients_in_dtype = (flags & TWELL_TRAINING_GRADIENTS_IN_DTYPE) != 0;
     o.keep_u = (flags & TWELL_TRAINING_RECOMPUTE_U) == 0;
     o.dw_down_as_weight = (flags & TWELL_TRAINING_DW_DOWN_AS_WEIGHT) != 0;
+    o.dense_neurons = dense_neurons;  // (checked by create, named options.dense_neurons)
     *plan = new twell_training_plan{twell::FfnTrainingPlan::create(c.context, s, max_tokens, o), {}};
   });
+}
+}  // namespace
+
+twell_status_t twell_training_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
+                                          int64_t backup_capacity, int flags, twell_training_plan_t* plan) {
+  return training_plan_create("twell_training_plan_create", context, spec, max_tokens, backup_capacity, flags, 0, plan);
+}
+
+twell_status_t twell_training_plan_create_split(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
+                                                int64_t backup_capacity, int flags, int64_t dense_neurons,
+                                                twell_training_plan_t* plan) {
+  return training_plan_create("twell_training_plan_create_split", context, spec, max_tokens, backup_capacity, flags,
+                              dense_neurons, plan);
 }
 
 twell_status_t twell_training_plan_destroy(twell_training_plan_t plan) {
@@ -549,6 +563,7 @@ twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const ch
                             {"gradients_in_dtype", p.plan.options().gradients_in_dtype},
                             {"keep_u", p.plan.options().keep_u},
                             {"dw_down_as_weight", p.plan.options().dw_down_as_weight},
+                            {"dense_neurons", p.plan.options().dense_neurons},
                             {"dispatch", dispatch_name(p.plan.options().dispatch)},
                             {"dense_state_bytes_per_row", p.plan.dense_state_bytes(1)},
                             {"decisions", decisions_json(p.plan.decisions())},

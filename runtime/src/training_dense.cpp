@@ -38,7 +38,8 @@ int64_t or_default(int64_t ld, int64_t dense) { return ld != 0 ? ld : dense; }
 void* at(const DeviceBuffer& b) { return reinterpret_cast<void*>(b.get()); }
 }  // namespace
 
-void DenseTraining::forward(CUstream cu, const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u, float* row_l1) {
+void DenseTraining::forward(CUstream cu, const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u, float* row_l1,
+                            bool accumulate) {
   constexpr const char* who = "FfnTrainingPlan::forward (dense path)";
   const int64_t K = spec_.d_model, N = spec_.d_ff;
   const size_t rows_bytes = size_t(std::max<int64_t>(tokens, 0)) * size_t(N) * 2;
@@ -55,19 +56,22 @@ void DenseTraining::forward(CUstream cu, const FfnTensors& t, int64_t tokens, De
   if (t.y == nullptr && row_l1 == nullptr) return;  // what a recomputing backward needs: g and u
   ensure_bytes(scratch_, rows_bytes, cu, who);
   device::TrainDenseForwardParams fp{static_cast<const uint16_t*>(at(g)), spec_.gated ? static_cast<const uint16_t*>(at(u)) : nullptr,
-                                     static_cast<uint16_t*>(at(scratch_)), row_l1, tokens, N, N, spec_.threshold};
+                                     static_cast<uint16_t*>(at(scratch_)), row_l1, tokens, N, N, spec_.threshold,
+                                     accumulate ? 1u : 0u};
   void* args[1] = {&fp};
   launch(*forward_kernel_, kernels::LaunchShape{0, tokens, N}, args, cu, who);
   if (t.y == nullptr) return;
   // y = h Wd^T: an out_in Wd [K, N] is B stored [n, k]; an in_out one [N, K] is [k, n].
   const bool out_in = spec_.down_layout == WeightLayout::OutIn;
   lt.run(cu, {.a = at(scratch_), .lda = N, .b = t.w_down, .ldb = or_default(t.ld_down, out_in ? N : K), .b_is_n_by_k = out_in,
-              .c = t.y, .ldc = or_default(t.ld_y, K), .m = tokens, .n = K, .k = N});
+              .c = t.y, .ldc = or_default(t.ld_y, K), .m = tokens, .n = K, .k = N},
+         accumulate ? 1.0f : 0.0f);
 }
 
 void DenseTraining::backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens, DeviceBuffer& g,
                              DeviceBuffer& u, const FfnGradients& grads, bool gradients_in_dtype, bool dw_down_as_weight,
-                             float lambda, int64_t l1_tokens, const float* l1_weight, const char* who, bool& consumed) {
+                             float lambda, int64_t l1_tokens, const float* l1_weight, const char* who, bool& consumed,
+                             bool accumulate_dx) {
   const int64_t K = spec_.d_model, N = spec_.d_ff;
   const bool out_in = spec_.down_layout == WeightLayout::OutIn;
   const bool dw_down_is_weight = dw_down_as_weight && out_in;  // dWd [K, N]; else the rows of dWd^T [N, K]
@@ -97,7 +101,7 @@ void DenseTraining::backward(CUstream cu, const FfnTensors& t, const void* dy, i
                        .c = h, .ldc = N, .m = tokens, .n = N, .k = K};
   // The weight gradients, sums over the tokens: dWg = dg^T x, dWu = du^T x ([N, M] times [M, K]: A stored
   // [k, m]), dWd^T = h^T dy, or dWd = dy^T h; then dx = dg Wg + du Wu (Wg, Wu [N, K]: B stored [k, n]), the
-  // second adding onto the first (beta 1).
+  // second adding onto the first (beta 1), the first onto the dx found there where accumulate_dx.
   std::vector<LtGemm> after{
       {.a = at(g), .lda = N, .a_is_k_by_m = true, .b = t.x, .ldb = ld_x, .c = grads.dw_gate, .ldc = or_default(grads.ld_dw_gate, K),
        .m = N, .n = K, .k = tokens, .c_fp32 = c_fp32},
@@ -125,7 +129,10 @@ void DenseTraining::backward(CUstream cu, const FfnTensors& t, const void* dy, i
                                       lambda != 0.0f ? 1u : 0u, tokens, N, N, spec_.threshold};
   void* args[1] = {&bp};
   launch(*backward_kernel_, kernels::LaunchShape{0, tokens, N}, args, cu, who);
-  for (size_t i = 0; i < after.size(); ++i) lt.run(cu, after[i], i + 1 == after.size() && spec_.gated ? 1.0f : 0.0f);
+  // The dx GEMMs come last: dg Wg, then du Wu where gated.
+  const size_t first_dx = after.size() - (spec_.gated ? 2 : 1);
+  for (size_t i = 0; i < after.size(); ++i)
+    lt.run(cu, after[i], i > first_dx || (i == first_dx && accumulate_dx) ? 1.0f : 0.0f);
 }
 
 }  // namespace twell::detail

@@ -29,14 +29,19 @@ class DenseTraining {
 
   // g and u ([tokens, d_ff] spec.dtype, grown as needed) for the backward; with t.y or row_l1 also h (the
   // plan's scratch), row_l1 and y. Arguments checked by the caller (FfnTrainingPlan::forward).
-  void forward(CUstream cu, const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u, float* row_l1);
+  // accumulate: y += (the down GEMM with beta 1: y rounded twice) and row_l1 += (a split plan's dense
+  // neurons, after its TwELL part wrote both; TrainingPlanOptions::dense_neurons).
+  void forward(CUstream cu, const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u, float* row_l1,
+               bool accumulate = false);
   // The gradients (FfnTrainingPlan::backward's contract); g and u become dg and du (a state's dense forward
   // serves one backward: `consumed` is set once they may have changed, before the first launch and after
   // every cuBLASLt algorithm choice). The caller (FfnTrainingPlan::backward) checked every argument and
-  // overlap. dw_down_as_weight: dWd [K, N] for an out_in Wd (else dWd^T's rows).
+  // overlap. dw_down_as_weight: dWd [K, N] for an out_in Wd (else dWd^T's rows). accumulate_dx: dx += (a
+  // split plan's dense neurons after its TwELL part wrote dx); the weight gradients are written either way.
+  // The tensors and gradients of a split's slice carry explicit strides (this spec's d_ff is the slice's).
   void backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens, DeviceBuffer& g,
                 DeviceBuffer& u, const FfnGradients& grads, bool gradients_in_dtype, bool dw_down_as_weight, float lambda,
-                int64_t l1_tokens, const float* l1_weight, const char* who, bool& consumed);
+                int64_t l1_tokens, const float* l1_weight, const char* who, bool& consumed, bool accumulate_dx = false);
 
   size_t scratch_bytes() const { return scratch_.bytes(); }
   static size_t state_bytes(const FfnSpec& spec, int64_t tokens);  // g and u of `tokens` rows

@@ -39,6 +39,24 @@ size_t words_bytes(const TwellLayout& l, int64_t d_ff, int64_t tokens) {
 size_t twell_buffer_bytes(const TwellLayout& l, int64_t d_ff, int64_t tokens, bool with_u) {
   return words_bytes(l, d_ff, tokens) * (with_u ? 2 : 1);
 }
+
+// The weight gradients of neurons first.. (neuron_slice's counterpart for a split plan's two parts): rows
+// of dWg, dWu and dWd^T, or columns of dWd as an out_in weight ([K, N]: dw_down_is_weight); explicit
+// strides, as the slices' d_ff is not the spec's. out_bytes: 4 (fp32) or 2 (gradients_in_dtype). dx is
+// both parts' (the dense one adds to it).
+FfnGradients gradient_slice(const FfnSpec& s, const FfnGradients& g, int64_t first, int out_bytes, bool dw_down_is_weight) {
+  FfnGradients c = g;
+  auto at = [&](void* p, int64_t elements) { return p ? static_cast<char*>(p) + elements * out_bytes : nullptr; };
+  c.ld_dw_gate = g.ld_dw_gate ? g.ld_dw_gate : s.d_model;
+  c.dw_gate = at(g.dw_gate, first * c.ld_dw_gate);
+  if (g.dw_up != nullptr) {
+    c.ld_dw_up = g.ld_dw_up ? g.ld_dw_up : s.d_model;
+    c.dw_up = at(g.dw_up, first * c.ld_dw_up);
+  }
+  c.ld_dw_down = g.ld_dw_down ? g.ld_dw_down : dw_down_is_weight ? s.d_ff : s.d_model;
+  c.dw_down = at(g.dw_down, dw_down_is_weight ? first : first * c.ld_dw_down);
+  return c;
+}
 }  // namespace
 
 struct FfnTrainingState::Impl {
@@ -107,6 +125,10 @@ struct FfnTrainingPlan::Impl {
   int64_t w_down_t_ld = 0;
   // The dense path (options.dispatch Dense or Auto), and Auto's decisions by (decision key, bucket).
   std::unique_ptr<detail::DenseTraining> dense;
+  // A split plan's dense neurons (options.dense_neurons > 0; their spec's d_ff is dense_neurons): the
+  // TwELL path's forward adds them to y and row_l1, its backward to dx (`forward` is the TwELL part's
+  // plan: FfnPlan's split, whose sparse_spec holds the other neurons).
+  std::unique_ptr<detail::DenseTraining> hot;
   std::map<std::pair<uint64_t, int>, TrainingDecision> decisions;
 
   std::unique_ptr<FfnTrainingState::Impl> new_state() const;
@@ -147,6 +169,9 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
   if (options.dispatch != TrainingDispatch::Sparse && options.dispatch != TrainingDispatch::Dense &&
       options.dispatch != TrainingDispatch::Auto)
     fail(who, fmt::format("options.dispatch: expected Sparse, Dense or Auto, got {}", static_cast<int>(options.dispatch)));
+  if (options.dense_neurons < 0 || options.dense_neurons % 64 != 0 || options.dense_neurons >= spec.d_ff)
+    fail(who, fmt::format("options.dense_neurons: expected a multiple of 64 in 0..{} (below d_ff = {}: at least one "
+                          "neuron stays on TwELL), got {}", (spec.d_ff - 1) / 64 * 64, spec.d_ff, options.dense_neurons));
   if (options.dw_down_as_weight && spec.down_layout == WeightLayout::OutIn && !options.gradients_in_dtype)
     fail(who, "options.dw_down_as_weight: expected gradients_in_dtype with it for an out_in Wd (dWd is transposed "
               "into Wd's layout as 16-bit values), got fp32 gradients");
@@ -155,6 +180,7 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
   plan_options.decode_max_tokens = 0;
   plan_options.decode_fused_max_tokens = 0;
   plan_options.backup_capacity = options.backup_capacity;
+  plan_options.dense_neurons = options.dense_neurons;  // the TwELL part: neurons dense_neurons.. (sparse_spec)
   plan_options.tuning = options.tuning;
   plan_options.tuning_workload = options.tuning_workload;
   plan_options.tuning_dir = options.tuning_dir;
@@ -201,12 +227,19 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
   FfnPlan::Impl& f = *p.forward.impl_;
   if (options.dispatch != TrainingDispatch::Sparse)
     p.dense = std::make_unique<detail::DenseTraining>(p.context, f.spec, p.reports, who);
+  if (options.dense_neurons > 0) {
+    FfnSpec hot_spec = f.spec;
+    hot_spec.d_ff = options.dense_neurons;
+    p.hot = std::make_unique<detail::DenseTraining>(p.context, hot_spec, p.reports, who);
+  }
   p.capacity = f.backup_capacity;
   if (p.context->gpu) {
-    // The plan's own TwELL matrix and backup are never used: the states hold them.
+    // The plan's own TwELL matrix and backup are never used: the states hold them; nor are the inference
+    // split's dense neurons (their [max_tokens, dense_neurons] workspaces): `hot` computes them here.
     p.context->make_current();
     f.twell = std::make_unique<detail::DeviceBuffer>(4);
     f.allocate_backup(0);
+    f.hot.reset();
   }
   return plan;
 }
@@ -257,15 +290,22 @@ void FfnTrainingPlan::recalibrate() { checked(impl_, "FfnTrainingPlan::recalibra
 int64_t FfnTrainingPlan::state_bytes(int64_t tokens, uint32_t capacity) const {
   const Impl& p = checked(impl_, "FfnTrainingPlan::state_bytes");
   const TwellLayout& l = p.forward.layout();
-  return int64_t(twell_buffer_bytes(l, p.kernel_spec.d_ff, tokens, p.keep_u)) + int64_t{capacity} * l.tile_n * 2 + 8;
+  int64_t hot = 0;
+  if (p.hot) {
+    FfnSpec hot_spec = p.forward.spec();
+    hot_spec.d_ff = p.options.dense_neurons;
+    hot = int64_t(detail::DenseTraining::state_bytes(hot_spec, tokens));
+  }
+  return int64_t(twell_buffer_bytes(l, p.kernel_spec.d_ff, tokens, p.keep_u)) + int64_t{capacity} * l.tile_n * 2 + 8 + hot;
 }
 
 int64_t FfnTrainingPlan::backward_scratch_bytes(int64_t tokens, uint32_t grad_capacity) const {
   const Impl& p = checked(impl_, "FfnTrainingPlan::backward_scratch_bytes");
   const TwellLayout& l = p.forward.layout();
   tokens = std::max<int64_t>(tokens, 0);
+  const int64_t hot = p.hot ? tokens * p.options.dense_neurons * 2 + (int64_t{32} << 20) : 0;
   return entry_grad_floats(l, p.kernel_spec.d_ff, tokens) * 4 + backup_grad_floats(l, grad_capacity) * 4 +
-         train_weight_grad_workspace_bytes(p.kernel_spec) + train_weight_grad_list_bytes(p.kernel_spec, tokens, grad_capacity) + 4;
+         train_weight_grad_workspace_bytes(p.kernel_spec) + train_weight_grad_list_bytes(p.kernel_spec, tokens, grad_capacity) + 4 + hot;
 }
 
 void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens, FfnTrainingState& state, float* row_l1,
@@ -280,7 +320,7 @@ void FfnTrainingPlan::forward(Stream stream, const FfnTensors& t, int64_t tokens
   const bool gate_only = t.y == nullptr && row_l1 == nullptr;
   // The dense path's gate-only forward also computes u (x and Wu), and Auto's timing runs whole steps: both
   // read the weights a TwELL gate-only forward does not.
-  const bool may_be_dense = p.options.dispatch != TrainingDispatch::Sparse;
+  const bool may_be_dense = p.options.dispatch != TrainingDispatch::Sparse || p.hot;
   check_run_arguments(who, f.spec, t, tokens, p.max_tokens,
                       !gate_only ? RunOperands::All : may_be_dense ? RunOperands::GateAndWeights : RunOperands::Gate);
   check_operand_alignment(f, t, gate_only);
@@ -323,7 +363,8 @@ void FfnTrainingPlan::Impl::run_forward(TrainingPath path, CUstream cu, const Ff
   // A state that changes path gives the other path's buffers back (the stream may still read them; not
   // during stream capture, which a synchronization would end: they are kept then).
   const bool dense_path = path == TrainingPath::Dense;
-  if ((dense_path ? (s.twell || s.backup) : bool(s.dense_g)) && !capturing(cu)) {
+  // (A split plan's TwELL path keeps g and u too: its dense neurons'.)
+  if ((dense_path ? (s.twell || s.backup) : s.dense_g && !hot) && !capturing(cu)) {
     detail::check(d.cuStreamSynchronize(cu), "FfnTrainingPlan::forward: cuStreamSynchronize (a state changing path)");
     (dense_path ? s.twell : s.dense_g).reset();
     (dense_path ? s.backup : s.dense_u).reset();
@@ -361,6 +402,8 @@ void FfnTrainingPlan::Impl::run_forward(TrainingPath path, CUstream cu, const Ff
       w_down_t_ld = t.ld_down;
     }
   }
+  // The dense neurons, added to the TwELL part's y and row_l1 (a gate-only forward: their g and u alone).
+  if (hot) hot->forward(cu, neuron_slice(f.spec, t, 0), tokens, s.dense_g, s.dense_u, row_l1, /*accumulate=*/true);
   s.path = TrainingPath::Sparse;
   s.tokens = tokens;
   s.capacity = capacity;
@@ -375,10 +418,10 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   if (!state.impl_ || state.impl_->plan_id != p.id) fail(who, "state: expected a state this plan made (FfnTrainingPlan::make_state)");
   FfnTrainingState::Impl& s = *state.impl_;
   if (s.tokens < 0) fail(who, "state: expected the state of a forward() call, got one no forward has filled");
-  if (s.consumed && (s.path == TrainingPath::Dense || p.options.dispatch == TrainingDispatch::Auto))
-    fail(who, "state: expected a forward's state with no backward yet (a dense forward's g and u became dg and du in its "
-              "backward; under dispatch Auto either path's state serves one backward: run forward() again), got one a "
-              "backward has used");
+  if (s.consumed && (s.path == TrainingPath::Dense || p.hot || p.options.dispatch == TrainingDispatch::Auto))
+    fail(who, "state: expected a forward's state with no backward yet (a dense or split forward's g and u became dg and "
+              "du in its backward; under dispatch Auto either path's state serves one backward: run forward() again), got "
+              "one a backward has used");
   if (tokens != s.tokens)
     fail(who, fmt::format("tokens: expected the forward's token count {} (the state's), got {}", s.tokens, tokens));
   p.context->make_current();
@@ -453,22 +496,28 @@ void FfnTrainingPlan::backward(Stream stream, const FfnTensors& t, const void* d
   p.run_backward(reinterpret_cast<CUstream>(stream), t, dy, ld_dy, tokens, s, g, lambda, l1_tokens, l1_weight);
 }
 
-void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens,
-                                         FfnTrainingState::Impl& s, const FfnGradients& g, float lambda, int64_t l1_tokens,
+void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& user_tensors, const void* dy, int64_t ld_dy, int64_t tokens,
+                                         FfnTrainingState::Impl& s, const FfnGradients& user_grads, float lambda, int64_t l1_tokens,
                                          const float* l1_weight) {
   constexpr const char* who = "FfnTrainingPlan::backward";
   if (s.path == TrainingPath::Dense) {
     // Consumed from here on, whatever happens next: the backward overwrites g and u once its checks passed
     // (a failure after that must not let a retry read dg and du as g and u).
-    dense->backward(cu, t, dy, ld_dy, tokens, s.dense_g, s.dense_u, g, options.gradients_in_dtype, options.dw_down_as_weight, lambda,
-                    l1_tokens, l1_weight, who, s.consumed);
+    dense->backward(cu, user_tensors, dy, ld_dy, tokens, s.dense_g, s.dense_u, user_grads, options.gradients_in_dtype,
+                    options.dw_down_as_weight, lambda, l1_tokens, l1_weight, who, s.consumed);
     return;
   }
   Impl& p = *this;
   FfnPlan::Impl& f = *p.forward.impl_;
-  const int64_t K = f.spec.d_model, N = f.spec.d_ff;
   const bool out_in = f.spec.down_layout == WeightLayout::OutIn;
   const bool dw_down_transposed = p.options.dw_down_as_weight && out_in;
+  // The TwELL part: its neurons' slices of the weights and the weight gradients (all of them without a
+  // split), N its neuron count; the dense neurons' part follows it below.
+  const int64_t H = p.options.dense_neurons;
+  const FfnTensors t = H > 0 ? neuron_slice(f.spec, user_tensors, H) : user_tensors;
+  const FfnGradients g = H > 0 ? gradient_slice(f.spec, user_grads, H, p.options.gradients_in_dtype ? 2 : 4, dw_down_transposed)
+                               : user_grads;
+  const int64_t K = f.spec.d_model, N = f.sparse_spec.d_ff;
   const detail::Driver& d = detail::Driver::get();
   // The forward's overflow count: its copy was enqueued before everything after the forward.
   detail::check(d.cuEventSynchronize(s.event), "FfnTrainingPlan::backward: cuEventSynchronize(forward)");
@@ -497,8 +546,9 @@ void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& t, const
   // right after its forward: 0.03 ms of the step at the paper shape).
   const void* w_down = t.w_down;
   int64_t ld_down = t.ld_down;
+  // (Recorded with the caller's Wd, as the forward was given it.)
   const bool w_down_t_current = p.w_down_t_forward != 0 && p.w_down_t_forward == s.forward_number &&
-                                p.w_down_t_source == t.w_down && p.w_down_t_ld == t.ld_down;
+                                p.w_down_t_source == user_tensors.w_down && p.w_down_t_ld == user_tensors.ld_down;
   if (f.transpose && tokens > 0 && w_down_t_current) {
     w_down = reinterpret_cast<const void*>(f.w_down_t->get());
     ld_down = K;
@@ -507,8 +557,8 @@ void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& t, const
     detail::launch_transpose16(*f.transpose, t.w_down, K, N, t.ld_down ? t.ld_down : N, reinterpret_cast<void*>(f.w_down_t->get()), K,
                                cu, who);
     p.w_down_t_forward = s.forward_number;  // now this state's forward's Wd^T
-    p.w_down_t_source = t.w_down;
-    p.w_down_t_ld = t.ld_down;
+    p.w_down_t_source = user_tensors.w_down;
+    p.w_down_t_ld = user_tensors.ld_down;
     w_down = reinterpret_cast<const void*>(f.w_down_t->get());
     ld_down = K;
   }
@@ -568,6 +618,12 @@ void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& t, const
                                g.ld_dw_down ? g.ld_dw_down : N, cu, who);
   }
   s.consumed = true;  // (enqueued: a call refused inside the kernels' checks left it unused)
+  // The dense neurons: dx += their part; their weight gradients' rows (columns of dWd as the weight).
+  if (hot)
+    hot->backward(cu, neuron_slice(f.spec, user_tensors, 0), dy, ld_dy, tokens, s.dense_g, s.dense_u,
+                  gradient_slice(f.spec, user_grads, 0, options.gradients_in_dtype ? 2 : 4, dw_down_transposed),
+                  options.gradients_in_dtype, options.dw_down_as_weight, lambda, l1_tokens, l1_weight, who, s.consumed,
+                  /*accumulate_dx=*/true);
 }
 
 // TrainingDispatch::Auto's timing (training_plan.h): whole steps of both paths on the call's x and weights

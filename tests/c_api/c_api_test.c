@@ -81,6 +81,10 @@ int main(void) {
   EXPECT(twell_training_plan_create(context, &spec, 256, -1, TWELL_TRAINING_DW_DOWN_AS_WEIGHT, &training) ==
              TWELL_ERROR_INVALID_ARGUMENT && training == NULL && strstr(twell_last_error(), "dw_down_as_weight") != NULL,
          "TWELL_TRAINING_DW_DOWN_AS_WEIGHT with fp32 gradients is refused by name");
+  /* v7: the split's dense_neurons, a multiple of 64 below d_ff. */
+  EXPECT(twell_training_plan_create_split(context, &spec, 256, -1, 0, 100, &training) == TWELL_ERROR_INVALID_ARGUMENT &&
+             training == NULL && strstr(twell_last_error(), "dense_neurons") != NULL,
+         "dense_neurons 100 is refused by name");
   EXPECT(twell_training_forward(NULL, NULL, NULL, 1, NULL, NULL) == TWELL_ERROR_INVALID_ARGUMENT &&
              strstr(twell_last_error(), "plan") != NULL, "a NULL training plan is named");
   EXPECT(twell_training_plan_destroy(NULL) == TWELL_SUCCESS && twell_training_state_destroy(NULL) == TWELL_SUCCESS,

@@ -266,12 +266,16 @@ namespace {
 // cases: y and the gradients within 1e-2 of the reference, the L1 term within 2e-3 (h from the
 // dtype-rounded u, the reference's from fp32 u), the same bits on a second step, the path reported, the
 // state's bytes g and u's; then a second backward of the consumed state refused by name.
-void check_dense(const Case& c) {
-  SCOPED_TRACE(c.name + " (dense path)");
+// With options.dense_neurons (the split: the dense path's kernels on the first neurons, TwELL on the rest)
+// the same checks, the path reported Sparse and the state holding the dense neurons' g and u.
+void check_dense(const Case& c, int64_t dense_neurons = 0) {
+  SCOPED_TRACE(c.name + (dense_neurons ? " (split at " + std::to_string(dense_neurons) + ")" : " (dense path)"));
   const RandomFfn f = make_random_ffn(c.spec, c.tokens, c.density, 4242 + static_cast<uint32_t>(c.tokens));
   const std::vector<uint16_t> dy = random_bits(c.spec.dtype, static_cast<size_t>(c.tokens * c.spec.d_model), -1.0f, 1.0f, 99);
   TrainingPlanOptions options;
-  options.dispatch = TrainingDispatch::Dense;
+  options.backup_capacity = c.backup_capacity;
+  options.dispatch = dense_neurons ? TrainingDispatch::Sparse : TrainingDispatch::Dense;
+  options.dense_neurons = dense_neurons;
   FfnTrainingPlan plan = FfnTrainingPlan::create(plan_context(), c.spec, std::max<int64_t>(1, c.tokens), options);
   bool reported = false;
   for (const KernelReport& k : plan.kernels()) reported = reported || k.kind == "train_dense_backward";
@@ -279,8 +283,13 @@ void check_dense(const Case& c) {
   FfnTrainingState state = plan.make_state();
   StreamHandle stream(plan_context());
   const Step a = run_step(plan, state, f, dy, c.lambda, nullptr, stream);
-  EXPECT_EQ(state.path(), TrainingPath::Dense);
-  EXPECT_EQ(state.device_bytes(), size_t(plan.dense_state_bytes(c.tokens)) + 8) << "g, u and the overflow word";
+  if (dense_neurons) {
+    EXPECT_EQ(state.path(), TrainingPath::Sparse);
+    EXPECT_GE(state.device_bytes(), size_t(c.tokens) * size_t(dense_neurons) * (c.spec.gated ? 4 : 2)) << "the dense neurons' g and u";
+  } else {
+    EXPECT_EQ(state.path(), TrainingPath::Dense);
+    EXPECT_EQ(state.device_bytes(), size_t(plan.dense_state_bytes(c.tokens)) + 8) << "g, u and the overflow word";
+  }
   const Step b = run_step(plan, state, f, dy, c.lambda, nullptr, stream);
   FfnSpec ref_spec = c.spec;
   ref_spec.tile_n = plan.layout().tile_n;
@@ -289,8 +298,8 @@ void check_dense(const Case& c) {
   const TrainingGradients ref = reference_training_backward(ref_spec, f.x, f.weights(), fw, dy, c.lambda);
   const StepErrors e = expect_reference_and_repeatable(c, a, b, fw, ref, 2e-3);
   if (std::getenv("TWELL_TEST_VERBOSE"))
-    std::printf("%s (dense): L1 %.6g (ref %.6g), relative errors dx %.3g dWg %.3g dWu %.3g dWd %.3g\n", c.name.c_str(), e.l1, fw.l1,
-                e.dx, e.wg, e.wu, e.wd);
+    std::printf("%s (%s %lld): L1 %.6g (ref %.6g), relative errors dx %.3g dWg %.3g dWu %.3g dWd %.3g\n", c.name.c_str(),
+                dense_neurons ? "split" : "dense", static_cast<long long>(dense_neurons), e.l1, fw.l1, e.dx, e.wg, e.wu, e.wd);
 }
 }  // namespace
 
@@ -372,6 +381,82 @@ TEST(GpuTrainingPlan, DensePathStateAndZeroTokens) {
   }
 }
 
+// The split (TrainingPlanOptions::dense_neurons): the first neurons on the dense path's kernels, the rest on
+// TwELL, y, row_l1 and dx summed. Any neuron order is correct (hot-first only makes it faster): the
+// reference's cases with splits from 64 neurons to all but 64, overflowing tile-rows on the TwELL part.
+TEST(GpuTrainingPlan, SplitPathAgainstTheReference) {
+  REQUIRE_GPU();
+  const FfnSpec relu_bf16 = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const FfnSpec odd = make_spec(520, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  const FfnSpec silu = make_spec(256, 1024, true, Activation::SiLU, 0.05f, DType::FP16, WeightLayout::OutIn);
+  const FfnSpec plain = make_spec(256, 1024, false, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  const FfnSpec odd_rows = make_spec(200, 1001, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const std::pair<Case, int64_t> cases[] = {
+      {Case{"relu bf16 out_in M=1000 2%", relu_bf16, 1000, 0.02, {}}, 512},
+      {Case{"relu bf16 out_in M=1 5%", relu_bf16, 1, 0.05, {}}, 64},
+      {Case{"odd 520x1408 in_out M=7 20%", odd, 7, 0.2, {}}, 1344},
+      {Case{"silu f16 M=200 5%", silu, 200, 0.05, {}}, 256},
+      {Case{"non-gated M=300 2%", plain, 300, 0.02, {}}, 128},
+      {Case{"lambda 0 M=256 0.5%", relu_bf16, 256, 0.005, {}, 0.0f}, 256},
+      {Case{"d_ff 1001, 41 TwELL neurons, M=333 10%", odd_rows, 333, 0.10, {}}, 960},
+      {Case{"every row heavy, backup of 1 tile-row, M=500 50%", relu_bf16, 500, 0.5, 1u}, 256}};
+  for (const auto& [c, split] : cases) check_dense(c, split);
+}
+
+// A split forward's state serves one backward (its dense neurons' g and u became dg and du); its gate-only
+// forward reads Wu (the dense neurons' u); zero tokens write zero weight gradients on both parts; under
+// Auto the split is the sparse candidate.
+TEST(GpuTrainingPlan, SplitPathStateAndZeroTokens) {
+  REQUIRE_GPU();
+  Context& c = plan_context();
+  const FfnSpec s = make_spec(256, 1024, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const RandomFfn f = make_random_ffn(s, 64, 0.02, 11);
+  TrainingPlanOptions o;
+  o.dense_neurons = 320;
+  FfnTrainingPlan plan = FfnTrainingPlan::create(c, s, f.tokens, o);
+  FfnTrainingState state = plan.make_state();
+  StreamHandle stream(c);
+  GatedLayer d(c, f, random_bits(s.dtype, f.x.size(), -1.0f, 1.0f, 12));
+  plan.forward(stream.get(), d.t, f.tokens, state);
+  plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);
+  stream.synchronize();
+  const std::vector<uint16_t> dx = d.dx.download_vector<uint16_t>(f.x.size());
+  try {
+    plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);
+    ADD_FAILURE() << "a second backward of one split forward not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("state"), std::string::npos) << e.what();
+  }
+  FfnTensors no_up = d.t;
+  no_up.y = nullptr;
+  no_up.w_up = nullptr;
+  try {
+    plan.forward(stream.get(), no_up, f.tokens, state);
+    ADD_FAILURE() << "a gate-only split forward without w_up not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("w_up"), std::string::npos) << e.what();
+  }
+  for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) m->fill(0xFF);
+  plan.forward(stream.get(), d.t, 0, state);
+  plan.backward(stream.get(), d.t, d.dy.data(), 0, 0, state, d.g, 0.1f);
+  stream.synchronize();
+  for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) {
+    const std::vector<float> w = m->download_vector<float>(f.w_gate.size());
+    EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](float v) { return v == 0.0f; })) << "a weight gradient of 0 tokens is not zero";
+  }
+  // Auto with the split: one decision, and the path it took gives the split's or the dense path's dx.
+  o.dispatch = TrainingDispatch::Auto;
+  FfnTrainingPlan automatic = FfnTrainingPlan::create(c, s, f.tokens, o);
+  FfnTrainingState auto_state = automatic.make_state();
+  d.dx.fill(0xFF);
+  automatic.forward(stream.get(), d.t, f.tokens, auto_state);
+  automatic.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, auto_state, d.g, 0.1f);
+  stream.synchronize();
+  ASSERT_EQ(automatic.decisions().size(), 1u);
+  EXPECT_LT(relative_error(to_float(s.dtype, d.dx.download_vector<uint16_t>(f.x.size())), to_float(s.dtype, dx)), 1e-2);
+}
+
 // TrainingDispatch::Auto: one timing per (decision key, bucket), the faster path taken, its results those
 // of the path it took (within the reference's tolerance), recalibrate() forgets.
 TEST(GpuTrainingPlan, AutoTimesBothPathsOncePerBucket) {
@@ -444,19 +529,23 @@ TEST(GpuTrainingPlan, L1WeightOnTheDevice) {
 // the default plan's dWd^T transposed, into dense rows (ld 0) and into rows padded to a longer stride (left
 // untouched past N, and nothing written past row K); dx, dWg and dWu keep their bits (the plan's Wd^T
 // buffer, which now takes dWd^T, is read by the row backward first). Bad dw_down arguments are refused.
+// A split plan (dense_neurons 256) the same way: its TwELL columns bit for bit, its dense ones (another
+// GEMM orientation, dy^T h against h^T dy) within a 16-bit rounding.
 TEST(GpuTrainingPlan, DwDownAsWeightIsTheTransposeBitForBit) {
   REQUIRE_GPU();
   Context& c = plan_context();
   const FfnSpec s = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
   const int64_t K = s.d_model, N = s.d_ff;
-  for (const double density : {0.02, 0.3}) {  // 30%: tile-rows overflow (backed up and recomputed)
-    SCOPED_TRACE(density);
+  for (const auto& [density, split] : {std::pair{0.02, int64_t{0}}, {0.3, int64_t{0}}, {0.02, int64_t{256}}, {0.3, int64_t{256}}}) {
+    // 30%: tile-rows overflow (backed up and recomputed)
+    SCOPED_TRACE(fmt::format("density {} split {}", density, split));
     const RandomFfn f = make_random_ffn(s, 1000, density, 21);
     StreamHandle stream(c);
     GatedLayer d(c, f, random_bits(s.dtype, f.x.size(), -1.0f, 1.0f, 22));
     TrainingPlanOptions o;
     o.gradients_in_dtype = true;
     o.backup_capacity = 2u;
+    o.dense_neurons = split;
     FfnTrainingPlan rows = FfnTrainingPlan::create(c, s, f.tokens, o);
     o.dw_down_as_weight = true;
     FfnTrainingPlan as_weight = FfnTrainingPlan::create(c, s, f.tokens, o);
@@ -482,10 +571,11 @@ TEST(GpuTrainingPlan, DwDownAsWeightIsTheTransposeBitForBit) {
       SCOPED_TRACE(ld);
       // [K, N] in rows of ld, and one more row of ld that nothing may write.
       const Out got = step(as_weight, ld == N ? dense : padded, size_t((K + 1) * ld), ld == N ? 0 : ld);
-      EXPECT_EQ(got.dx, ref.dx) << "dx";
+      EXPECT_EQ(got.dx, ref.dx) << "dx";  // (the same GEMMs on a split's dense neurons)
       EXPECT_EQ(got.dwg, ref.dwg) << "dWg";
       EXPECT_EQ(got.dwu, ref.dwu) << "dWu";
       size_t differ = 0, outside = 0, nonzero = 0;
+      std::vector<float> hot_got, hot_ref;  // the split's dense columns
       for (int64_t k = 0; k <= K; ++k)
         for (int64_t j = 0; j < ld; ++j) {
           const uint16_t v = got.dwd[size_t(k * ld + j)];
@@ -493,10 +583,19 @@ TEST(GpuTrainingPlan, DwDownAsWeightIsTheTransposeBitForBit) {
             outside += v != 0xFFFF;
             continue;
           }
-          differ += v != ref.dwd[size_t(j * K + k)];
-          nonzero += (ref.dwd[size_t(j * K + k)] & 0x7FFF) != 0;
+          const uint16_t r = ref.dwd[size_t(j * K + k)];
+          if (j < split) {
+            hot_got.push_back(bf16_to_float(v));
+            hot_ref.push_back(bf16_to_float(r));
+          } else {
+            differ += v != r;
+          }
+          nonzero += (r & 0x7FFF) != 0;
         }
       EXPECT_EQ(differ, 0u) << "dWd as the weight is not dWd^T transposed";
+      if (split) {
+        EXPECT_LT(relative_error(hot_got, hot_ref), 1e-2) << "the dense neurons' dWd columns";
+      }
       EXPECT_EQ(outside, 0u) << "the transpose wrote past N in a row or past row K";
       EXPECT_GT(nonzero, size_t(N * K / 4)) << "dWd^T mostly zero: the comparison would prove little";
     }
@@ -593,7 +692,9 @@ TEST(GpuTrainingPlan, LayersSharingThePlanInAnyOrder) {
         }
       }
       EXPECT_TRUE(got_a == ref_a) << "layer A's gradients differ from its own step's";
-      if (std::string(order).find('b') != std::string::npos) EXPECT_TRUE(got_b == ref_b) << "layer B's gradients differ from its own step's";
+      if (std::string(order).find('b') != std::string::npos) {
+        EXPECT_TRUE(got_b == ref_b) << "layer B's gradients differ from its own step's";
+      }
     }
     // The reuse is taken: Wd overwritten after the forward (against the contract) leaves the backward on the
     // forward's transpose, so A's own gradients come back.

@@ -160,6 +160,29 @@ TEST(TrainingPlan, DenseAndAutoDispatchMakeTheDenseKernels) {
   plan.recalibrate();
 }
 
+// The split (TrainingPlanOptions::dense_neurons): a multiple of 64 below d_ff, else refused by name; a split
+// plan makes the dense path's kernels with the TwELL ones, and its state holds the TwELL words of the other
+// neurons plus the dense neurons' g and u.
+TEST(TrainingPlan, SplitTakesMultiplesOf64BelowDff) {
+  for (const int64_t bad : {int64_t{-64}, int64_t{100}, int64_t{1024}, int64_t{2048}}) {
+    TrainingPlanOptions o;
+    o.dense_neurons = bad;
+    expect_error([&] { FfnTrainingPlan::create(no_gpu(), small_spec(), 64, o); }, ErrorCode::InvalidArgument,
+                 "options.dense_neurons");
+  }
+  TrainingPlanOptions o;
+  o.dense_neurons = 256;
+  const FfnTrainingPlan split = FfnTrainingPlan::create(no_gpu(), small_spec(), 64, o);
+  bool dense_kernel = false;
+  for (const KernelReport& k : split.kernels()) dense_kernel = dense_kernel || k.kind == "train_dense_backward";
+  EXPECT_TRUE(dense_kernel);
+  o.keep_u = false;  // (4 bytes per TwELL word: the words alone)
+  const FfnTrainingPlan split_words = FfnTrainingPlan::create(no_gpu(), small_spec(), 64, o);
+  const TwellLayout& l = split_words.layout();
+  EXPECT_EQ(split_words.state_bytes(100, 0), 100 * l.words_per_row(1024 - 256) * 4 + 8 + 100 * 256 * 2 * 2);
+  EXPECT_EQ(split_words.spec().d_ff, 1024) << "the plan's spec is the layer's";
+}
+
 // A Dense or Auto plan's kernels go into a bundle (Context::save_bundle) with the TwELL ones, and a context
 // without the JIT makes the same plan from that bundle alone (the bundle reader checks each training
 // kernel's name against its request).

@@ -70,14 +70,17 @@ class _TrainingEntry:
             self.free_states.append(state)
 
 
-_refused: dict[tuple, str] = {}  # (device, spec, plan path) -> why the training kernels refuse it
-_sparse_keys: set[tuple] = set()  # (device, spec, plan path) that dispatch "sparse" / "twell_dense" calls use
+_refused: dict[tuple, str] = {}  # (device, spec, plan path, dense_neurons) -> why the training kernels refuse it
+# (device, spec, plan path, dense_neurons) that dispatch "sparse" / "twell_dense" calls use
+_sparse_keys: set[tuple] = set()
 
 
-def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str = "sparse") -> _TrainingEntry:
-    """The training plan of (device, spec) whose dispatch is `path` ("sparse": the TwELL kernels, "dense":
-    twell's dense path), with room for `tokens` rows."""
-    key = (device.index, spec, path)
+def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str = "sparse",
+           dense_neurons: int = 0) -> _TrainingEntry:
+    """The training plan of (device, spec) whose dispatch is `path` ("sparse": the TwELL kernels, with the
+    first dense_neurons neurons on the dense path's kernels: the split; "dense": twell's dense path), with
+    room for `tokens` rows."""
+    key = (device.index, spec, path, dense_neurons)
     entry = _training_plans.get(key)
     if entry is not None and entry.capacity >= tokens:
         return entry
@@ -88,21 +91,22 @@ def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str =
             ctx = _plans.context(device)
             # dWd in nn.Linear's layout: autograd then adds contiguous rows into w_down.grad (bench/README.md v54).
             entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True, dw_down_as_weight=True,
-                                                     dispatch=path), capacity)
+                                                     dispatch=path, dense_neurons=dense_neurons), capacity)
             _training_plans[key] = entry
     return entry
 
 
-def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str = "sparse") -> bool:
+def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str = "sparse",
+              dense_neurons: int = 0) -> bool:
     """Whether twell's training kernels take this layer: False where they refuse its shape (d_model above
     16384, a d_ff beyond train_weight_grad's shared memory, a layout they cannot build: the inference
     plan may still take it), remembered per (device, spec); the callers then train it with PyTorch's
     dense autograd. Other errors propagate."""
-    key = (device.index, spec, path)
+    key = (device.index, spec, path, dense_neurons)
     if key in _refused:
         return False
     try:
-        _entry(device, spec, max(tokens, 1), path)
+        _entry(device, spec, max(tokens, 1), path, dense_neurons)
         return True
     except (InvalidArgumentError, CompileError) as e:
         _refused[key] = str(e)
@@ -119,7 +123,7 @@ def clear() -> None:
 
 
 def _run_forward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, spec: runtime.FfnSpec, ld_x: int,
-                 outputs: bool = True, path: str = "sparse"):
+                 outputs: bool = True, path: str = "sparse", dense_neurons: int = 0):
     """FfnTrainingPlan::forward on the current stream (the plan of `path`, _entry): (y, row_l1, what the
     backward needs); outputs False: the gate alone, y and row_l1 None (the state is all a recomputing
     backward needs)."""
@@ -127,7 +131,7 @@ def _run_forward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor,
     tokens = x.numel() // d_model
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if outputs else None
     row_l1 = torch.empty(max(tokens, 1), dtype=torch.float32, device=x.device) if outputs else None
-    entry = _entry(x.device, spec, max(tokens, 1), path)
+    entry = _entry(x.device, spec, max(tokens, 1), path, dense_neurons)
     state = entry.take_state()
     stream = ops.stream_handle(x.device)
     t = runtime.tensors_struct(x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr() if w_up is not None else None,
@@ -176,8 +180,8 @@ def _run_backward(saved, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down:
 class _SparseFfnTraining(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, spec: runtime.FfnSpec,
-                ld_x: int, path: str):
-        y, row_l1, saved = _run_forward(x, w_gate, w_up, w_down, spec, ld_x, path=path)
+                ld_x: int, path: str, dense_neurons: int):
+        y, row_l1, saved = _run_forward(x, w_gate, w_up, w_down, spec, ld_x, path=path, dense_neurons=dense_neurons)
         l1 = row_l1.sum() / max(saved[2], 1)
         ctx.save_for_backward(x, w_gate, w_up, w_down)
         ctx.saved = saved
@@ -194,7 +198,7 @@ class _SparseFfnTraining(torch.autograd.Function):
                                "forward's TwELL state was given back after the first backward")
         l1_weight = dl1.to(torch.float32).reshape(1).contiguous() if dl1 is not None else None
         dx, dw_gate, dw_up, dw_down = _run_backward(saved, x, w_gate, w_up, w_down, dy, l1_weight)
-        return dx, dw_gate, dw_up, dw_down, None, None, None
+        return dx, dw_gate, dw_up, dw_down, None, None, None, None
 
 
 def recompute_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor, activation: str,
@@ -247,8 +251,8 @@ def _dense_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor,
     return torch.nn.functional.linear(h, w_down), h.abs().sum(dtype=torch.float32) / tokens
 
 
-def _sparse_train(x, w_gate, w_up, w_down, spec, ld_x, path="sparse"):
-    return _SparseFfnTraining.apply(x, w_gate, w_up, w_down, spec, ld_x, path)
+def _sparse_train(x, w_gate, w_up, w_down, spec, ld_x, path="sparse", dense_neurons=0):
+    return _SparseFfnTraining.apply(x, w_gate, w_up, w_down, spec, ld_x, path, dense_neurons if path == "sparse" else 0)
 
 
 TIMING_ROWS = 32768  # dispatch "auto" times the paths on at most this many of the call's rows
@@ -287,22 +291,30 @@ def _release_if_unused(bucket: tuple, device_spec: tuple) -> None:
     later decision for it makes it again (kernels from the cache)."""
     with _lock:
         for plan_path, dispatch in (("sparse", "sparse"), ("dense", "twell_dense")):
-            key = device_spec + (plan_path,)
-            if key not in _sparse_keys and \
-                    not any(path == dispatch and b[1:-1] == bucket[1:-1] for b, path in list(_paths.items())):
-                _training_plans.pop(key, None)
+            for key in [k for k in _training_plans if k[:3] == device_spec + (plan_path,)]:
+                if key not in _sparse_keys and \
+                        not any(path == dispatch and b[1:-1] == bucket[1:-1] for b, path in list(_paths.items())):
+                    _training_plans.pop(key, None)
 
 
 def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str = "relu",
-                     threshold: float = 0.0, dispatch: str = "sparse", decision_key: int = 0) -> tuple[Tensor, Tensor]:
+                     threshold: float = 0.0, dispatch: str = "sparse", decision_key: int = 0,
+                     dense_neurons: int = 0) -> tuple[Tensor, Tensor]:
     """(y, l1) of the FFN with twell's training kernels (see the module's documentation). PyTorch's dense
     autograd of the same function takes the calls twell's training kernels cannot: a shape they refuse
     (trainable()), CUDA-graph capture (the backward waits on the host), and, with dispatch "auto", the
     buckets where it was faster. Without grad (no_grad, or nothing requiring it) the forward runs alone and
-    keeps no state."""
+    keeps no state. dense_neurons: the TwELL path's hot/cold split (TrainingPlanOptions::dense_neurons: a
+    multiple of 64 below d_ff): the first dense_neurons neurons run on twell's dense kernels, the rest on
+    TwELL; for weights ordered hot-first (most active neurons first: the order is the caller's, a
+    reparametrization of the layer to apply to the weights and their optimizer state together)."""
     op = "sparse_ffn_train"
     if dispatch not in DISPATCHES:
         ops._fail(op, "dispatch", "'auto', 'sparse', 'twell_dense' or 'dense'", repr(dispatch))
+    if not isinstance(dense_neurons, int) or isinstance(dense_neurons, bool) or dense_neurons < 0 or \
+            dense_neurons % 64 != 0 or (isinstance(w_gate, torch.Tensor) and w_gate.dim() == 2 and
+                                        dense_neurons >= max(w_gate.shape[0], 1)):
+        ops._fail(op, "dense_neurons", "a multiple of 64 below d_ff (0: no split)", repr(dense_neurons))
     if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
         ops._fail(op, "w_gate", "a 2-D weight [d_ff, d_model]", getattr(w_gate, "shape", type(w_gate).__name__))
     d_ff = w_gate.shape[0]
@@ -319,22 +331,26 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     # (and trainable() makes the plan of the path the call takes: "dense" for twell_dense).
     plan_path = "dense" if dispatch == "twell_dense" or (dispatch == "auto" and _paths.get(bucket) == "twell_dense") \
         else "sparse"
+    split = dense_neurons if plan_path == "sparse" else 0
     if dispatch == "dense" or tokens == 0 or torch.cuda.is_current_stream_capturing() or \
-            (dispatch == "auto" and _paths.get(bucket) == "dense") or not trainable(x.device, spec, tokens, plan_path):
+            (dispatch == "auto" and _paths.get(bucket) == "dense") or \
+            not trainable(x.device, spec, tokens, plan_path, split):
         return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
     if dispatch in ("sparse", "twell_dense"):
         with _lock:
-            _sparse_keys.add((x.device.index, spec, plan_path))
+            _sparse_keys.add((x.device.index, spec, plan_path, split))
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down))
     if not needs_grad:  # no backward will come: the forward alone, its state given back at once
-        y, row_l1, (entry, state, _) = _run_forward(x, w_gate, w_up, w_down, spec, ld_x, path=plan_path)
+        y, row_l1, (entry, state, _) = _run_forward(x, w_gate, w_up, w_down, spec, ld_x, path=plan_path,
+                                                    dense_neurons=split)
         entry.give_back(state)  # the stream orders the next use after this forward
         return y, row_l1.sum() / tokens
     if dispatch == "auto":
         path = _paths.get(bucket)
         if path is None:
             weights = [w_gate, w_up, w_down]
-            times = {"twell": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model), x, weights)}
+            times = {"twell": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model,
+                                                                dense_neurons=dense_neurons), x, weights)}
             if trainable(x.device, spec, tokens, "dense"):  # (a dense plan that cannot be made is not a candidate)
                 times["twell_dense"] = _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model, "dense"), x,
                                                 weights)
@@ -347,7 +363,7 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
         if path == "dense":
             return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
         plan_path = "dense" if path == "twell_dense" else "sparse"
-    return _sparse_train(x, w_gate, w_up, w_down, spec, ld_x, plan_path)
+    return _sparse_train(x, w_gate, w_up, w_down, spec, ld_x, plan_path, dense_neurons)
 
 
 def recalibrate(release_memory: bool = True) -> None:

@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define TWELL_C_API_VERSION 6 /* 6: TWELL_TRAINING_DISPATCH_DENSE / _AUTO, twell_training_plan_recalibrate, twell_training_forward_keyed; 5: TWELL_TRAINING_DW_DOWN_AS_WEIGHT; 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
+#define TWELL_C_API_VERSION 7 /* 7: twell_training_plan_create_split, describe's dense_neurons; 6: TWELL_TRAINING_DISPATCH_DENSE / _AUTO, twell_training_plan_recalibrate, twell_training_forward_keyed; 5: TWELL_TRAINING_DW_DOWN_AS_WEIGHT; 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
 
 typedef enum twell_status {
   TWELL_SUCCESS = 0,
@@ -234,10 +234,16 @@ twell_status_t twell_dense_run(twell_dense_t dense, void* stream, const twell_ff
 #define TWELL_TRAINING_DISPATCH_AUTO 16
 twell_status_t twell_training_plan_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
                                           int64_t backup_capacity, int flags, twell_training_plan_t* plan);
+/* twell_training_plan_create with the hot/cold split (TrainingPlanOptions::dense_neurons: a multiple of 64
+ * below d_ff, 0 none): neurons 0..dense_neurons-1 of weights ordered hot-first (by the
+ * caller: twell/neuron_order.h) on the dense path's GEMMs, the others on the TwELL kernels; a state serves one backward. */
+twell_status_t twell_training_plan_create_split(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,
+                                                int64_t backup_capacity, int flags, int64_t dense_neurons,
+                                                twell_training_plan_t* plan);
 twell_status_t twell_training_plan_destroy(twell_training_plan_t plan); /* NULL is a no-op */
 /* The plan as JSON (its spec, layout, max_tokens and kernels, as twell_plan_describe, state_bytes_per_row:
  * a state's device bytes per token row, 4 or 8 per TwELL word, and the flags as gradients_in_dtype, keep_u
- * (the option asked; state_bytes_per_row says whether the kernels keep u) and dw_down_as_weight, dispatch
+ * (the option asked; state_bytes_per_row says whether the kernels keep u) and dw_down_as_weight, dense_neurons, dispatch
  * ("sparse", "dense", "auto"), dense_state_bytes_per_row (a state after a dense forward: g and u; given for
  * every plan) and
  * decisions (dispatch auto's so far: decision_key, max_tokens, path, sparse_ms, dense_ms)); owned by the plan. */

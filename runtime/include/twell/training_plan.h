@@ -37,7 +37,8 @@ class Context;
 enum class TrainingPath : uint8_t {
   // The TwELL kernels (the gate's TwELL epilogue, the row consumer, train_row_backward,
   // train_weight_grad): the time grows with the active entries (bench/README.md v53: faster than dense
-  // below ~1.5% density at the paper's shape, slower above).
+  // below ~1.5% density at the paper's shape, slower above). With TrainingPlanOptions::dense_neurons, over
+  // the neurons from there on, the first ones on the dense path's kernels (the split).
   Sparse,
   // cuBLASLt GEMMs (fp32 accumulation) and two elementwise kernels (train/dense_elementwise.cuh), as a
   // dense framework computes the step: 9 GEMMs of the layer's size whatever the density. The state keeps
@@ -89,6 +90,18 @@ struct TrainingPlanOptions {
   // Sparse (the default: the TwELL kernels, whose bits the inference plan's TwELL path shares), Dense or
   // Auto (TrainingDispatch). Dense and Auto also make the dense path's kernels at create().
   TrainingDispatch dispatch = TrainingDispatch::Sparse;
+  // The hot/cold split of TrainingPath::Sparse (PlanOptions::dense_neurons' rule: a multiple of 64 below
+  // d_ff; 0: none): neurons 0..dense_neurons-1 (rows of Wg and Wu, the same rows of an in_out Wd or
+  // columns of an out_in one) run on the dense path's GEMMs and elementwise kernels, the others on the
+  // TwELL kernels; y, row_l1 and dx are the two parts' sums (the TwELL part first, the dense one added:
+  // y and dx rounded twice), the weight gradients' rows (dWd as the weight: columns) are each part's own.
+  // For weights ordered hot-first (hot_first_order, permute_neurons: twell/neuron_order.h), so that the
+  // neurons active on many tokens, whose long lists make the TwELL backward slow (bench/README.md v53),
+  // take tensor cores. In training the order is a reparametrization of the layer: permute the weights
+  // and their optimizer state together, now and then, not every step. The state then also keeps the dense
+  // neurons' g and u (dense_state_bytes' share of dense_neurons of d_ff), which its backward overwrites:
+  // one backward per forward, as on the dense path.
+  int64_t dense_neurons = 0;
 };
 
 // One decision of TrainingDispatch::Auto: the calls of `decision_key` with tokens in
@@ -184,7 +197,7 @@ class FfnTrainingPlan {
   // dw_down_as_weight). lambda: finite, >= 0;
   // the L1 term's coefficient is lambda / l1_tokens (l1_tokens 0: tokens; pass the whole batch's rows when
   // a batch is split into several calls), times *l1_weight where l1_weight (a device fp32) is given.
-  // Gradients are written, not accumulated. A dense forward's state serves one backward (it becomes dg and
+  // Gradients are written, not accumulated. A dense or split forward's state serves one backward (it becomes dg and
   // du: a second backward throws Error(InvalidArgument) naming `state`), and under dispatch Auto every
   // state does (whichever path its forward took); on the dense path nothing waits on the host. Stream-ordered; the sparse path waits on the host for the forward's overflow
   // count (an event recorded by forward() after its gate, long complete in a training step; the backward
@@ -208,10 +221,12 @@ class FfnTrainingPlan {
   // The backward's scratch for `tokens` rows and `grad_capacity` (the forward's overflow count: its
   // overflowing tile-rows) in bytes: the per-entry quads (16 bytes per TwELL word and backup_grad
   // element), train_weight_grad's workspace and entry list (8 bytes per TwELL word and backup element), and
-  // a 4-byte counter.
+  // a 4-byte counter; a split plan's dense neurons add [tokens, dense_neurons] spec.dtype (h, then dh) and
+  // cuBLASLt's 32 MiB workspace.
   int64_t backward_scratch_bytes(int64_t tokens, uint32_t grad_capacity) const;
   // A state's device bytes after a forward of `tokens` rows with backup capacity `capacity` (with u per
-  // entry where the plan keeps it: 8 bytes per TwELL word, else 4; a gate-only forward takes 4).
+  // entry where the plan keeps it: 8 bytes per TwELL word, else 4; a gate-only forward takes 4), plus the
+  // dense neurons' g and u of a split plan (TrainingPlanOptions::dense_neurons).
   int64_t state_bytes(int64_t tokens, uint32_t capacity) const;
   // A state's device bytes after a dense forward of `tokens` rows: g and u, 2 bytes per token and neuron
   // each (u only where gated). The dense path's plan scratch: [tokens, d_ff] spec.dtype (h, then dh), and

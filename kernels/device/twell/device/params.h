@@ -127,7 +127,9 @@ struct GatedMulParams {
 // The dense training path's elementwise steps (train/dense_elementwise.cuh; FfnTrainingPlan with
 // TrainingPath::Dense), over [m, n] = [tokens, d_ff] row-major 16-bit matrices of row stride ld.
 // a = act(g) where active (numerics.cuh's predicate, the TwELL path's), else 0; h = a u (non-gated: h = a).
-//   forward:  h written; row_l1[t] = sum_j |h_tj| (fp32, from the unrounded products, in one fixed order).
+//   forward:  h written; row_l1[t] = sum_j |h_tj| (fp32, from the unrounded products, in one fixed order),
+//             added to the row_l1[t] found there where accumulate_l1 (a split plan's dense neurons after its
+//             TwELL neurons: TrainingPlanOptions::dense_neurons).
 struct TrainDenseForwardParams {
   const uint16_t* gate;  // g = x Wg^T
   const uint16_t* up;    // u = x Wu^T; null: non-gated
@@ -137,6 +139,7 @@ struct TrainDenseForwardParams {
   int64_t n;
   int64_t ld;
   float threshold;
+  uint32_t accumulate_l1;
 };
 //   backward: dh (= dy Wd) in `dh_h` -> dh += l1 sign(h), du = dh a, dg = dh u act'(g) (0 where inactive),
 //   written in place: dg over g, du over u, h over dh (the weight gradients' GEMMs read them then).

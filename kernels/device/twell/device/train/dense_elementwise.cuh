@@ -67,7 +67,7 @@ __device__ __forceinline__ void train_dense_forward(const TrainDenseForwardParam
     if (threadIdx.x == 0 && p.row_l1 != nullptr) {
       float total = 0.0f;
       for (int w = 0; w < warps; ++w) total += warp_sum[w];
-      p.row_l1[row] = total;
+      p.row_l1[row] = p.accumulate_l1 ? p.row_l1[row] + total : total;
     }
     __syncthreads();  // warp_sum is the next row's
   }
