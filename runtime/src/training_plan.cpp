@@ -381,6 +381,8 @@ void FfnTrainingPlan::Impl::run_forward(TrainingPath path, CUstream cu, const Ff
   FfnPlan::Impl& f = *forward.impl_;
   const bool gate_only = t.y == nullptr && row_l1 == nullptr;
   const TwellLayout& l = f.layout;
+  // The TwELL part's neurons (launch_twell takes the slices: FfnPlan::run makes them before it).
+  const FfnTensors tc = hot ? neuron_slice(f.spec, t, options.dense_neurons) : t;
   // The words, then (keep_u, and the consumer runs) u per entry: GatedDownParams::entry_u_after_words.
   s.has_u = keep_u && !gate_only;
   ensure(s.twell, twell_buffer_bytes(l, f.sparse_spec.d_ff, tokens, s.has_u), cu, who);
@@ -390,12 +392,12 @@ void FfnTrainingPlan::Impl::run_forward(TrainingPath path, CUstream cu, const Ff
   f.use_block = false;
   // The gate, the overflow count's copy and its event, then the consumer: a backward right behind this
   // forward (the operators' recompute) waits on the host for the gate only.
-  launch_twell(f, t, tokens, LaunchStages::GateOnly, matrix, /*allow_decode=*/false, cu, who);
+  launch_twell(f, tc, tokens, LaunchStages::GateOnly, matrix, /*allow_decode=*/false, cu, who);
   detail::check(d.cuMemcpyDtoHAsync(s.pinned, s.counter.get(), 4, cu), "FfnTrainingPlan::forward: cuMemcpyDtoHAsync(overflow count)");
   detail::check(d.cuEventRecord(s.event, cu), "FfnTrainingPlan::forward: cuEventRecord");
   if (!gate_only) {
     w_down_t_forward = 0;  // the consumer's stage transposes an out_in Wd into the buffer first
-    launch_twell(f, t, tokens, LaunchStages::ConsumerOnly, matrix, /*allow_decode=*/false, cu, who);
+    launch_twell(f, tc, tokens, LaunchStages::ConsumerOnly, matrix, /*allow_decode=*/false, cu, who);
     if (f.transpose && tokens > 0) {
       w_down_t_forward = s.forward_number;
       w_down_t_source = t.w_down;

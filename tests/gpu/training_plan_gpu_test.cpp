@@ -257,7 +257,13 @@ TEST(GpuTrainingPlan, StepsAgainstTheReference) {
                         // tile-rows' entries (backed up, or recomputed with a backup of one tile-row).
                         Case{"10% M=1000", relu_bf16, 1000, 0.10, {}},
                         Case{"10% M=1000, backup of 1 tile-row", relu_bf16, 1000, 0.10, 1u},
-                        Case{"tile_n 64, 88 tiles, M=200 8%", narrow, 200, 0.08, {}}})
+                        Case{"tile_n 64, 88 tiles, M=200 8%", narrow, 200, 0.08, {}},
+                        // A partial last tile with the warp-per-row forms (d_model 512): d_ff 1001, and 41 (one
+                        // partial tile: a split's TwELL part at 960 dense neurons).
+                        Case{"d_ff 1001 M=1000 5%", make_spec(512, 1001, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn),
+                             1000, 0.05, {}},
+                        Case{"d_ff 41 M=1000 5%", make_spec(512, 41, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn),
+                             1000, 0.05, {}}})
     check(c);
 }
 
@@ -399,7 +405,9 @@ TEST(GpuTrainingPlan, SplitPathAgainstTheReference) {
       {Case{"non-gated M=300 2%", plain, 300, 0.02, {}}, 128},
       {Case{"lambda 0 M=256 0.5%", relu_bf16, 256, 0.005, {}, 0.0f}, 256},
       {Case{"d_ff 1001, 41 TwELL neurons, M=333 10%", odd_rows, 333, 0.10, {}}, 960},
-      {Case{"every row heavy, backup of 1 tile-row, M=500 50%", relu_bf16, 500, 0.5, 1u}, 256}};
+      {Case{"every row heavy, backup of 1 tile-row, M=500 50%", relu_bf16, 500, 0.5, 1u}, 256},
+      {Case{"d_model 512, d_ff 1001, 41 TwELL neurons, M=1000 5%",
+            make_spec(512, 1001, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn), 1000, 0.05, {}}, 960}};
   for (const auto& [c, split] : cases) check_dense(c, split);
 }
 
