@@ -59,6 +59,11 @@ class GatedMLP(nn.Module):
         self.backend = "torch"
         self.twell_key = 0
         self.twell_dispatch = "auto"
+        # The training split (train.py --twell-split): the first twell_dense_neurons neurons, kept most active
+        # first by train.py's reordering, on twell's dense kernels; `capture` keeps a sample of this call's x.
+        self.twell_dense_neurons = 0
+        self.capture = False
+        self.captured = None
 
     def forward(self, x):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
@@ -84,8 +89,10 @@ class GatedMLP(nn.Module):
         dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else x.dtype
         with torch.autocast("cuda", enabled=False):
             weights = [lin.weight.to(dtype) for lin in (self.gate_proj, self.up_proj, self.down_proj)]
+            if self.capture:
+                self.captured = x.detach().reshape(-1, x.shape[-1])[:8192].to(dtype)
             y, l1 = tt.sparse_ffn_train(x.to(dtype), *weights, dispatch=self.twell_dispatch,
-                                      decision_key=self.twell_key)
+                                      decision_key=self.twell_key, dense_neurons=self.twell_dense_neurons)
         return y, l1, torch.full((), float("nan"), device=x.device)
 
 

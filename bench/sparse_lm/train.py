@@ -60,6 +60,11 @@ def parse_args(argv=None):
                    help="--ffn twell: auto = per layer and token bucket the fastest whole step of twell's TwELL path, twell's "
                         "dense path and PyTorch, re-timed every --recalibrate-every steps (which also releases twell's "
                         "plans); sparse = twell's TwELL path always; twell_dense = twell's dense path always")
+    p.add_argument("--twell-split", action="store_true",
+                   help="--ffn twell: one step before each re-timing, order every layer's neurons most active first "
+                        "(weights and AdamW moments: twell.torch.training.reorder_neurons_) and set its training split "
+                        "(dense_neurons) from twell's cost model (hot_first_split); auto then times the split as twell's "
+                        "TwELL candidate")
     p.add_argument("--recalibrate-every", type=int, default=200,
                    help="--ffn twell: steps between re-timings of twell against PyTorch (the density falls as training goes)")
     args = p.parse_args(argv)
@@ -168,6 +173,9 @@ def train(args):
             from twell.torch import training as twell_training
             twell_training.recalibrate()
         inputs, targets = sampler.sample()
+        split_now = args.ffn == "twell" and args.twell_split and (step + 1) % args.recalibrate_every == 0
+        for mlp in mlps:
+            mlp.capture = split_now
         with autocast(device, use_autocast):
             logits, stats = model.forward_with_stats(inputs)
         ce = cross_entropy(logits, targets)
@@ -178,6 +186,20 @@ def train(args):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         step += 1
+        if split_now:  # before the next step's re-timing: the neurons hot-first, each layer's split
+            from twell.torch import training as twell_training
+            splits = []
+            for mlp in mlps:
+                if mlp.captured is None:  # (not through twell: off CUDA)
+                    continue
+                order, n = twell_training.hot_first_split(mlp.captured, mlp.gate_proj.weight,
+                                                          tokens=args.batch * args.seq)
+                twell_training.reorder_neurons_(order, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
+                                                optimizer)
+                mlp.twell_dense_neurons = n if n < mlp.gate_proj.weight.shape[0] else 0
+                mlp.captured, mlp.capture = None, False
+                splits.append(n)
+            log({"step": step, "twell_split": splits})
 
         now = time.perf_counter()
         if step == 1 or now - last_log >= args.log_every:
@@ -220,6 +242,8 @@ def train(args):
         "heldout_tokens": targets.numel(),
         "train_log": train_log,
     }
+    if args.ffn == "twell" and args.twell_split:  # each layer's last training split (0: none)
+        stats["twell_dense_neurons"] = [m.twell_dense_neurons for m in mlps]
     if args.ffn == "twell":  # which path each layer's buckets took at the last timing, and the times (ms)
         from twell.torch import training as twell_training
         stats["twell_dispatch"] = [{"layer": d["bucket"][0] - 1000, "path": d["path"], "ms": d["ms"]}

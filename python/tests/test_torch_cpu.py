@@ -281,3 +281,58 @@ def test_training_spec_is_one_object_per_layer_shape_and_threshold_sign_free():
     assert training.spec_of(x, wg, wg, "relu", 0.5).threshold == 0.5
     assert training.spec_of(x, wg, None, "relu", 0.0).gated is False
     assert training.spec_of(x.half(), wg.half(), wg.half(), "relu", 0.0).dtype == "fp16"
+
+
+def test_reorder_neurons_keeps_the_function_and_permutes_the_optimizer_state():
+    # The training split's reparametrization (twell.torch.training.reorder_neurons_) on CPU: the same
+    # y = (relu(x Wg^T) * (x Wu^T)) Wd^T, and AdamW's moments and the gradients moved with their neurons.
+    from twell.torch import training
+    torch.manual_seed(3)
+    gate, up, down = nn.Linear(64, 192, bias=False), nn.Linear(64, 192, bias=False), nn.Linear(192, 64, bias=False)
+    params = [gate.weight, up.weight, down.weight]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    x = torch.randn(32, 64)
+    mlp = lambda: down(torch.relu(gate(x)) * up(x))
+    mlp().square().sum().backward()
+    opt.step()
+    mlp().square().sum().backward()  # gradients set, as between a backward and a step
+    before = mlp().detach()
+    moments = {id(p): {k: v.clone() for k, v in opt.state[p].items() if v.shape == p.shape} for p in params}
+    grads = [p.grad.clone() for p in params]
+    order = torch.randperm(192)
+    training.reorder_neurons_(order, gate.weight, up.weight, down.weight, opt)
+    assert torch.allclose(mlp().detach(), before, atol=1e-5)
+    for p, g, dim in zip(params, grads, (0, 0, 1)):
+        assert torch.equal(p.grad, g.index_select(dim, order))
+        for k, v in moments[id(p)].items():
+            assert torch.equal(opt.state[p][k], v.index_select(dim, order)), k
+    assert len(moments[id(gate.weight)]) == 2  # exp_avg, exp_avg_sq
+    with pytest.raises(twell.InvalidArgumentError, match="order"):
+        training.reorder_neurons_(torch.zeros(192, dtype=torch.long), gate.weight, up.weight, down.weight)
+    with pytest.raises(twell.InvalidArgumentError, match="order"):
+        training.reorder_neurons_(torch.arange(10), gate.weight, up.weight, down.weight)
+
+
+def test_hot_first_split_orders_by_activity_and_asks_the_cost_model():
+    # hot_first_split on CPU: the most active neurons first (ties by index) and the training cost model's
+    # choice: a layer whose activity sits on 1024 of 5632 neurons splits there; a uniform 0.5% one does not.
+    from twell.torch import training
+    gen = torch.Generator().manual_seed(5)
+    rows, d_model, d_ff = 2000, 256, 5632
+    x = torch.rand(rows, d_model, generator=gen) * 2 - 1
+    x[:, 0] = 1
+    wg = (torch.rand(d_ff, d_model, generator=gen) * 2 - 1) / 16
+    sigma = (wg[:, 1:].pow(2).sum(1) / 3).sqrt()
+    normal = torch.distributions.Normal(0, 1)
+    p = torch.full((d_ff,), 0.002)
+    hot = torch.randperm(d_ff, generator=gen)[:1024]
+    p[hot] = 0.2
+    wg[:, 0] = -sigma * normal.icdf(1 - p)
+    order, n = training.hot_first_split(x.bfloat16(), wg.bfloat16(), tokens=16384)
+    assert set(order[:1024].tolist()) == set(hot.tolist())
+    assert n == 1024
+    wg[:, 0] = -sigma * float(normal.icdf(torch.tensor(1 - 0.005)))
+    order, n = training.hot_first_split(x.bfloat16(), wg.bfloat16(), tokens=16384)
+    assert n == 0
+    activity = (torch.relu(x.bfloat16() @ wg.bfloat16().t()).float() > 0).sum(0)
+    assert torch.all(activity[order][:-1] >= activity[order][1:])

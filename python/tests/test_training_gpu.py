@@ -211,6 +211,31 @@ def test_module_training_and_the_operators_backward(cuda):
     torch.library.opcheck(torch.ops.twell.sparse_ffn_backward.default, (x, wg, wu, wd, dy, "relu", 0.0))
 
 
+def test_module_trains_with_a_hot_first_split(cuda):
+    # SparseGatedMLP with dense_neurons trains through sparse_ffn_train's split (the L1 term kept); the
+    # neurons reordered by hot_first_split + reorder_neurons_ give the same step (gradients moved with them).
+    torch.manual_seed(9)
+    x, wg, wu, wd = shifted_layer(600, 512, 1408, 0.05, cuda, seed=14)
+    order, n = training.hot_first_split(x, wg, tokens=16384)
+    assert 0 <= n <= 1408 and sorted(order.tolist()) == list(range(1408))
+    gate, up, down = (nn.Linear(512, 1408, bias=False), nn.Linear(512, 1408, bias=False), nn.Linear(1408, 512, bias=False))
+    mlp = SparseGatedMLP(gate, up, down, dispatch="sparse", dense_neurons=512).to(cuda, torch.bfloat16)
+    with torch.no_grad():
+        for lin, w in ((mlp.gate_proj, wg), (mlp.up_proj, wu), (mlp.down_proj, wd)):
+            lin.weight.copy_(w)
+    training.reorder_neurons_(order, mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
+    dy = torch.randn(x.shape, device=cuda, dtype=x.dtype)
+    xl = x.clone().requires_grad_()
+    y = mlp(xl)
+    assert mlp.l1 is not None and mlp.l1.requires_grad
+    ((y.float() * dy.float()).sum() + 0.05 * mlp.l1).backward()
+    y_ref, _, ref = reference_step(x, wg, wu, wd, dy, 0.05)
+    assert rel(y, y_ref) < 1e-2 and rel(xl.grad, ref[0]) < 1e-2
+    back = torch.argsort(order)  # the gradients in the original neuron order
+    for lin, r, dim in zip((mlp.gate_proj, mlp.up_proj, mlp.down_proj), ref[1:], (0, 0, 1)):
+        assert rel(lin.weight.grad.index_select(dim, back), r) < 1e-2
+
+
 def test_auto_dispatch_decides_per_bucket_and_stays_exact(cuda):
     training.clear()
     x, wg, wu, wd = shifted_layer(2048, 512, 1408, 0.2, cuda, seed=11)

@@ -6,10 +6,12 @@ loaded on first use (twell._capi.library_path says from where).
 """
 from ._errors import (CompileError, CudaError, InvalidArgumentError, NoDeviceError, NotFoundError, ParseError,
                       TwellError, TwellIOError, UnsupportedError)
-from .runtime import Context, DenseFfn, FfnSpec, Plan, PlanOptions, choose_dense_neurons, jit_available, tune, version
+from .runtime import (Context, DenseFfn, FfnSpec, Plan, PlanOptions, choose_dense_neurons, choose_training_dense_neurons,
+                      jit_available, tune, version)
 
 __version__ = "0.1.0"
 
-__all__ = ["Context", "Plan", "DenseFfn", "FfnSpec", "PlanOptions", "choose_dense_neurons", "jit_available", "tune", "version",
+__all__ = ["Context", "Plan", "DenseFfn", "FfnSpec", "PlanOptions", "choose_dense_neurons", "choose_training_dense_neurons",
+           "jit_available", "tune", "version",
            "TwellError", "InvalidArgumentError", "NotFoundError", "TwellIOError", "ParseError", "CompileError",
            "CudaError", "NoDeviceError", "UnsupportedError"]

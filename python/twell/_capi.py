@@ -137,6 +137,8 @@ _SIGNATURES = {
     "twell_plan_neuron_activity": (_STATUS, [_P, _P, ctypes.POINTER(ctypes.c_uint64), _I64, ctypes.POINTER(_I64)]),
     "twell_choose_dense_neurons": (_STATUS, [ctypes.POINTER(FfnSpec), _I64, ctypes.POINTER(ctypes.c_uint64), _I64, _I64,
                                              ctypes.POINTER(_I64)]),
+    "twell_choose_training_dense_neurons": (_STATUS, [ctypes.POINTER(FfnSpec), _I64, ctypes.POINTER(ctypes.c_uint64), _I64,
+                                                      _I64, ctypes.POINTER(_I64)]),
     "twell_dense_create": (_STATUS, [_P, ctypes.POINTER(FfnSpec), _I64, ctypes.c_int, ctypes.POINTER(_P)]),
     "twell_dense_destroy": (_STATUS, [_P]),
     "twell_dense_run": (_STATUS, [_P, _P, ctypes.POINTER(FfnTensors), _I64]),

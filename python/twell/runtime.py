@@ -420,16 +420,27 @@ def tune(spec: FfnSpec, device: int = 0, **kwargs) -> dict:
     return Context(device).tune(spec, **kwargs)
 
 
+def _choose(name: str, spec: FfnSpec, tokens: int, sorted_activity, rows: int) -> int:
+    _int(name, "tokens", tokens, 1, _INT64[1])
+    _int(name, "rows", rows, 1, _INT64[1])
+    counts = [_int(name, "sorted_activity[i]", int(c), 0, 2 ** 64 - 1) for c in sorted_activity]
+    buf = (ctypes.c_uint64 * max(1, len(counts)))(*counts)
+    out = ctypes.c_int64()
+    check(getattr(lib(), "twell_" + name)(ctypes.byref(spec._struct()), tokens, buf, len(counts), rows, ctypes.byref(out)))
+    return out.value
+
+
 def choose_dense_neurons(spec: FfnSpec, tokens: int, sorted_activity, rows: int) -> int:
     """The hot/cold split with the least predicted time (twell/neuron_order.h): sorted_activity holds
     d_ff activity counts over `rows` calibration rows, sorted descending."""
-    _int("choose_dense_neurons", "tokens", tokens, 1, _INT64[1])
-    _int("choose_dense_neurons", "rows", rows, 1, _INT64[1])
-    counts = [_int("choose_dense_neurons", "sorted_activity[i]", int(c), 0, 2 ** 64 - 1) for c in sorted_activity]
-    buf = (ctypes.c_uint64 * max(1, len(counts)))(*counts)
-    out = ctypes.c_int64()
-    check(lib().twell_choose_dense_neurons(ctypes.byref(spec._struct()), tokens, buf, len(counts), rows, ctypes.byref(out)))
-    return out.value
+    return _choose("choose_dense_neurons", spec, tokens, sorted_activity, rows)
+
+
+def choose_training_dense_neurons(spec: FfnSpec, tokens: int, sorted_activity, rows: int) -> int:
+    """The training step's split with the least predicted time (twell/neuron_order.h's
+    TrainingSplitCostModel), the same arguments: 0 (the TwELL path alone), a split
+    (Context.training_plan(dense_neurons=)), or d_ff (twell's dense training path)."""
+    return _choose("choose_training_dense_neurons", spec, tokens, sorted_activity, rows)
 
 
 def version() -> str:

@@ -465,18 +465,33 @@ twell_status_t twell_plan_neuron_activity(twell_plan_t plan, void* stream, uint6
   });
 }
 
-twell_status_t twell_choose_dense_neurons(const twell_ffn_spec* spec, int64_t tokens, const uint64_t* sorted_activity,
-                                          int64_t count, int64_t rows, int64_t* dense_neurons) {
+extern "C++" namespace {
+// Both choosers' C form: the spec and the counts checked, then `choose` (the inference or training model).
+template <class Choose>
+twell_status_t choose_split(const char* fn, const twell_ffn_spec* spec, int64_t tokens, const uint64_t* sorted_activity,
+                            int64_t count, int64_t rows, int64_t* dense_neurons, Choose&& choose) {
   return guarded([&] {
-    constexpr const char* fn = "twell_choose_dense_neurons";
     const twell::FfnSpec s = to_spec(spec, fn);
     if (const std::string why = twell::kernels::validate_spec(s, "spec->"); !why.empty())
       throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", fn, why));
     require_out(dense_neurons, fn, "dense_neurons");
     if (count < 0) invalid(fn, "count", "a non-negative number of counts", std::to_string(count));
     if (count > 0 && sorted_activity == nullptr) invalid(fn, "sorted_activity", fmt::format("{} counts", count), "NULL");
-    *dense_neurons = twell::choose_dense_neurons(s, tokens, {sorted_activity, static_cast<size_t>(count)}, rows);
+    *dense_neurons = choose(s, tokens, std::span<const uint64_t>{sorted_activity, static_cast<size_t>(count)}, rows);
   });
+}
+}  // namespace
+
+twell_status_t twell_choose_dense_neurons(const twell_ffn_spec* spec, int64_t tokens, const uint64_t* sorted_activity,
+                                          int64_t count, int64_t rows, int64_t* dense_neurons) {
+  return choose_split("twell_choose_dense_neurons", spec, tokens, sorted_activity, count, rows, dense_neurons,
+                      [](const auto&... a) { return twell::choose_dense_neurons(a...); });
+}
+
+twell_status_t twell_choose_training_dense_neurons(const twell_ffn_spec* spec, int64_t tokens, const uint64_t* sorted_activity,
+                                                   int64_t count, int64_t rows, int64_t* dense_neurons) {
+  return choose_split("twell_choose_training_dense_neurons", spec, tokens, sorted_activity, count, rows, dense_neurons,
+                      [](const auto&... a) { return twell::choose_training_dense_neurons(a...); });
 }
 
 twell_status_t twell_dense_create(twell_context_t context, const twell_ffn_spec* spec, int64_t max_tokens,

@@ -3,6 +3,7 @@
 #include "twell/neuron_order.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <tuple>
@@ -168,8 +169,10 @@ void permute_neurons(Context& context, Stream stream, const FfnSpec& spec, std::
 }
 
 namespace {
+constexpr int64_t kUnchecked = -1;  // check_activity's granularity where the caller takes none
+
 void check_activity(const char* who, const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> a, int64_t rows,
-                    const SplitCostModel& model) {
+                    std::span<const std::pair<const char*, double>> rates, double dense_overhead_ms, int64_t granularity) {
   auto bad = [&](const std::string& m) { throw Error(ErrorCode::InvalidArgument, fmt::format("{}: {}", who, m)); };
   if (spec.d_ff < 1 || spec.d_ff > (int64_t{1} << 24)) bad(fmt::format("spec.d_ff: expected 1..16777216, got {}", spec.d_ff));
   if (static_cast<int64_t>(a.size()) != spec.d_ff)
@@ -179,13 +182,19 @@ void check_activity(const char* who, const FfnSpec& spec, int64_t tokens, std::s
   if (rows < 1) bad(fmt::format("rows: expected the calibration row count >= 1, got {}", rows));
   if (!a.empty() && a.front() > static_cast<uint64_t>(rows))
     bad(fmt::format("sorted_activity: a neuron active in {} rows, more than the {} calibration rows (rows)", a.front(), rows));
-  for (const auto& [name, rate] : {std::pair{"model.dense_tflops", model.dense_tflops}, std::pair{"model.gate_tflops", model.gate_tflops},
-                                   std::pair{"model.gather_tbps", model.gather_tbps}})
+  for (const auto& [name, rate] : rates)
     if (!(rate > 0) || !std::isfinite(rate)) bad(fmt::format("{}: expected a positive finite rate, got {}", name, rate));
-  if (!(model.dense_overhead_ms >= 0) || !std::isfinite(model.dense_overhead_ms))
-    bad(fmt::format("model.dense_overhead_ms: expected a finite value >= 0, got {}", model.dense_overhead_ms));
+  if (!(dense_overhead_ms >= 0) || !std::isfinite(dense_overhead_ms))
+    bad(fmt::format("model.dense_overhead_ms: expected a finite value >= 0, got {}", dense_overhead_ms));
+  if (granularity != kUnchecked && (granularity < 64 || granularity % 64 != 0))
+    bad(fmt::format("model.granularity: expected a positive multiple of 64 (what dense_neurons takes), got {}", granularity));
   if (tokens < 1) bad(fmt::format("tokens: expected >= 1, got {}", tokens));
   if (spec.d_model < 1) bad(fmt::format("spec.d_model: expected >= 1, got {}", spec.d_model));
+}
+
+using Rates = std::array<std::pair<const char*, double>, 3>;
+Rates inference_rates(const SplitCostModel& m) {
+  return Rates{{{"model.dense_tflops", m.dense_tflops}, {"model.gate_tflops", m.gate_tflops}, {"model.gather_tbps", m.gather_tbps}}};
 }
 
 // The model's three terms: dense GEMMs over the dense neurons, the D2T gate over the others, and the
@@ -203,7 +212,8 @@ double split_ms(const FfnSpec& spec, int64_t tokens, uint64_t cold_nnz, int64_t 
 
 double predict_split_ms(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
                         int64_t dense_neurons, const SplitCostModel& model) {
-  check_activity("predict_split_ms", spec, tokens, sorted_activity, rows, model);
+  check_activity("predict_split_ms", spec, tokens, sorted_activity, rows, inference_rates(model), model.dense_overhead_ms,
+                 kUnchecked);
   if (dense_neurons < 0 || dense_neurons >= spec.d_ff)
     throw Error(ErrorCode::InvalidArgument, fmt::format("predict_split_ms: dense_neurons: expected 0..{} (below d_ff), got {}",
                                                         spec.d_ff - 1, dense_neurons));
@@ -213,10 +223,8 @@ double predict_split_ms(const FfnSpec& spec, int64_t tokens, std::span<const uin
 
 int64_t choose_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
                              const SplitCostModel& model) {
-  check_activity("choose_dense_neurons", spec, tokens, sorted_activity, rows, model);
-  if (model.granularity < 64 || model.granularity % 64 != 0)
-    throw Error(ErrorCode::InvalidArgument, fmt::format("choose_dense_neurons: model.granularity: expected a positive multiple of 64 "
-                                                        "(what PlanOptions::dense_neurons takes), got {}", model.granularity));
+  check_activity("choose_dense_neurons", spec, tokens, sorted_activity, rows, inference_rates(model), model.dense_overhead_ms,
+                 model.granularity);
   uint64_t cold = std::accumulate(sorted_activity.begin(), sorted_activity.end(), uint64_t{0});
   int64_t best = 0;
   double best_ms = split_ms(spec, tokens, cold, rows, 0, model);
@@ -228,6 +236,56 @@ int64_t choose_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<cons
       best = k;
     }
   }
+  return best;
+}
+
+namespace {
+Rates training_rates(const TrainingSplitCostModel& m) {
+  return Rates{{{"model.dense_tflops", m.dense_tflops}, {"model.twell_fixed_tflops", m.twell_fixed_tflops},
+                {"model.gather_tbps", m.gather_tbps}}};
+}
+
+// TrainingSplitCostModel's terms: the dense path's GEMMs over the dense neurons, the TwELL path's fixed part
+// over the others, and its row reads per remaining active entry.
+double training_ms(const FfnSpec& spec, int64_t tokens, uint64_t cold_nnz, int64_t rows, int64_t dense,
+                   const TrainingSplitCostModel& m) {
+  const double t = static_cast<double>(tokens), d_model = static_cast<double>(spec.d_model);
+  const double dense_flops = (spec.gated ? 18.0 : 12.0) * t * d_model * static_cast<double>(dense);
+  const double fixed_flops = 2.0 * t * d_model * static_cast<double>(spec.d_ff - dense);
+  const double entry_bytes = (spec.gated ? 8.0 : 5.0) * d_model * 2.0;
+  const double gather_bytes = t * static_cast<double>(cold_nnz) / static_cast<double>(rows) * entry_bytes;
+  return dense_flops / (m.dense_tflops * 1e9) + fixed_flops / (m.twell_fixed_tflops * 1e9) + gather_bytes / (m.gather_tbps * 1e9) +
+         (dense > 0 ? m.dense_overhead_ms : 0.0);
+}
+}  // namespace
+
+double predict_training_step_ms(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
+                                int64_t dense_neurons, const TrainingSplitCostModel& model) {
+  check_activity("predict_training_step_ms", spec, tokens, sorted_activity, rows, training_rates(model), model.dense_overhead_ms,
+                 kUnchecked);
+  if (dense_neurons < 0 || dense_neurons > spec.d_ff)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("predict_training_step_ms: dense_neurons: expected 0..{} (d_ff: the dense "
+                                                        "path), got {}", spec.d_ff, dense_neurons));
+  const uint64_t cold = std::accumulate(sorted_activity.begin() + dense_neurons, sorted_activity.end(), uint64_t{0});
+  return training_ms(spec, tokens, cold, rows, dense_neurons, model);
+}
+
+int64_t choose_training_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity,
+                                      int64_t rows, const TrainingSplitCostModel& model) {
+  check_activity("choose_training_dense_neurons", spec, tokens, sorted_activity, rows, training_rates(model),
+                 model.dense_overhead_ms, model.granularity);
+  uint64_t cold = std::accumulate(sorted_activity.begin(), sorted_activity.end(), uint64_t{0});
+  int64_t best = 0;
+  double best_ms = training_ms(spec, tokens, cold, rows, 0, model);
+  for (int64_t k = model.granularity; k < spec.d_ff; k += model.granularity) {
+    for (int64_t j = k - model.granularity; j < k; ++j) cold -= sorted_activity[j];
+    const double ms = training_ms(spec, tokens, cold, rows, k, model);
+    if (ms < best_ms) {
+      best_ms = ms;
+      best = k;
+    }
+  }
+  if (training_ms(spec, tokens, 0, rows, spec.d_ff, model) < best_ms) best = spec.d_ff;  // the dense path
   return best;
 }
 

@@ -135,6 +135,43 @@ TEST(NeuronOrder, CostModelMovesOnlyHotNeurons) {
   expect_invalid([&] { predict_split_ms(s, 16384, uniform, rows, s.d_ff); }, "dense_neurons: expected 0..5631");
 }
 
+// The training step's model (TrainingSplitCostModel) against the steps it was fitted on (bench/README.md
+// v58-v59, H200, paper shape, 16384 rows): the TwELL path at uniform 0.5% (2.65 ms) and 2% (7.3), the dense
+// path (4.5-4.6), within 10%; its choices: TwELL alone at 0.5%, the dense path at 5%, the hot neurons'
+// split where a few hold most entries; then the argument checks.
+TEST(NeuronOrder, TrainingCostModelChoosesAmongTheThreePaths) {
+  FfnSpec s;
+  s.d_model = 2048;
+  s.d_ff = 5632;
+  const int64_t rows = 1000, tokens = 16384;
+  const std::vector<uint64_t> half_percent(s.d_ff, 5), two_percent(s.d_ff, 20), five_percent(s.d_ff, 50);
+  EXPECT_NEAR(predict_training_step_ms(s, tokens, half_percent, rows, 0), 2.65, 0.27);
+  EXPECT_NEAR(predict_training_step_ms(s, tokens, two_percent, rows, 0), 7.3, 0.73);
+  EXPECT_NEAR(predict_training_step_ms(s, tokens, two_percent, rows, s.d_ff), 4.6, 0.46) << "the dense path";
+  EXPECT_EQ(predict_training_step_ms(s, tokens, two_percent, rows, s.d_ff),
+            predict_training_step_ms(s, tokens, half_percent, rows, s.d_ff)) << "the dense path does not depend on the density";
+  EXPECT_EQ(choose_training_dense_neurons(s, tokens, half_percent, rows), 0);
+  EXPECT_EQ(choose_training_dense_neurons(s, tokens, five_percent, rows), s.d_ff);
+  std::vector<uint64_t> hot(s.d_ff, 2);
+  std::fill_n(hot.begin(), 1024, 200);  // 1024 neurons on 20% of the rows, the rest on 0.2%
+  const int64_t k = choose_training_dense_neurons(s, tokens, hot, rows);
+  EXPECT_EQ(k, 1024);
+  EXPECT_LT(predict_training_step_ms(s, tokens, hot, rows, k), predict_training_step_ms(s, tokens, hot, rows, 0));
+  EXPECT_LT(predict_training_step_ms(s, tokens, hot, rows, k), predict_training_step_ms(s, tokens, hot, rows, s.d_ff));
+  s.gated = false;  // fewer GEMMs and rows per entry: cheaper at every split
+  EXPECT_LT(predict_training_step_ms(s, tokens, hot, rows, k), 2.4);
+  s.gated = true;
+
+  expect_invalid([&] { predict_training_step_ms(s, tokens, hot, rows, s.d_ff + 1); }, "dense_neurons: expected 0..5632");
+  expect_invalid([&] { choose_training_dense_neurons(s, tokens, std::span(hot).first(10), rows); }, "sorted_activity: expected 5632");
+  TrainingSplitCostModel m;
+  m.granularity = 100;
+  expect_invalid([&] { choose_training_dense_neurons(s, tokens, hot, rows, m); }, "model.granularity");
+  m = {};
+  m.twell_fixed_tflops = 0;
+  expect_invalid([&] { predict_training_step_ms(s, tokens, hot, rows, 0, m); }, "model.twell_fixed_tflops");
+}
+
 // The device overload checks the order first (with or without a GPU), then needs a GPU.
 TEST(NeuronOrder, DeviceOverloadChecksTheOrderThenNeedsAGpu) {
   Context ctx = twell::testing::context_without_disk_cache();

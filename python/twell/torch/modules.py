@@ -42,11 +42,12 @@ class SparseGatedMLP(nn.Module):
       max_tokens  the largest plan workspace (rows); longer inputs run in chunks
     Layers of one shape share a plan (twell.torch._plans); each layer keeps its own dispatch
     decisions (decision_key).
-    Training (eager, grad enabled, dense_neurons 0) runs twell.torch.sparse_ffn_train: the forward keeps
-    its TwELL state for the sparse backward, and `self.l1` holds this call's L1 term sum |h| / tokens (a
-    scalar in the graph: add l1_coefficient * sum(m.l1 for m in layers) to the loss); None otherwise
-    (no_grad, torch.compile, a hot/cold split: those train through the operators' backward, without an
-    L1 term). In training, dispatch "dense" is PyTorch's own autograd, "auto" the fastest whole step of twell's
+    Training (eager, grad enabled) runs twell.torch.sparse_ffn_train (with dense_neurons: its training
+    split): the forward keeps its TwELL state for the sparse backward, and `self.l1` holds this call's L1
+    term sum |h| / tokens (a scalar in the graph: add l1_coefficient * sum(m.l1 for m in layers) to the
+    loss); None otherwise (no_grad, torch.compile: those train through the operators' backward, without an
+    L1 term). For training, twell.torch.training.hot_first_split and reorder_neurons_ (which also moves the
+    optimizer's moments) choose and apply the split with the training step's cost model. In training, dispatch "dense" is PyTorch's own autograd, "auto" the fastest whole step of twell's
     TwELL path, twell's dense path and PyTorch's.
     Inference advice above (convert the model) aside, train with fp32 master weights under autocast: the
     per-call casts pass the gradients on.
@@ -128,11 +129,12 @@ class SparseGatedMLP(nn.Module):
         eager = type(x) is torch.Tensor and x.device.type == "cuda" and not torch.compiler.is_compiling()
         with torch.autocast("cuda", enabled=False):
             training = torch.is_grad_enabled() and (x.requires_grad or any(w.requires_grad for w in weights))
-            if eager and training and self.dense_neurons == 0:
+            if eager and training:
                 # Training: twell's forward keeps its TwELL state for the sparse backward, and the L1 term
                 # comes with y (dispatch "auto": per token bucket the fastest whole step: twell's two paths, PyTorch).
                 y, self.l1 = training_ops.sparse_ffn_train(x, w_gate, w_up, w_down, self.activation, self.threshold,
-                                                           dispatch=self.dispatch, decision_key=self.decision_key)
+                                                           dispatch=self.dispatch, decision_key=self.decision_key,
+                                                           dense_neurons=self.dense_neurons)
                 return y
             self.l1 = None
             if eager and self.dispatch == "auto" and self._path(x, w_gate, w_up, w_down) == "torch":

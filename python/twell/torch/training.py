@@ -366,6 +366,52 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     return _sparse_train(x, w_gate, w_up, w_down, spec, ld_x, plan_path, dense_neurons)
 
 
+@torch.no_grad()
+def hot_first_split(x: Tensor, w_gate: Tensor, activation: str = "relu", threshold: float = 0.0,
+                    tokens: int | None = None, gated: bool = True) -> tuple[Tensor, int]:
+    """(order, dense_neurons) for a training split (sparse_ffn_train's dense_neurons): each neuron's activity over
+    the rows of x (a calibration sample of the layer's inputs, [..., d_model]; the activity on g = x Wg^T
+    rounded to x's dtype, the kernels' predicate), the neurons ordered most active first (order[i] = the old
+    index of new neuron i, ties by index), and twell.choose_training_dense_neurons's choice for calls of
+    `tokens` rows (default: x's rows; gated: the layer has an up projection): 0 (TwELL alone), a split, or d_ff
+    (twell's dense path: train with dense_neurons 0 and dispatch "auto" or "twell_dense"). Apply the order
+    with reorder_neurons_."""
+    d_ff, d_model = w_gate.shape
+    x2 = x.reshape(-1, d_model)
+    g = torch.nn.functional.linear(x2, w_gate.to(x2.dtype))
+    _, active = ops.activation_and_mask(g, activation, float(threshold))
+    activity = active.sum(0, dtype=torch.int64)
+    order = torch.sort(activity, descending=True, stable=True).indices
+    spec = _spec(d_model, d_ff, gated, activation, float(threshold) + 0.0, ops.DTYPES.get(x2.dtype, "bf16"))
+    n = runtime.choose_training_dense_neurons(spec, tokens or x2.shape[0], activity[order].tolist(), max(1, x2.shape[0]))
+    return order, n
+
+
+@torch.no_grad()
+def reorder_neurons_(order: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor,
+                     optimizer: torch.optim.Optimizer | None = None) -> None:
+    """Reorders a layer's neurons in place (new neuron i = old neuron order[i]): the rows of w_gate and w_up
+    [d_ff, d_model], the columns of w_down [d_model, d_ff] (nn.Linear layouts), their .grad where set, and
+    every tensor of the optimizer's state for them shaped like the weight (Adam's moments): the layer
+    computes the same function and trains on the same trajectory, up to the fp32 summation order. The
+    training split's reparametrization (hot_first_split); not during a step (between optimizer.step() and
+    the next forward)."""
+    d_ff = w_gate.shape[0]
+    if order.dim() != 1 or order.numel() != d_ff or \
+            not torch.equal(torch.sort(order.cpu()).values, torch.arange(d_ff)):
+        ops._fail("reorder_neurons_", "order", f"a permutation of 0..{d_ff - 1}", f"shape {tuple(order.shape)}")
+    for w, dim in ((w_gate, 0), (w_up, 0), (w_down, 1)):
+        if w is None:
+            continue
+        index = order.to(w.device)
+        tensors = [w] + ([w.grad] if w.grad is not None else [])
+        if optimizer is not None:
+            tensors += [v for v in optimizer.state.get(w, {}).values()
+                        if isinstance(v, torch.Tensor) and v.shape == w.shape]
+        for t in tensors:
+            t.copy_(t.index_select(dim, index))
+
+
 def recalibrate(release_memory: bool = True) -> None:
     """Forgets dispatch "auto"'s decisions: the next call of each bucket times the three paths again. Call it
     when the density has moved (during training it falls as the L1 term bites). release_memory: also

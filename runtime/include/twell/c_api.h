@@ -42,7 +42,7 @@
 extern "C" {
 #endif
 
-#define TWELL_C_API_VERSION 7 /* 7: twell_training_plan_create_split, describe's dense_neurons; 6: TWELL_TRAINING_DISPATCH_DENSE / _AUTO, twell_training_plan_recalibrate, twell_training_forward_keyed; 5: TWELL_TRAINING_DW_DOWN_AS_WEIGHT; 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
+#define TWELL_C_API_VERSION 7 /* 7: twell_training_plan_create_split, twell_choose_training_dense_neurons, describe's dense_neurons; 6: TWELL_TRAINING_DISPATCH_DENSE / _AUTO, twell_training_plan_recalibrate, twell_training_forward_keyed; 5: TWELL_TRAINING_DW_DOWN_AS_WEIGHT; 4: twell_training_plan_create's flags (TWELL_TRAINING_RECOMPUTE_U), state_bytes_per_row; 3: training plans (twell_training_*); 2: twell_plan_options gained the tuning fields, twell_context_tune */
 
 typedef enum twell_status {
   TWELL_SUCCESS = 0,
@@ -209,6 +209,11 @@ twell_status_t twell_plan_neuron_activity(twell_plan_t plan, void* stream, uint6
  * model): sorted_activity holds spec->d_ff counts over `rows` calibration rows, sorted descending. */
 twell_status_t twell_choose_dense_neurons(const twell_ffn_spec* spec, int64_t tokens, const uint64_t* sorted_activity,
                                           int64_t count, int64_t rows, int64_t* dense_neurons);
+/* The training step's split (choose_training_dense_neurons, twell/neuron_order.h, default cost model), the
+ * same arguments: 0 (the TwELL path alone), a split for twell_training_plan_create_split, or d_ff (the dense
+ * path: TWELL_TRAINING_DISPATCH_DENSE). */
+twell_status_t twell_choose_training_dense_neurons(const twell_ffn_spec* spec, int64_t tokens, const uint64_t* sorted_activity,
+                                                   int64_t count, int64_t rows, int64_t* dense_neurons);
 
 /* The dense path (twell::DenseFfn, twell/dense.h): cuBLASLt GEMMs, the fused gate + up kernel, or cuBLAS's
  * cublasGemmEx as PyTorch calls it (the baseline). */

@@ -95,4 +95,35 @@ double predict_split_ms(const FfnSpec& spec, int64_t tokens, std::span<const uin
 int64_t choose_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
                              const SplitCostModel& model = {});
 
+// The training step's split (TrainingPlanOptions::dense_neurons: twell/training_plan.h): the terms of one
+// forward + backward of FfnTrainingPlan. The defaults were fitted on the H200 at the paper's shape
+// (bench/README.md v58-v59): the dense path's step 4.5-4.6 ms at M = 16384 (nine GEMMs of 2 M d_model d_ff
+// FLOP: 740 TFLOP/s with its elementwise passes); the TwELL path 1.1 ms plus 3.36 ns per active entry there
+// (uniform 0.5-5%: 2.65, 4.2, 7.3, 16.6 ms), i.e. a density-independent part as 2 M d_model n FLOP at 344
+// TFLOP/s (the gate GEMM, the transposes, the weight gradients' zeroing) and eight d_model-long 16-bit weight
+// or activation rows per active entry at 9.75 TB/s (the consumer's Wu and Wd rows, the row backward's, the
+// weight gradients' x and dy rows); it predicted the split's measured steps within 5-10% (layer 3's activity
+// at H = 1024 and 2048, the real layer 1 at 3072), and under-predicts the TwELL path alone on layers with hot
+// neurons (their long per-neuron lists: layer 0's activity 2.0 against 3.0 ms).
+struct TrainingSplitCostModel {
+  double dense_tflops = 740;        // the dense path's GEMMs (18 M d_model n FLOP gated, 12 non-gated) per dense neuron
+  double twell_fixed_tflops = 344;  // the TwELL path's density-independent work, as 2 M d_model n FLOP
+  double gather_tbps = 9.75;        // 8 (gated; 5 non-gated) rows of d_model 16-bit values per active entry
+  double dense_overhead_ms = 0.15;  // the dense part's launches and cuBLASLt's fixed costs
+  int64_t granularity = 256;        // candidate splits: multiples of this (a multiple of 64)
+};
+
+// Predicted milliseconds of one training step (forward + backward) of `tokens` rows whose first
+// `dense_neurons` neurons run on the dense path's kernels and the rest on TwELL (0: the TwELL path alone;
+// d_ff: the dense path, TrainingPath::Dense), given `sorted_activity` over `rows` calibration rows (as
+// predict_split_ms; the same errors, and dense_neurons outside 0..d_ff).
+double predict_training_step_ms(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
+                                int64_t dense_neurons, const TrainingSplitCostModel& model = {});
+
+// The training split with the least predicted step time among 0, granularity, 2 granularity, ... below
+// d_ff, and d_ff itself: the TwELL path alone (0), a split (TrainingPlanOptions::dense_neurons), or the
+// dense path (d_ff: TrainingDispatch::Dense). Errors as choose_dense_neurons.
+int64_t choose_training_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity,
+                                      int64_t rows, const TrainingSplitCostModel& model = {});
+
 }  // namespace twell
