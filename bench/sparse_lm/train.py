@@ -70,6 +70,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.seconds is None:
         args.seconds = math.inf if args.steps else 150.0
+    if args.twell_split and (args.ffn != "twell" or args.twell_dispatch != "auto"):
+        p.error("--twell-split needs --ffn twell --twell-dispatch auto (a layer the cost model sends to twell's dense "
+                "path keeps dense_neurons 0 and reaches that path through auto's timing)")
     if args.seq > args.max_seq:
         p.error(f"--seq {args.seq} exceeds --max-seq {args.max_seq}")
     return args

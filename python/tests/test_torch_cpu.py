@@ -311,6 +311,12 @@ def test_reorder_neurons_keeps_the_function_and_permutes_the_optimizer_state():
         training.reorder_neurons_(torch.zeros(192, dtype=torch.long), gate.weight, up.weight, down.weight)
     with pytest.raises(twell.InvalidArgumentError, match="order"):
         training.reorder_neurons_(torch.arange(10), gate.weight, up.weight, down.weight)
+    # State that is not per element (a factored second moment, say) cannot follow its neurons: refused.
+    opt.state[down.weight]["factored"] = torch.ones(192)
+    kept = [p.detach().clone() for p in params]
+    with pytest.raises(twell.InvalidArgumentError, match="optimizer"):
+        training.reorder_neurons_(order, gate.weight, up.weight, down.weight, opt)
+    assert all(torch.equal(p, k) for p, k in zip(params, kept)), "a refused reorder moved some weights"
 
 
 def test_hot_first_split_orders_by_activity_and_asks_the_cost_model():

@@ -268,7 +268,7 @@ def test_auto_dense_decision_releases_the_training_plan(cuda):
     assert key not in training._training_plans
     # Where a bucket of the same shape chose sparse, a dense decision keeps the plan (it is in use) ...
     with training._lock:  # as if bucket "decision_key 79, 2 rows" had been timed sparse
-        training._paths[(79, x.device.index, 512, 1408, True, "relu", 0.0, x.dtype, 1)] = "sparse"
+        training._paths[(79, x.device.index, 512, 1408, True, "relu", 0.0, x.dtype, 0, 1)] = "sparse"
     check_against_reference(x, wg, wu, wd, what="auto at 60%, key 80", dispatch="auto", decision_key=80,
                             row_wise=False)
     assert [d["path"] for d in training.dispatch_decisions() if d["bucket"][0] == 80] in (["dense"], ["twell_dense"])

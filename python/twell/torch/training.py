@@ -325,8 +325,9 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     d_model = w_gate.shape[1]
     tokens = x.numel() // d_model if d_model else 0
     spec = spec_of(x, w_gate, w_up, activation, threshold)
+    # (dense_neurons in the key: a new split is timed again, not the decision of the old one)
     bucket = (decision_key, x.device.index, d_model, d_ff, w_up is not None, activation, float(threshold), x.dtype,
-              max(0, tokens - 1).bit_length())
+              dense_neurons, max(0, tokens - 1).bit_length())
     # A bucket auto decided dense goes there before trainable(), which would make the training plan again
     # (and trainable() makes the plan of the path the call takes: "dense" for twell_dense).
     plan_path = "dense" if dispatch == "twell_dense" or (dispatch == "auto" and _paths.get(bucket) == "twell_dense") \
@@ -367,15 +368,16 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
 
 
 @torch.no_grad()
-def hot_first_split(x: Tensor, w_gate: Tensor, activation: str = "relu", threshold: float = 0.0,
-                    tokens: int | None = None, gated: bool = True) -> tuple[Tensor, int]:
+def hot_first_split(x: Tensor, w_gate: Tensor, activation: str = "relu", threshold: float = 0.0, *, tokens: int,
+                    gated: bool = True) -> tuple[Tensor, int]:
     """(order, dense_neurons) for a training split (sparse_ffn_train's dense_neurons): each neuron's activity over
     the rows of x (a calibration sample of the layer's inputs, [..., d_model]; the activity on g = x Wg^T
     rounded to x's dtype, the kernels' predicate), the neurons ordered most active first (order[i] = the old
-    index of new neuron i, ties by index), and twell.choose_training_dense_neurons's choice for calls of
-    `tokens` rows (default: x's rows; gated: the layer has an up projection): 0 (TwELL alone), a split, or d_ff
-    (twell's dense path: train with dense_neurons 0 and dispatch "auto" or "twell_dense"). Apply the order
-    with reorder_neurons_."""
+    index of new neuron i, ties by index), and twell.choose_training_dense_neurons's choice for the training
+    calls' `tokens` rows (the batch's, not the sample's: the terms scale apart; gated: False for a layer
+    without an up projection): 0 (TwELL alone), a split, or d_ff (twell's dense path: train with
+    dense_neurons 0 and dispatch "auto", whose timing then takes the dense path, or "twell_dense"). Apply
+    the order with reorder_neurons_ (order, not its inverse)."""
     d_ff, d_model = w_gate.shape
     x2 = x.reshape(-1, d_model)
     g = torch.nn.functional.linear(x2, w_gate.to(x2.dtype))
@@ -400,16 +402,24 @@ def reorder_neurons_(order: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down:
     if order.dim() != 1 or order.numel() != d_ff or \
             not torch.equal(torch.sort(order.cpu()).values, torch.arange(d_ff)):
         ops._fail("reorder_neurons_", "order", f"a permutation of 0..{d_ff - 1}", f"shape {tuple(order.shape)}")
+    moves = []  # every tensor checked before any is moved: a refusal leaves the layer as it was
     for w, dim in ((w_gate, 0), (w_up, 0), (w_down, 1)):
         if w is None:
             continue
         index = order.to(w.device)
         tensors = [w] + ([w.grad] if w.grad is not None else [])
         if optimizer is not None:
-            tensors += [v for v in optimizer.state.get(w, {}).values()
-                        if isinstance(v, torch.Tensor) and v.shape == w.shape]
-        for t in tensors:
-            t.copy_(t.index_select(dim, index))
+            for name, v in optimizer.state.get(w, {}).items():
+                if not isinstance(v, torch.Tensor) or v.numel() <= 1:
+                    continue  # (a step count)
+                if v.shape != w.shape:  # factored or flattened state: its neurons cannot be moved here
+                    ops._fail("reorder_neurons_", "optimizer",
+                              f"per-element state shaped like the weight {tuple(w.shape)} (Adam's moments)",
+                              f"state {name!r} of shape {tuple(v.shape)}")
+                tensors.append(v)
+        moves += [(t, dim, index) for t in tensors]
+    for t, dim, index in moves:
+        t.copy_(t.index_select(dim, index))
 
 
 def recalibrate(release_memory: bool = True) -> None:
@@ -427,7 +437,7 @@ def recalibrate(release_memory: bool = True) -> None:
 
 def dispatch_decisions() -> list[dict]:
     """dispatch "auto"'s decisions so far: per bucket (decision_key, device index, d_model, d_ff, gated,
-    activation, threshold, dtype, bit_length(tokens - 1): the bucket holds up to 2**that rows) the path taken
+    activation, threshold, dtype, dense_neurons, bit_length(tokens - 1): the bucket holds up to 2**that rows) the path taken
     ("sparse", "twell_dense" or "dense" = PyTorch's) and the measured step times in ms, keyed "twell" (the
     TwELL path), "twell_dense" (absent where twell's dense plan could not be made) and "torch"."""
     with _lock:

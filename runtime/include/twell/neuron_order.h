@@ -102,9 +102,10 @@ int64_t choose_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<cons
 // (uniform 0.5-5%: 2.65, 4.2, 7.3, 16.6 ms), i.e. a density-independent part as 2 M d_model n FLOP at 344
 // TFLOP/s (the gate GEMM, the transposes, the weight gradients' zeroing) and eight d_model-long 16-bit weight
 // or activation rows per active entry at 9.75 TB/s (the consumer's Wu and Wd rows, the row backward's, the
-// weight gradients' x and dy rows); it predicted the split's measured steps within 5-10% (layer 3's activity
-// at H = 1024 and 2048, the real layer 1 at 3072), and under-predicts the TwELL path alone on layers with hot
-// neurons (their long per-neuron lists: layer 0's activity 2.0 against 3.0 ms).
+// weight gradients' x and dy rows); it comes out 5-15% under the splits' measured steps (bench/README.md v60's
+// table: Python steps, host time included) with the candidates in the measured order, and under-predicts the
+// TwELL path alone on layers with hot neurons by 15-30% (their long per-neuron lists: layer 0's activity 2.0
+// against 3.0 ms).
 struct TrainingSplitCostModel {
   double dense_tflops = 740;        // the dense path's GEMMs (18 M d_model n FLOP gated, 12 non-gated) per dense neuron
   double twell_fixed_tflops = 344;  // the TwELL path's density-independent work, as 2 M d_model n FLOP
