@@ -245,6 +245,12 @@ Rates training_rates(const TrainingSplitCostModel& m) {
                 {"model.gather_tbps", m.gather_tbps}}};
 }
 
+void check_twell_overhead(const char* who, const TrainingSplitCostModel& m) {
+  if (!(m.twell_overhead_ms >= 0) || !std::isfinite(m.twell_overhead_ms))
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{}: model.twell_overhead_ms: expected a finite value >= 0, got {}", who, m.twell_overhead_ms));
+}
+
 // TrainingSplitCostModel's terms: the dense path's GEMMs over the dense neurons, the TwELL path's fixed part
 // over the others, and its row reads per remaining active entry.
 double training_ms(const FfnSpec& spec, int64_t tokens, uint64_t cold_nnz, int64_t rows, int64_t dense,
@@ -254,15 +260,17 @@ double training_ms(const FfnSpec& spec, int64_t tokens, uint64_t cold_nnz, int64
   const double fixed_flops = 2.0 * t * d_model * static_cast<double>(spec.d_ff - dense);
   const double entry_bytes = (spec.gated ? 8.0 : 5.0) * d_model * 2.0;
   const double gather_bytes = t * static_cast<double>(cold_nnz) / static_cast<double>(rows) * entry_bytes;
+  // (The dense path alone, dense = d_ff, is the fitted 740 TFLOP/s; each part of a split pays its own fixed cost.)
   return dense_flops / (m.dense_tflops * 1e9) + fixed_flops / (m.twell_fixed_tflops * 1e9) + gather_bytes / (m.gather_tbps * 1e9) +
-         (dense > 0 ? m.dense_overhead_ms : 0.0);
+         (dense > 0 && dense < spec.d_ff ? m.dense_overhead_ms : 0.0) + (dense < spec.d_ff ? m.twell_overhead_ms : 0.0);
 }
 }  // namespace
 
 double predict_training_step_ms(const FfnSpec& spec, int64_t tokens, std::span<const uint64_t> sorted_activity, int64_t rows,
                                 int64_t dense_neurons, const TrainingSplitCostModel& model) {
-  check_activity("predict_training_step_ms", spec, tokens, sorted_activity, rows, training_rates(model), model.dense_overhead_ms,
-                 kUnchecked);
+  check_activity("predict_training_step_ms", spec, tokens, sorted_activity, rows, training_rates(model),
+                 model.dense_overhead_ms, kUnchecked);
+  check_twell_overhead("predict_training_step_ms", model);
   if (dense_neurons < 0 || dense_neurons > spec.d_ff)
     throw Error(ErrorCode::InvalidArgument, fmt::format("predict_training_step_ms: dense_neurons: expected 0..{} (d_ff: the dense "
                                                         "path), got {}", spec.d_ff, dense_neurons));
@@ -274,6 +282,7 @@ int64_t choose_training_dense_neurons(const FfnSpec& spec, int64_t tokens, std::
                                       int64_t rows, const TrainingSplitCostModel& model) {
   check_activity("choose_training_dense_neurons", spec, tokens, sorted_activity, rows, training_rates(model),
                  model.dense_overhead_ms, model.granularity);
+  check_twell_overhead("choose_training_dense_neurons", model);
   uint64_t cold = std::accumulate(sorted_activity.begin(), sorted_activity.end(), uint64_t{0});
   int64_t best = 0;
   double best_ms = training_ms(spec, tokens, cold, rows, 0, model);

@@ -11,6 +11,7 @@
 // what the sparse path's cost is compared with (TrainingDispatch::Auto).
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "context_impl.h"
 #include "driver.h"
@@ -33,6 +34,13 @@ class DenseTraining {
   // neurons, after its TwELL part wrote both; TrainingPlanOptions::dense_neurons).
   void forward(CUstream cu, const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u, float* row_l1,
                bool accumulate = false);
+  // What forward() and backward() can fail on before they launch (the buffers' growth and every cuBLASLt
+  // algorithm choice for these operands), without launching: a split plan calls them before its TwELL part
+  // writes y, row_l1 or dx, so a refusal leaves every output and the state untouched.
+  void prepare_forward(CUstream cu, const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u, bool with_outputs);
+  void prepare_backward(CUstream cu, const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens, DeviceBuffer& g,
+                        DeviceBuffer& u, const FfnGradients& grads, bool gradients_in_dtype, bool dw_down_as_weight,
+                        const char* who);
   // The gradients (FfnTrainingPlan::backward's contract); g and u become dg and du (a state's dense forward
   // serves one backward: `consumed` is set once they may have changed, before the first launch and after
   // every cuBLASLt algorithm choice). The caller (FfnTrainingPlan::backward) checked every argument and
@@ -53,6 +61,12 @@ class DenseTraining {
   std::unique_ptr<LtGemms> gemms_;  // made at the first call (a plan that never takes this path holds none)
   DeviceBuffer scratch_;            // [tokens, d_ff] spec.dtype: h in the forward, dh then h in the backward
   LtGemms& gemms();
+  // The GEMMs of forward() (g, u, then y = h Wd^T where t.y is set) and of backward() (dh first, then the
+  // weight gradients, then dx = dg Wg (+ du Wu)), over these buffers: what prepare_* choose and the calls run.
+  std::vector<LtGemm> forward_gemms(const FfnTensors& t, int64_t tokens, DeviceBuffer& g, DeviceBuffer& u) const;
+  std::vector<LtGemm> backward_gemms(const FfnTensors& t, const void* dy, int64_t ld_dy, int64_t tokens, DeviceBuffer& g,
+                                     DeviceBuffer& u, const FfnGradients& grads, bool gradients_in_dtype,
+                                     bool dw_down_as_weight) const;
 };
 
 }  // namespace twell::detail

@@ -169,6 +169,9 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
   if (options.dispatch != TrainingDispatch::Sparse && options.dispatch != TrainingDispatch::Dense &&
       options.dispatch != TrainingDispatch::Auto)
     fail(who, fmt::format("options.dispatch: expected Sparse, Dense or Auto, got {}", static_cast<int>(options.dispatch)));
+  if (options.dense_neurons != 0 && options.dispatch == TrainingDispatch::Dense)
+    fail(who, fmt::format("options.dense_neurons: a Dense plan has no TwELL part to split; expected 0 (or dispatch Sparse "
+                          "or Auto), got {}", options.dense_neurons));
   if (options.dense_neurons < 0 || options.dense_neurons % 64 != 0 || options.dense_neurons >= spec.d_ff)
     fail(who, fmt::format("options.dense_neurons: expected a multiple of 64 in 0..{} (below d_ff = {}: at least one "
                           "neuron stays on TwELL), got {}", (spec.d_ff - 1) / 64 * 64, spec.d_ff, options.dense_neurons));
@@ -381,8 +384,10 @@ void FfnTrainingPlan::Impl::run_forward(TrainingPath path, CUstream cu, const Ff
   FfnPlan::Impl& f = *forward.impl_;
   const bool gate_only = t.y == nullptr && row_l1 == nullptr;
   const TwellLayout& l = f.layout;
-  // The TwELL part's neurons (launch_twell takes the slices: FfnPlan::run makes them before it).
+  // The TwELL part's neurons (launch_twell takes the slices: FfnPlan::run makes them before it). The dense
+  // neurons' buffers and cuBLASLt algorithms first: a refusal there must not leave y or row_l1 half written.
   const FfnTensors tc = hot ? neuron_slice(f.spec, t, options.dense_neurons) : t;
+  if (hot) hot->prepare_forward(cu, neuron_slice(f.spec, t, 0), tokens, s.dense_g, s.dense_u, !gate_only);
   // The words, then (keep_u, and the consumer runs) u per entry: GatedDownParams::entry_u_after_words.
   s.has_u = keep_u && !gate_only;
   ensure(s.twell, twell_buffer_bytes(l, f.sparse_spec.d_ff, tokens, s.has_u), cu, who);
@@ -521,6 +526,12 @@ void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& user_ten
                                : user_grads;
   const int64_t K = f.spec.d_model, N = f.sparse_spec.d_ff;
   const detail::Driver& d = detail::Driver::get();
+  // The dense neurons' scratch and cuBLASLt algorithms before the first launch (the backward's rule: a
+  // refusal leaves every output unwritten and the state unused).
+  if (hot)
+    hot->prepare_backward(cu, neuron_slice(f.spec, user_tensors, 0), dy, ld_dy, tokens, s.dense_g, s.dense_u,
+                          gradient_slice(f.spec, user_grads, 0, options.gradients_in_dtype ? 2 : 4, dw_down_transposed),
+                          options.gradients_in_dtype, options.dw_down_as_weight, who);
   // The forward's overflow count: its copy was enqueued before everything after the forward.
   detail::check(d.cuEventSynchronize(s.event), "FfnTrainingPlan::backward: cuEventSynchronize(forward)");
   const uint32_t overflow = *s.pinned;

@@ -170,6 +170,9 @@ TEST(NeuronOrder, TrainingCostModelChoosesAmongTheThreePaths) {
   m = {};
   m.twell_fixed_tflops = 0;
   expect_invalid([&] { predict_training_step_ms(s, tokens, hot, rows, 0, m); }, "model.twell_fixed_tflops");
+  m = {};
+  m.twell_overhead_ms = -1;
+  expect_invalid([&] { choose_training_dense_neurons(s, tokens, hot, rows, m); }, "model.twell_overhead_ms");
 }
 
 // The device overload checks the order first (with or without a GPU), then needs a GPU.

@@ -170,6 +170,11 @@ TEST(TrainingPlan, SplitTakesMultiplesOf64BelowDff) {
     expect_error([&] { FfnTrainingPlan::create(no_gpu(), small_spec(), 64, o); }, ErrorCode::InvalidArgument,
                  "options.dense_neurons");
   }
+  TrainingPlanOptions dense;  // a Dense plan has no TwELL part to split
+  dense.dispatch = TrainingDispatch::Dense;
+  dense.dense_neurons = 256;
+  expect_error([&] { FfnTrainingPlan::create(no_gpu(), small_spec(), 64, dense); }, ErrorCode::InvalidArgument,
+               "options.dense_neurons");
   TrainingPlanOptions o;
   o.dense_neurons = 256;
   const FfnTrainingPlan split = FfnTrainingPlan::create(no_gpu(), small_spec(), 64, o);

@@ -97,20 +97,20 @@ int64_t choose_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<cons
 
 // The training step's split (TrainingPlanOptions::dense_neurons: twell/training_plan.h): the terms of one
 // forward + backward of FfnTrainingPlan. The defaults were fitted on the H200 at the paper's shape
-// (bench/README.md v58-v59): the dense path's step 4.5-4.6 ms at M = 16384 (nine GEMMs of 2 M d_model d_ff
-// FLOP: 740 TFLOP/s with its elementwise passes); the TwELL path 1.1 ms plus 3.36 ns per active entry there
-// (uniform 0.5-5%: 2.65, 4.2, 7.3, 16.6 ms), i.e. a density-independent part as 2 M d_model n FLOP at 344
-// TFLOP/s (the gate GEMM, the transposes, the weight gradients' zeroing) and eight d_model-long 16-bit weight
-// or activation rows per active entry at 9.75 TB/s (the consumer's Wu and Wd rows, the row backward's, the
-// weight gradients' x and dy rows); it comes out 5-15% under the splits' measured steps (bench/README.md v60's
-// table: Python steps, host time included) with the candidates in the measured order, and under-predicts the
-// TwELL path alone on layers with hot neurons by 15-30% (their long per-neuron lists: layer 0's activity 2.0
-// against 3.0 ms).
+// (bench/README.md v56-v60): the dense path's step 4.5-4.6 ms at M = 16384 (nine GEMMs of 2 M d_model d_ff
+// FLOP: 740 TFLOP/s with its elementwise passes); the TwELL path 2.65 ms at 0.5% and 6.9 at 2% there, as a
+// per-call 0.2 ms, a density-independent part as 2 M d_model n FLOP at 420 TFLOP/s (the gate GEMM, the
+// transposes, the weight gradients' zeroing) and eight d_model-long 16-bit weight or activation rows per
+// active entry at 9.75 TB/s (the consumer's Wu and Wd rows, the row backward's, the weight gradients' x and
+// dy rows). bench/README.md v60 tabulates it against the measured steps: the splits within 5-15% (under the
+// Python steps, host time included) with the candidates in the measured order; the TwELL path alone on
+// layers with hot neurons under-predicted by 15-30% (their long per-neuron lists).
 struct TrainingSplitCostModel {
   double dense_tflops = 740;        // the dense path's GEMMs (18 M d_model n FLOP gated, 12 non-gated) per dense neuron
-  double twell_fixed_tflops = 344;  // the TwELL path's density-independent work, as 2 M d_model n FLOP
+  double twell_fixed_tflops = 420;  // the TwELL path's density-independent work, as 2 M d_model n FLOP
   double gather_tbps = 9.75;        // 8 (gated; 5 non-gated) rows of d_model 16-bit values per active entry
-  double dense_overhead_ms = 0.15;  // the dense part's launches and cuBLASLt's fixed costs
+  double twell_overhead_ms = 0.2;   // the TwELL part's per-call cost (launches, the overflow count's wait)
+  double dense_overhead_ms = 0.15;  // a split's dense part: its launches and cuBLASLt's fixed costs
   int64_t granularity = 256;        // candidate splits: multiples of this (a multiple of 64)
 };
 
