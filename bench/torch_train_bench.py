@@ -126,6 +126,10 @@ def main():
                     help="dense_neurons of the 'twell split' variants on the real layer (multiples of 64)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    if any(h <= 0 or h % 64 or h >= D_FF for h in a.splits):
+        ap.error(f"--splits: expected multiples of 64 in 64..{D_FF - 64}, got {a.splits}")
+    if any(layer not in range(4) for layer in a.patterns):
+        ap.error(f"--patterns: expected layers 0-3 of the paper model, got {a.patterns}")
     if a.real:  # checked first: a missing file must not cost the uniform cases' results
         missing = [f for f in REAL_FILES if not (data_dir() / f).is_file()]
         if missing:

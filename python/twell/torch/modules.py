@@ -217,7 +217,10 @@ class SparseGatedMLP(nn.Module):
         neurons hot-first (permuting the rows of gate_proj and up_proj and the columns of down_proj in
         place: the MLP computes the same function, up to the fp32 summation order) and sets
         dense_neurons to the split twell's cost model predicts fastest for batches of `tokens` rows
-        (default: x's row count). Returns dense_neurons."""
+        (default: x's row count). Returns dense_neurons. For inference: the inference cost model, and the
+        weights' .grad and any optimizer state stay where they were; in training use
+        twell.torch.training.hot_first_split and reorder_neurons_ (the training step's model, and the
+        optimizer's moments moved with their neurons), then set dense_neurons."""
         activity, rows = self.neuron_activity(x)
         order = torch.sort(activity, descending=True, stable=True).indices
         spec = runtime.FfnSpec(self.d_model, self.d_ff, gated=self.up_proj is not None, activation=self.activation,

@@ -100,7 +100,7 @@ def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: st
               dense_neurons: int = 0) -> bool:
     """Whether twell's training kernels take this layer: False where they refuse its shape (d_model above
     16384, a d_ff beyond train_weight_grad's shared memory, a layout they cannot build: the inference
-    plan may still take it), remembered per (device, spec); the callers then train it with PyTorch's
+    plan may still take it), remembered per (device, spec, plan path, dense_neurons); the callers then train it with PyTorch's
     dense autograd. Other errors propagate."""
     key = (device.index, spec, path, dense_neurons)
     if key in _refused:
@@ -401,7 +401,8 @@ def reorder_neurons_(order: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down:
     d_ff = w_gate.shape[0]
     if order.dim() != 1 or order.numel() != d_ff or \
             not torch.equal(torch.sort(order.cpu()).values, torch.arange(d_ff)):
-        ops._fail("reorder_neurons_", "order", f"a permutation of 0..{d_ff - 1}", f"shape {tuple(order.shape)}")
+        ops._fail("reorder_neurons_", "order", f"a permutation of 0..{d_ff - 1} (1-D, {d_ff} indices)",
+                  f"shape {tuple(order.shape)}" + (" with repeated or out-of-range indices" if order.numel() == d_ff else ""))
     moves = []  # every tensor checked before any is moved: a refusal leaves the layer as it was
     for w, dim in ((w_gate, 0), (w_up, 0), (w_down, 1)):
         if w is None:

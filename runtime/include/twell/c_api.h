@@ -247,10 +247,11 @@ twell_status_t twell_training_plan_create_split(twell_context_t context, const t
                                                 twell_training_plan_t* plan);
 twell_status_t twell_training_plan_destroy(twell_training_plan_t plan); /* NULL is a no-op */
 /* The plan as JSON (its spec, layout, max_tokens and kernels, as twell_plan_describe, state_bytes_per_row:
- * a state's device bytes per token row, 4 or 8 per TwELL word, and the flags as gradients_in_dtype, keep_u
+ * a state's device bytes per token row, 4 or 8 per TwELL word (a split plan's: of its TwELL neurons, plus its
+ * dense neurons' g and u, 2 bytes each per neuron), and the flags as gradients_in_dtype, keep_u
  * (the option asked; state_bytes_per_row says whether the kernels keep u) and dw_down_as_weight, dense_neurons, dispatch
- * ("sparse", "dense", "auto"), dense_state_bytes_per_row (a state after a dense forward: g and u; given for
- * every plan) and
+ * ("sparse", "dense", "auto"), dense_state_bytes_per_row (a state after a dense forward: g and u of all d_ff
+ * neurons; given for every plan) and
  * decisions (dispatch auto's so far: decision_key, max_tokens, path, sparse_ms, dense_ms)); owned by the plan. */
 twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const char** json);
 /* Forgets dispatch auto's decisions (FfnTrainingPlan::recalibrate): the next forward of each bucket times

@@ -22,7 +22,7 @@ namespace twell::device {
 // The version of this header's host/device ABI (the structs below and the kernels' argument lists).
 // Ahead-of-time bundles record it per kernel (manifest.json "params_version"); the runtime refuses a
 // kernel built against another version. Bump it with any change to a struct or an argument list.
-constexpr uint32_t kParamsVersion = 7;  // 7: GatedDownParams' entry_u_after_words, TrainRowBackwardParams' entry_u; 6: TrainRowBackwardParams' pass; 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
+constexpr uint32_t kParamsVersion = 8;  // 8: TrainDenseForwardParams' accumulate_l1; 7: GatedDownParams' entry_u_after_words, TrainRowBackwardParams' entry_u; 6: TrainRowBackwardParams' pass; 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
 
 // Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
 // recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
