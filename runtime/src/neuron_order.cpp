@@ -192,6 +192,20 @@ void check_activity(const char* who, const FfnSpec& spec, int64_t tokens, std::s
   if (spec.d_model < 1) bad(fmt::format("spec.d_model: expected >= 1, got {}", spec.d_model));
 }
 
+// The split among 0, granularity, 2 granularity, ... below d_ff with the least cost(cold nonzeros, split)
+// (ties: the smaller split), and its cost.
+template <class Cost>
+std::pair<int64_t, double> best_split(const FfnSpec& spec, std::span<const uint64_t> sorted_activity, int64_t granularity,
+                                      Cost&& cost) {
+  uint64_t cold = std::accumulate(sorted_activity.begin(), sorted_activity.end(), uint64_t{0});
+  std::pair<int64_t, double> best{0, cost(cold, 0)};
+  for (int64_t k = granularity; k < spec.d_ff; k += granularity) {
+    for (int64_t j = k - granularity; j < k; ++j) cold -= sorted_activity[j];
+    if (const double ms = cost(cold, k); ms < best.second) best = {k, ms};
+  }
+  return best;
+}
+
 using Rates = std::array<std::pair<const char*, double>, 3>;
 Rates inference_rates(const SplitCostModel& m) {
   return Rates{{{"model.dense_tflops", m.dense_tflops}, {"model.gate_tflops", m.gate_tflops}, {"model.gather_tbps", m.gather_tbps}}};
@@ -225,18 +239,9 @@ int64_t choose_dense_neurons(const FfnSpec& spec, int64_t tokens, std::span<cons
                              const SplitCostModel& model) {
   check_activity("choose_dense_neurons", spec, tokens, sorted_activity, rows, inference_rates(model), model.dense_overhead_ms,
                  model.granularity);
-  uint64_t cold = std::accumulate(sorted_activity.begin(), sorted_activity.end(), uint64_t{0});
-  int64_t best = 0;
-  double best_ms = split_ms(spec, tokens, cold, rows, 0, model);
-  for (int64_t k = model.granularity; k < spec.d_ff; k += model.granularity) {
-    for (int64_t j = k - model.granularity; j < k; ++j) cold -= sorted_activity[j];
-    const double ms = split_ms(spec, tokens, cold, rows, k, model);
-    if (ms < best_ms) {
-      best_ms = ms;
-      best = k;
-    }
-  }
-  return best;
+  return best_split(spec, sorted_activity, model.granularity,
+                    [&](uint64_t cold, int64_t k) { return split_ms(spec, tokens, cold, rows, k, model); })
+      .first;
 }
 
 namespace {
@@ -283,19 +288,10 @@ int64_t choose_training_dense_neurons(const FfnSpec& spec, int64_t tokens, std::
   check_activity("choose_training_dense_neurons", spec, tokens, sorted_activity, rows, training_rates(model),
                  model.dense_overhead_ms, model.granularity);
   check_twell_overhead("choose_training_dense_neurons", model);
-  uint64_t cold = std::accumulate(sorted_activity.begin(), sorted_activity.end(), uint64_t{0});
-  int64_t best = 0;
-  double best_ms = training_ms(spec, tokens, cold, rows, 0, model);
-  for (int64_t k = model.granularity; k < spec.d_ff; k += model.granularity) {
-    for (int64_t j = k - model.granularity; j < k; ++j) cold -= sorted_activity[j];
-    const double ms = training_ms(spec, tokens, cold, rows, k, model);
-    if (ms < best_ms) {
-      best_ms = ms;
-      best = k;
-    }
-  }
-  if (training_ms(spec, tokens, 0, rows, spec.d_ff, model) < best_ms) best = spec.d_ff;  // the dense path
-  return best;
+  const auto [best, best_ms] = best_split(spec, sorted_activity, model.granularity, [&](uint64_t cold, int64_t k) {
+    return training_ms(spec, tokens, cold, rows, k, model);
+  });
+  return training_ms(spec, tokens, 0, rows, spec.d_ff, model) < best_ms ? spec.d_ff : best;  // d_ff: the dense path
 }
 
 }  // namespace twell

@@ -309,14 +309,22 @@ void check_dense(const Case& c, int64_t dense_neurons = 0) {
 }
 }  // namespace
 
+namespace {
+// The specs both the dense path's and the split's reference tests run (d_ff 1001: rows that are not whole
+// 16-byte chunks, so the elementwise kernels take their scalar loops).
+struct PathSpecs {
+  FfnSpec relu_bf16 = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  FfnSpec odd = make_spec(520, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  FfnSpec silu = make_spec(256, 1024, true, Activation::SiLU, 0.05f, DType::FP16, WeightLayout::OutIn);
+  FfnSpec plain = make_spec(256, 1024, false, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
+  FfnSpec odd_rows = make_spec(200, 1001, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+};
+}  // namespace
+
 TEST(GpuTrainingPlan, DensePathAgainstTheReference) {
   REQUIRE_GPU();
-  const FfnSpec relu_bf16 = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
-  const FfnSpec odd = make_spec(520, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
-  const FfnSpec silu = make_spec(256, 1024, true, Activation::SiLU, 0.05f, DType::FP16, WeightLayout::OutIn);
-  const FfnSpec plain = make_spec(256, 1024, false, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
-  // d_ff 1001: rows that are not whole 16-byte chunks, so both elementwise kernels take their scalar loops.
-  const FfnSpec odd_rows = make_spec(200, 1001, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const PathSpecs k;
+  const FfnSpec &relu_bf16 = k.relu_bf16, &odd = k.odd, &silu = k.silu, &plain = k.plain, &odd_rows = k.odd_rows;
   for (const Case& c : {Case{"relu bf16 out_in M=1000 2%", relu_bf16, 1000, 0.02, {}},
                         Case{"relu bf16 out_in M=1 5%", relu_bf16, 1, 0.05, {}},
                         Case{"odd 520x1408 in_out M=7 20%", odd, 7, 0.2, {}},
@@ -327,6 +335,32 @@ TEST(GpuTrainingPlan, DensePathAgainstTheReference) {
                         Case{"every row heavy, M=500 50%", relu_bf16, 500, 0.5, {}}})
     check_dense(c);
 }
+
+namespace {
+// `call` throws Error(InvalidArgument) whose message names `needle`; `what` says what was not refused.
+void expect_refused(const std::function<void()>& call, const std::string& needle, const std::string& what) {
+  try {
+    call();
+    ADD_FAILURE() << what << " not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+// A forward and backward of zero tokens write zero weight gradients (poisoned first) on d's buffers.
+void expect_zero_token_gradients(FfnTrainingPlan& plan, FfnTrainingState& state, GatedLayer& d, size_t weight_elements,
+                                 StreamHandle& stream) {
+  for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) m->fill(0xFF);
+  plan.forward(stream.get(), d.t, 0, state);
+  plan.backward(stream.get(), d.t, d.dy.data(), 0, 0, state, d.g, 0.1f);
+  stream.synchronize();
+  for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) {
+    const std::vector<float> w = m->download_vector<float>(weight_elements);
+    EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](float v) { return v == 0.0f; })) << "a weight gradient of 0 tokens is not zero";
+  }
+}
+}  // namespace
 
 // A dense forward's state serves one backward (g and u became dg and du); zero tokens write zero weight
 // gradients; the common argument checks hold on the dense path too.
@@ -342,49 +376,23 @@ TEST(GpuTrainingPlan, DensePathStateAndZeroTokens) {
   StreamHandle stream(c);
   GatedLayer d(c, f, random_bits(s.dtype, f.x.size(), -1.0f, 1.0f, 12));
   plan.forward(stream.get(), d.t, f.tokens, state);
-  try {
-    plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, -1.0f);
-    ADD_FAILURE() << "lambda -1 not refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("lambda"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, -1.0f); }, "lambda", "lambda -1");
   plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);
-  try {
-    plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);
-    ADD_FAILURE() << "a second backward of one dense forward not refused";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("state"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f); }, "state",
+                 "a second backward of one dense forward");
   // A gate-only forward (no y, no row_l1) still computes u on the dense path: w_up is checked.
   FfnTensors no_up = d.t;
   no_up.y = nullptr;
   no_up.w_up = nullptr;
-  try {
-    plan.forward(stream.get(), no_up, f.tokens, state);
-    ADD_FAILURE() << "a gate-only dense forward without w_up not refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("w_up"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { plan.forward(stream.get(), no_up, f.tokens, state); }, "w_up", "a gate-only dense forward without w_up");
   // Weight gradients overlapping each other are refused before anything is written.
   plan.forward(stream.get(), d.t, f.tokens, state);
   FfnGradients overlapping = d.g;
   overlapping.dw_up = d.g.dw_gate;
-  try {
-    plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, overlapping, 0.1f);
-    ADD_FAILURE() << "overlapping weight gradients not refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("g.dw_up"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, overlapping, 0.1f); }, "g.dw_up",
+                 "overlapping weight gradients");
   plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);  // the state was not consumed
-  for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) m->fill(0xFF);
-  plan.forward(stream.get(), d.t, 0, state);
-  plan.backward(stream.get(), d.t, d.dy.data(), 0, 0, state, d.g, 0.1f);
-  stream.synchronize();
-  for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) {
-    const std::vector<float> w = m->download_vector<float>(f.w_gate.size());
-    EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](float v) { return v == 0.0f; })) << "a weight gradient of 0 tokens is not zero";
-  }
+  expect_zero_token_gradients(plan, state, d, f.w_gate.size(), stream);
 }
 
 // The split (TrainingPlanOptions::dense_neurons): the first neurons on the dense path's kernels, the rest on
@@ -392,11 +400,8 @@ TEST(GpuTrainingPlan, DensePathStateAndZeroTokens) {
 // reference's cases with splits from 64 neurons to all but 64, overflowing tile-rows on the TwELL part.
 TEST(GpuTrainingPlan, SplitPathAgainstTheReference) {
   REQUIRE_GPU();
-  const FfnSpec relu_bf16 = make_spec(512, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
-  const FfnSpec odd = make_spec(520, 1408, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
-  const FfnSpec silu = make_spec(256, 1024, true, Activation::SiLU, 0.05f, DType::FP16, WeightLayout::OutIn);
-  const FfnSpec plain = make_spec(256, 1024, false, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::InOut);
-  const FfnSpec odd_rows = make_spec(200, 1001, true, Activation::ReLU, 0.0f, DType::BF16, WeightLayout::OutIn);
+  const PathSpecs k;
+  const FfnSpec &relu_bf16 = k.relu_bf16, &odd = k.odd, &silu = k.silu, &plain = k.plain, &odd_rows = k.odd_rows;
   const std::pair<Case, int64_t> cases[] = {
       {Case{"relu bf16 out_in M=1000 2%", relu_bf16, 1000, 0.02, {}}, 512},
       {Case{"relu bf16 out_in M=1 5%", relu_bf16, 1, 0.05, {}}, 64},
@@ -429,30 +434,13 @@ TEST(GpuTrainingPlan, SplitPathStateAndZeroTokens) {
   plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);
   stream.synchronize();
   const std::vector<uint16_t> dx = d.dx.download_vector<uint16_t>(f.x.size());
-  try {
-    plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f);
-    ADD_FAILURE() << "a second backward of one split forward not refused";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::InvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("state"), std::string::npos) << e.what();
-  }
+  expect_refused([&] { plan.backward(stream.get(), d.t, d.dy.data(), 0, f.tokens, state, d.g, 0.1f); }, "state",
+                 "a second backward of one split forward");
   FfnTensors no_up = d.t;
   no_up.y = nullptr;
   no_up.w_up = nullptr;
-  try {
-    plan.forward(stream.get(), no_up, f.tokens, state);
-    ADD_FAILURE() << "a gate-only split forward without w_up not refused";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("w_up"), std::string::npos) << e.what();
-  }
-  for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) m->fill(0xFF);
-  plan.forward(stream.get(), d.t, 0, state);
-  plan.backward(stream.get(), d.t, d.dy.data(), 0, 0, state, d.g, 0.1f);
-  stream.synchronize();
-  for (DeviceMemory* m : {&d.dwg, &d.dwu, &d.dwd}) {
-    const std::vector<float> w = m->download_vector<float>(f.w_gate.size());
-    EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](float v) { return v == 0.0f; })) << "a weight gradient of 0 tokens is not zero";
-  }
+  expect_refused([&] { plan.forward(stream.get(), no_up, f.tokens, state); }, "w_up", "a gate-only split forward without w_up");
+  expect_zero_token_gradients(plan, state, d, f.w_gate.size(), stream);
   // Auto with the split: one decision, and the path it took gives the split's or the dense path's dx.
   o.dispatch = TrainingDispatch::Auto;
   FfnTrainingPlan automatic = FfnTrainingPlan::create(c, s, f.tokens, o);
