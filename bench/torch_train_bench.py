@@ -169,8 +169,8 @@ def main():
         }
         if (density is None or isinstance(density, int)) and a.splits:
             # The split on hot-first weights: the same layer with its hidden units reordered (the same function).
+            order, _ = tt.training.hot_first_split(ops[0], ops[1], tokens=m)
             with torch.no_grad():
-                order = torch.argsort((F.linear(ops[0], ops[1]) > 0).sum(0), descending=True, stable=True)
                 hot_first = [ops[0], ops[1][order], ops[2][order], ops[3][:, order]]
             hot_leaves = [t.detach().contiguous().requires_grad_() for t in hot_first]
             for t in hot_leaves:

@@ -387,7 +387,8 @@ void FfnTrainingPlan::Impl::run_forward(TrainingPath path, CUstream cu, const Ff
   // The TwELL part's neurons (launch_twell takes the slices: FfnPlan::run makes them before it). The dense
   // neurons' buffers and cuBLASLt algorithms first: a refusal there must not leave y or row_l1 half written.
   const FfnTensors tc = hot ? neuron_slice(f.spec, t, options.dense_neurons) : t;
-  if (hot) hot->prepare_forward(cu, neuron_slice(f.spec, t, 0), tokens, s.dense_g, s.dense_u, !gate_only);
+  const FfnTensors th = hot ? neuron_slice(f.spec, t, 0) : FfnTensors{};  // the dense neurons' (explicit strides)
+  if (hot) hot->prepare_forward(cu, th, tokens, s.dense_g, s.dense_u, !gate_only);
   // The words, then (keep_u, and the consumer runs) u per entry: GatedDownParams::entry_u_after_words.
   s.has_u = keep_u && !gate_only;
   ensure(s.twell, twell_buffer_bytes(l, f.sparse_spec.d_ff, tokens, s.has_u), cu, who);
@@ -410,7 +411,7 @@ void FfnTrainingPlan::Impl::run_forward(TrainingPath path, CUstream cu, const Ff
     }
   }
   // The dense neurons, added to the TwELL part's y and row_l1 (a gate-only forward: their g and u alone).
-  if (hot) hot->forward(cu, neuron_slice(f.spec, t, 0), tokens, s.dense_g, s.dense_u, row_l1, /*accumulate=*/true);
+  if (hot) hot->forward(cu, th, tokens, s.dense_g, s.dense_u, row_l1, /*accumulate=*/true);
   s.path = TrainingPath::Sparse;
   s.tokens = tokens;
   s.capacity = capacity;
@@ -521,17 +522,19 @@ void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& user_ten
   // The TwELL part: its neurons' slices of the weights and the weight gradients (all of them without a
   // split), N its neuron count; the dense neurons' part follows it below.
   const int64_t H = p.options.dense_neurons;
+  const int out_bytes = p.options.gradients_in_dtype ? 2 : 4;
   const FfnTensors t = H > 0 ? neuron_slice(f.spec, user_tensors, H) : user_tensors;
-  const FfnGradients g = H > 0 ? gradient_slice(f.spec, user_grads, H, p.options.gradients_in_dtype ? 2 : 4, dw_down_transposed)
-                               : user_grads;
+  const FfnGradients g = H > 0 ? gradient_slice(f.spec, user_grads, H, out_bytes, dw_down_transposed) : user_grads;
+  // The dense neurons' tensors and gradients (explicit strides).
+  const FfnTensors th = H > 0 ? neuron_slice(f.spec, user_tensors, 0) : FfnTensors{};
+  const FfnGradients gh = H > 0 ? gradient_slice(f.spec, user_grads, 0, out_bytes, dw_down_transposed) : FfnGradients{};
   const int64_t K = f.spec.d_model, N = f.sparse_spec.d_ff;
   const detail::Driver& d = detail::Driver::get();
   // The dense neurons' scratch and cuBLASLt algorithms before the first launch (the backward's rule: a
   // refusal leaves every output unwritten and the state unused).
   if (hot)
-    hot->prepare_backward(cu, neuron_slice(f.spec, user_tensors, 0), dy, ld_dy, tokens, s.dense_g, s.dense_u,
-                          gradient_slice(f.spec, user_grads, 0, options.gradients_in_dtype ? 2 : 4, dw_down_transposed),
-                          options.gradients_in_dtype, options.dw_down_as_weight, who);
+    hot->prepare_backward(cu, th, dy, ld_dy, tokens, s.dense_g, s.dense_u, gh, options.gradients_in_dtype,
+                          options.dw_down_as_weight, who);
   // The forward's overflow count: its copy was enqueued before everything after the forward.
   detail::check(d.cuEventSynchronize(s.event), "FfnTrainingPlan::backward: cuEventSynchronize(forward)");
   const uint32_t overflow = *s.pinned;
@@ -633,10 +636,8 @@ void FfnTrainingPlan::Impl::run_backward(CUstream cu, const FfnTensors& user_ten
   s.consumed = true;  // (enqueued: a call refused inside the kernels' checks left it unused)
   // The dense neurons: dx += their part; their weight gradients' rows (columns of dWd as the weight).
   if (hot)
-    hot->backward(cu, neuron_slice(f.spec, user_tensors, 0), dy, ld_dy, tokens, s.dense_g, s.dense_u,
-                  gradient_slice(f.spec, user_grads, 0, options.gradients_in_dtype ? 2 : 4, dw_down_transposed),
-                  options.gradients_in_dtype, options.dw_down_as_weight, lambda, l1_tokens, l1_weight, who, s.consumed,
-                  /*accumulate_dx=*/true);
+    hot->backward(cu, th, dy, ld_dy, tokens, s.dense_g, s.dense_u, gh, options.gradients_in_dtype, options.dw_down_as_weight,
+                  lambda, l1_tokens, l1_weight, who, s.consumed, /*accumulate_dx=*/true);
 }
 
 // TrainingDispatch::Auto's timing (training_plan.h): whole steps of both paths on the call's x and weights
