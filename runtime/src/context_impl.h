@@ -76,7 +76,7 @@ struct Context::Impl {
   void make_current() const;
 
   // The kernels of `spec` for this context's target, the decode kernels reading w_down in
-  // `decode_down_layout` (generateFfn's argument): from the first bundle that holds them, else from the
+  // `decode_down_layout` (none for nullopt): from the first bundle that holds them, else from the
   // JIT (through the cache), else Error(NotFound) naming the request and the bundles. `who` prefixes
   // errors. Thread-safe.
   FfnKernels ffn_kernels(const FfnSpec& spec, std::optional<WeightLayout> decode_down_layout, const char* who);
@@ -88,6 +88,10 @@ struct Context::Impl {
                                           KernelReport* report = nullptr);
   // JIT-compiles `source` through the cache (no module). Throws Error(Unsupported) without a JIT.
   std::shared_ptr<LoadedKernel> compile(const kernels::KernelSource& source);
+  // compile() of each source, in parallel threads (NVRTC is thread-safe; the cache compiles a key once),
+  // then each loaded on this thread, in order. A plan's kernel set costs its slowest kernel's compile, not
+  // the sum. The first failure (in order) is rethrown once every compile has ended.
+  std::vector<std::shared_ptr<LoadedKernel>> compile_and_load(const std::vector<kernels::KernelSource>& sources);
 
   // Remembers a kernel set this context obtained (save_bundle writes it; later requests reuse it).
   void record(const std::string& request, detail::BundleSet set, const std::vector<const LoadedKernel*>& kernels);

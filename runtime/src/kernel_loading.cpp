@@ -3,6 +3,7 @@
 // every kernel is then loaded as a module and its occupancy queried once.
 #include <bit>
 #include <chrono>
+#include <future>
 
 #include <fmt/format.h>
 
@@ -66,6 +67,16 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const kernels::KernelSource
   k->report.compile_ms = compile_ms;
   k->report.load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() - compile_ms;
   return k;
+}
+
+std::vector<std::shared_ptr<LoadedKernel>> Context::Impl::compile_and_load(const std::vector<kernels::KernelSource>& sources) {
+  std::vector<std::future<std::shared_ptr<LoadedKernel>>> compiled;
+  for (const kernels::KernelSource& source : sources)
+    compiled.push_back(std::async(std::launch::async, [this, &source] { return compile(source); }));
+  std::vector<std::shared_ptr<LoadedKernel>> out;
+  for (auto& f : compiled) f.wait();  // all have ended before anything is rethrown (they read `sources`)
+  for (auto& f : compiled) out.push_back(load(f.get()));
+  return out;
 }
 
 std::shared_ptr<LoadedKernel> Context::Impl::load(std::shared_ptr<LoadedKernel> k) {
@@ -198,15 +209,24 @@ void check_bundle_set(const detail::Bundle& bundle, const detail::BundleSet& set
 
 FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightLayout> decode_down_layout, const char* who) {
   const std::string request = detail::ffn_request(spec, target, decode_down_layout);
+  // A request without decode kernels is also served by a set of the same spec that has them (a bundle
+  // made by `twellc compile`, whose plans decode): its gate and consumer, not its decode kernels.
+  std::vector<std::string> servers{request};
+  if (!decode_down_layout)
+    for (const WeightLayout l : {WeightLayout::OutIn, WeightLayout::InOut}) servers.push_back(detail::ffn_request(spec, target, l));
   for (const auto& bundle : loaded_bundles()) {
-    if (const detail::BundleSet* set = bundle->find(request)) {
-      check_bundle_set(*bundle, *set, spec, decode_down_layout);
+    for (const std::string& server : servers) {
+      const detail::BundleSet* found = bundle->find(server);
+      if (!found) continue;
+      detail::BundleSet set = *found;
+      if (!decode_down_layout) set.decode.clear();
+      check_bundle_set(*bundle, set, spec, decode_down_layout);
       // Bundle::load checked that every set's kernels are there.
-      FfnKernels out = ffn_from_set(*set, [&](const std::string& name) { return bundle->kernel(name); }, "bundle");
+      FfnKernels out = ffn_from_set(set, [&](const std::string& name) { return bundle->kernel(name); }, "bundle");
       std::vector<const LoadedKernel*> loaded;
       for (const auto* list : {&out.kernels, &out.decode})
         for (const auto& k : *list) loaded.push_back(k.get());
-      record(request, *set, loaded);
+      record(request, std::move(set), loaded);
       return out;
     }
   }
@@ -226,6 +246,7 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
   }
   if (!jit) not_found(who, request, bundle_list(request), options);
   kernels::GeneratedFfn generated = jit->generate_ffn(spec, target, decode_down_layout);
+  if (!decode_down_layout) generated.decode.clear();  // (the generator's nullopt makes them for the consumer's layout)
   FfnKernels out;
   out.ir = std::move(generated.ir);
   out.layout = generated.layout;
@@ -233,14 +254,14 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
   set.spec = spec;
   set.layout = generated.layout;
   set.ir = out.ir;
+  std::vector<kernels::KernelSource> sources = generated.kernels;
+  sources.insert(sources.end(), generated.decode.begin(), generated.decode.end());
+  std::vector<std::shared_ptr<LoadedKernel>> compiled = compile_and_load(sources);
   std::vector<const LoadedKernel*> loaded;
-  for (const auto& k : generated.kernels) {
-    loaded.push_back(out.kernels.emplace_back(load(compile(k))).get());
-    set.kernels.push_back(k.name);
-  }
-  for (const auto& k : generated.decode) {
-    loaded.push_back(out.decode.emplace_back(load(compile(k))).get());
-    set.decode.push_back(k.name);
+  for (size_t i = 0; i < compiled.size(); ++i) {
+    const bool decode = i >= generated.kernels.size();
+    loaded.push_back((decode ? out.decode : out.kernels).emplace_back(std::move(compiled[i])).get());
+    (decode ? set.decode : set.kernels).push_back(sources[i].name);
   }
   record(request, std::move(set), loaded);
   return out;

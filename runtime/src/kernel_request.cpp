@@ -21,7 +21,7 @@ std::string ffn_request(const FfnSpec& s, const Target& target, std::optional<We
       s.d_model, s.d_ff, s.gated ? 1 : 0, to_string(s.activation), threshold_bits(s.threshold), to_string(s.dtype),
       to_string(s.down_layout), s.tile_n.value_or(kernels::kDefaultTileN), s.slots.value_or(kernels::kDefaultSlots),
       s.consumer ? to_string(*s.consumer) : "auto", optional_text(s.gate_cluster_m),
-      decode ? to_string(*decode) : "auto", target.arch());
+      decode ? to_string(*decode) : "none", target.arch());
 }
 
 std::string auxiliary_request(kernels::KernelKind kind, const FfnSpec& s, const Target& target) {

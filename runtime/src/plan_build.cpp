@@ -71,23 +71,29 @@ detail::TunedLayout plan_tuning(Context& context, const FfnSpec& spec, int64_t m
 }  // namespace
 
 FfnPlan Context::plan(const FfnSpec& user_spec, int64_t max_tokens, const PlanOptions& options) {
+  return plan(user_spec, max_tokens, options, PlanUse::Inference);
+}
+
+FfnPlan Context::plan(const FfnSpec& user_spec, int64_t max_tokens, const PlanOptions& options, PlanUse use) {
   check_spec(user_spec, max_tokens, options);
   // Canonical (threshold -0.0 as +0.0) before any key is made from it: one layer, one kernel set.
   const FfnSpec canonical = kernels::canonical_spec(user_spec);
   const detail::TunedLayout tuned = plan_tuning(*this, canonical, max_tokens, options);
-  if (!tuned.tuned) return make_plan(canonical, max_tokens, options, tuned.source);
+  if (!tuned.tuned) return make_plan(canonical, max_tokens, options, tuned.source, use);
   // A tuned layout this context cannot build (a bundle-only deployment without those kernels, a
   // workspace that does not fit, a layout the generator refuses here) is ignored, not an error.
   try {
-    return make_plan(tuned.spec, max_tokens, options, tuned.source);
+    return make_plan(tuned.spec, max_tokens, options, tuned.source, use);
   } catch (const Error& e) {
     return make_plan(canonical, max_tokens, options,
                      fmt::format("heuristic (the tuned layout of {} could not be used: {})", tuned.source,
-                                 std::string(e.what()).substr(0, 300)));
+                                 std::string(e.what()).substr(0, 300)),
+                     use);
   }
 }
 
-FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options, std::string config_source) {
+FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options, std::string config_source,
+                           PlanUse use) {
   const std::shared_ptr<Context::Impl> ctx = context_impl(*this);  // throws for a moved-from context
   FfnPlan plan;
   plan.impl_ = std::make_unique<FfnPlan::Impl>();
@@ -103,8 +109,11 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
   const bool transpose_down = spec.down_layout == WeightLayout::OutIn;
   FfnSpec kernel_spec = p.sparse_spec;
   kernel_spec.down_layout = WeightLayout::InOut;  // what the consumer reads after normalization
-  // The decode kernels read Wd in the user's layout (at a few rows cheaper than a transposed copy).
-  FfnKernels generated = ctx->ffn_kernels(kernel_spec, spec.down_layout, "Context::plan");
+  // The decode kernels read Wd in the user's layout (at a few rows cheaper than a transposed copy); a plan
+  // that never decodes (decode_max_tokens 0: the training forward's, say) does not compile them.
+  const std::optional<WeightLayout> decode_layout =
+      options.decode_max_tokens > 0 ? std::optional<WeightLayout>(spec.down_layout) : std::nullopt;
+  FfnKernels generated = ctx->ffn_kernels(kernel_spec, decode_layout, "Context::plan");
   p.layout = generated.layout;
   check_tiles(p.layout, p.sparse_spec.d_ff, max_tokens);
   p.ir = (transpose_down ? std::string("// FfnPlan: w_down (out_in, nn.Linear) is transposed on the stream to in_out "
@@ -169,8 +178,8 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
   hot_spec.d_ff = p.dense_neurons;
   // With a GPU the DenseFfn objects below obtain (and record) them; without, nothing else would.
   if (!ctx->gpu && p.dispatch != Dispatch::Sparse) detail::dense_kernels(*ctx, spec, DenseKernels::FusedGatedUp);
-  if (!ctx->gpu && p.dense_neurons > 0 && p.dispatch != Dispatch::Dense)
-    detail::dense_kernels(*ctx, hot_spec, DenseKernels::FusedGatedUp);
+  const bool hot_part = p.dense_neurons > 0 && p.dispatch != Dispatch::Dense && use == PlanUse::Inference;
+  if (!ctx->gpu && hot_part) detail::dense_kernels(*ctx, hot_spec, DenseKernels::FusedGatedUp);
   if (ctx->gpu) {
     ctx->make_current();
     const int64_t sparse_d_ff = p.sparse_spec.d_ff;
@@ -209,7 +218,7 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
     const int64_t tile_rows = max_tokens * p.layout.tiles(sparse_d_ff);
     // The dense path and the dense neurons: cuBLASLt, with the fused gated-up kernel where it applies.
     if (p.dispatch != Dispatch::Sparse) p.dense = std::make_unique<DenseFfn>(*this, spec, max_tokens, DenseKernels::FusedGatedUp);
-    if (p.dense_neurons > 0 && p.dispatch != Dispatch::Dense)
+    if (hot_part)
       p.hot = std::make_unique<DenseFfn>(*this, hot_spec, max_tokens, DenseKernels::FusedGatedUp);
     p.allocate_backup(options.backup_capacity.value_or(
         static_cast<uint32_t>(std::clamp<int64_t>(tile_rows / 16, 256, int64_t{1} << 24))));

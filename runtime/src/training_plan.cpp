@@ -8,6 +8,7 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <future>
 #include <iterator>
 #include <map>
 
@@ -201,20 +202,27 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
   // kernels refuse (a tile_n whose train_weight_grad counters do not fit, say) falls back to the
   // heuristic layout, as Context::plan does for a tuned layout the inference kernels cannot build.
   auto build = [&](const PlanOptions& o) {
-    p.forward = context.plan(spec, max_tokens, o);
+    p.forward = context.plan(spec, max_tokens, o, Context::PlanUse::TrainingForward);
     const FfnPlan::Impl& f = *p.forward.impl_;
     p.kernel_spec = f.sparse_spec;
     p.kernel_spec.down_layout = WeightLayout::InOut;
     p.kernel_spec.tile_n = f.layout.tile_n;
     p.kernel_spec.slots = f.layout.slots;
     p.reports = f.reports;
-    bool warp_row_backward = false;
-    for (const auto kind : {kernels::KernelKind::TrainRowBackward, kernels::KernelKind::TrainWeightGrad}) {
-      KernelReport report;
-      const std::shared_ptr<LoadedKernel> k = p.context->auxiliary(kind, p.kernel_spec, who, &report);
-      p.reports.push_back(std::move(report));
-      if (kind == kernels::KernelKind::TrainRowBackward) warp_row_backward = k->source.consumer == kernels::ConsumerKind::WarpRow;
-    }
+    // The two training kernels compile in parallel (a JIT compile takes about a second each).
+    KernelReport row_report, weight_report;
+    auto row_backward = std::async(std::launch::async, [&] {
+      return p.context->auxiliary(kernels::KernelKind::TrainRowBackward, p.kernel_spec, who, &row_report);
+    });
+    auto weight_grad = std::async(std::launch::async, [&] {
+      return p.context->auxiliary(kernels::KernelKind::TrainWeightGrad, p.kernel_spec, who, &weight_report);
+    });
+    weight_grad.wait();
+    const std::shared_ptr<LoadedKernel> row = row_backward.get();
+    weight_grad.get();
+    p.reports.push_back(std::move(row_report));
+    p.reports.push_back(std::move(weight_report));
+    const bool warp_row_backward = row->source.consumer == kernels::ConsumerKind::WarpRow;
     p.keep_u = options.keep_u && p.kernel_spec.gated && warp_row_backward && f.consumer &&
                f.consumer->source.consumer == kernels::ConsumerKind::WarpRow;
   };
@@ -237,12 +245,10 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
   }
   p.capacity = f.backup_capacity;
   if (p.context->gpu) {
-    // The plan's own TwELL matrix and backup are never used: the states hold them; nor are the inference
-    // split's dense neurons (their [max_tokens, dense_neurons] workspaces): `hot` computes them here.
+    // The plan's own TwELL matrix and backup are never used: the states hold them.
     p.context->make_current();
     f.twell = std::make_unique<detail::DeviceBuffer>(4);
     f.allocate_backup(0);
-    f.hot.reset();
   }
   return plan;
 }

@@ -121,6 +121,26 @@ TEST(RuntimeOnly, PlanFromBundle) {
   }
 }
 
+// A plan that never decodes requests no decode kernels; the bundle's set (made by plans that decode)
+// serves it with its gate and consumer, and the plan reports no decode kernel.
+TEST(RuntimeOnly, PlanWithoutDecodeFromADecodingBundle) {
+  Context ctx(options_for(Target{90, true}));
+  ctx.load_bundle(kBundles / "sample/sm_90a");
+  PlanOptions options;
+  options.decode_max_tokens = 0;
+  const FfnPlan plan = ctx.plan(sample_spec(), 4096, options);
+  ASSERT_GE(plan.kernels().size(), 2u);
+  for (const KernelReport& k : plan.kernels()) {
+    EXPECT_EQ(k.cache, "bundle") << k.name;
+    EXPECT_EQ(k.name.find("decode"), std::string::npos) << k.name;
+  }
+  // The decoding plan still finds its five decode kernels in the same bundle.
+  int decode = 0;
+  const FfnPlan decoding = ctx.plan(sample_spec(), 4096);
+  for (const KernelReport& k : decoding.kernels()) decode += k.name.find("decode") != std::string::npos;
+  EXPECT_EQ(decode, 5);
+}
+
 TEST(RuntimeOnly, NonGatedBundle) {
   Context ctx(options_for(Target{90, true}));
   ctx.load_bundle(kBundles / "non_gated/sm_90a");

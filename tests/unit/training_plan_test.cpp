@@ -221,6 +221,32 @@ TEST(TrainingPlan, DenseKernelsTravelInBundles) {
   std::filesystem::remove_all(dir);
 }
 
+// A training plan compiles only what it launches: not the inference plan's decode kernels, nor the fused
+// gated-up kernel of an inference split's dense neurons (the training plan computes those itself). Every
+// kernel the context obtained goes into save_bundle's bundle, one file per kernel.
+TEST(TrainingPlan, CompilesNoDecodeOrInferenceSplitKernels) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("twell_train_kernels_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ContextOptions co;
+  co.device = ContextOptions::kNoDevice;
+  co.disk_cache = false;
+  Context ctx(co);
+  TrainingPlanOptions o;
+  o.dense_neurons = 256;
+  FfnTrainingPlan::create(ctx, small_spec(), 64, o);
+  ctx.save_bundle(dir);
+  int files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir)) {
+    if (entry.path().extension() != ".cubin") continue;
+    ++files;
+    const std::string name = entry.path().filename().string();
+    EXPECT_EQ(name.find("decode"), std::string::npos) << "kernel file " << name;
+    EXPECT_EQ(name.find("dense_gated_up"), std::string::npos) << name;
+  }
+  EXPECT_GE(files, 5) << "gate, consumer, the two training kernels and the dense elementwise kernels";
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainingPlan, RunTimeCallsWithoutAGpuOrOnAnEmptyPlanAreClearErrors) {
   FfnTrainingPlan plan = FfnTrainingPlan::create(no_gpu(), small_spec(), 64);
   expect_error([&] { plan.make_state(); }, ErrorCode::NoDevice, "make_state");

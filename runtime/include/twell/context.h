@@ -137,8 +137,14 @@ class Context {
 
  private:
   friend std::shared_ptr<Impl> context_impl(Context&);
+  friend class FfnTrainingPlan;  // makes its forward plan with PlanUse::TrainingForward
+  // TrainingForward: the plan of a training plan, which computes a split's dense neurons itself, so the
+  // plan makes no DenseFfn (kernels, [max_tokens, dense_neurons] buffers) for them.
+  enum class PlanUse { Inference, TrainingForward };
+  FfnPlan plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options, PlanUse use);
   // plan()'s work for a checked, canonical spec whose layout source is decided.
-  FfnPlan make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options, std::string config_source);
+  FfnPlan make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOptions& options, std::string config_source,
+                    PlanUse use);
   std::shared_ptr<Impl> impl_;
 };
 

@@ -56,7 +56,8 @@ struct PlanOptions {
   // token-block consumer), where the generator made them: a tensor-core gate, d_model % 8 == 0, d_ff
   // <= 65536, tile_n >= 32, a target with more than 99 KiB of shared memory per CTA (not sm_86, sm_89,
   // sm_120, sm_121), and not for FfnSpec::consumer = TokenBlock (that consumer rounds h, the decode
-  // kernels repeat the row consumers' sums). 0 turns them off; at most 64, else Context::plan throws
+  // kernels repeat the row consumers' sums). 0 turns them off (nor are they compiled then; a bundle's set
+  // with them serves such a plan too); at most 64, else Context::plan throws
   // Error(InvalidArgument) naming this field. It is only the cut-off: any value above 0 compiles the
   // same five kernels (decode_gate for up to 64 rows, decode_gate_small for up to 8, decode_up,
   // decode_down; decode_fused below), and sizes their workspace: about min(max_tokens,
