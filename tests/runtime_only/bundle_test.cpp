@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -17,6 +18,7 @@
 #include "twell/error.h"
 #include "twell/layer_data.h"
 #include "twell/safetensors.h"
+#include "twell/training_plan.h"
 
 namespace fs = std::filesystem;
 using namespace twell;
@@ -139,6 +141,32 @@ TEST(RuntimeOnly, PlanWithoutDecodeFromADecodingBundle) {
   const FfnPlan decoding = ctx.plan(sample_spec(), 4096);
   for (const KernelReport& k : decoding.kernels()) decode += k.name.find("decode") != std::string::npos;
   EXPECT_EQ(decode, 5);
+}
+
+// `twellc compile --training --dense-neurons 256` bundles the training plans' kernels: a context without
+// the JIT makes the Auto training plan, whole and split at 256, from it alone; a split the bundle lacks
+// is NotFound, naming the request.
+TEST(RuntimeOnly, TrainingPlansFromABundle) {
+  Context ctx(options_for(Target{90, true}));
+  ctx.load_bundle(kBundles / "training/sm_90a");
+  for (const int64_t dense_neurons : {int64_t{0}, int64_t{256}}) {
+    TrainingPlanOptions o;
+    o.dispatch = TrainingDispatch::Auto;
+    o.dense_neurons = dense_neurons;
+    const FfnTrainingPlan plan = FfnTrainingPlan::create(ctx, sample_spec(), 4096, o);
+    std::map<std::string, int> kinds;
+    for (const KernelReport& k : plan.kernels()) {
+      ++kinds[k.kind];
+      EXPECT_TRUE(k.cache == "bundle" || k.cache == "memory") << k.name << ": " << k.cache;
+    }
+    for (const char* kind : {"gate_twell", "train_row_backward", "train_weight_grad", "train_dense_forward", "train_dense_backward"})
+      EXPECT_GE(kinds[kind], 1) << kind << " (dense_neurons " << dense_neurons << ")";
+  }
+  TrainingPlanOptions other;
+  other.dense_neurons = 512;
+  const auto [code, what] = error_of([&] { FfnTrainingPlan::create(ctx, sample_spec(), 4096, other); });
+  EXPECT_EQ(code, ErrorCode::NotFound) << what;
+  EXPECT_NE(what.find("d_ff=896"), std::string::npos) << what;  // the split's TwELL part: 1408 - 512
 }
 
 TEST(RuntimeOnly, NonGatedBundle) {

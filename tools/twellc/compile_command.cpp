@@ -21,6 +21,7 @@
 #include "twell/kernels/constraints.h"
 #include "twell/layer_data.h"
 #include "twell/safetensors.h"
+#include "twell/training_plan.h"
 #include "twell/tuning.h"
 
 // The embedded sample (sample.S): what `twellc run` runs without files.
@@ -41,6 +42,9 @@ const char* kCompileHelp =
     "  --target LIST           comma-separated targets (default sm_90a), e.g. sm_90a,sm_80\n"
     "  --max-tokens M          the plans' max_tokens (default 131072; only sizes workspaces, not kernels)\n"
     "  --dense-neurons K       also the kernels of plans with PlanOptions::dense_neurons = K (the hot/cold split)\n"
+    "  --training              also the kernels of FfnTrainingPlan (twell/training_plan.h) with dispatch Auto: the\n"
+    "                          training kernels and the dense training path's (with --dense-neurons, the split's too),\n"
+    "                          so that a context without the JIT can make training plans from the bundle\n"
     "  --tuning-dir DIR        embed the tuned choices of the tuning database DIR (twellc tune's) for this spec and\n"
     "                          each target, and compile their layouts' kernels too: the file of the target's arch,\n"
     "                          this twell version and spec (any SM count and driver; the most recent of several).\n"
@@ -117,7 +121,7 @@ int compile_command(const std::vector<std::string>& argv) {
     std::vector<std::string> args_in = argv;
     for (auto& a : args_in)
       if (a == "-o") a = "--o";
-    const Args args = parse_args(args_in, {"help", "non-gated", "sample"}, valued);
+    const Args args = parse_args(args_in, {"help", "non-gated", "sample", "training"}, valued);
     if (args.has("help")) {
       std::fputs(kCompileHelp, stdout);
       return 0;
@@ -147,7 +151,7 @@ int compile_command(const std::vector<std::string>& argv) {
           std::nullopt, false);
       std::vector<std::string> with_shape(args_in);
       with_shape.insert(with_shape.end(), {"--d-model", std::to_string(d.d_model), "--d-ff", std::to_string(d.d_ff)});
-      std::vector<std::string> flags{"help", "non-gated", "sample"};
+      std::vector<std::string> flags{"help", "non-gated", "sample", "training"};
       spec = spec_from_args(parse_args(with_shape, flags, valued));
     } else if (mlir_file.empty()) {
       spec = spec_from_args(args);
@@ -180,14 +184,28 @@ int compile_command(const std::vector<std::string>& argv) {
     twell::PlanOptions options;  // Dispatch::Auto: the dense path's kernels too; the decode kernels are part of the FFN's set
     const int64_t dense_neurons = args.get_int("dense-neurons", 0, 0, int64_t{1} << 24);
     const int64_t max_tokens = args.get_int("max-tokens", 131072, 1, (int64_t{1} << 31) - 1);
+    const bool training = args.has("training");
     // The plans of one spec: the whole layer, and with --dense-neurons the split's TwELL part (d_ff - K
-    // neurons) and its dense part.
+    // neurons) and its dense part; with --training the training plans of the same (their kernels are
+    // recorded by the context, which save_bundle writes).
     auto make_plans = [&](twell::Context& ctx, const twell::FfnSpec& s, const twell::PlanOptions& o) {
       twell::FfnPlan plan = ctx.plan(s, max_tokens, o);
       if (dense_neurons > 0) {
         twell::PlanOptions split = o;
         split.dense_neurons = dense_neurons;
         ctx.plan(s, max_tokens, split);
+      }
+      if (training) {
+        twell::TrainingPlanOptions t;
+        t.dispatch = twell::TrainingDispatch::Auto;
+        t.tuning = o.tuning;
+        t.tuning_dir = o.tuning_dir;
+        t.tuning_workload = o.tuning_workload;
+        twell::FfnTrainingPlan::create(ctx, s, max_tokens, t);
+        if (dense_neurons > 0) {
+          t.dense_neurons = dense_neurons;
+          twell::FfnTrainingPlan::create(ctx, s, max_tokens, t);
+        }
       }
       return plan;
     };
