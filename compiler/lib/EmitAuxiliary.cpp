@@ -7,7 +7,7 @@
 #include <string>
 
 #include "CudaLiterals.h"
-#include "EmitTraining.h"
+#include "TrainingOps.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "twell/compiler/Generate.h"
 #include "twell/error.h"
@@ -137,9 +137,8 @@ KernelSource generateAuxiliary(KernelKind kind, const FfnSpec& spec, const Targe
              std::to_string(spec.d_model) + ", d_ff " + std::to_string(spec.d_ff));
       return denseGatedUp(spec);
     case KernelKind::TrainRowBackward:
-      return emitTrainRowBackward(spec, target);
-    case KernelKind::TrainWeightGrad:
-      return emitTrainWeightGrad(spec, target);
+    case KernelKind::TrainWeightGrad:  // through their dialect ops (TrainingOps.h)
+      return generateTrainingKernel(kind, spec, target);
     default:
       fail("not an auxiliary kernel (WeightTranspose, NeuronPermute, DenseGatedMul, DenseGatedUp, TrainRowBackward, "
            "TrainWeightGrad, TrainDenseForward or TrainDenseBackward); "

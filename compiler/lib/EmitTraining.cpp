@@ -36,7 +36,7 @@ std::string trainRowBackwardName(const FfnSpec& s) {
       .str();
 }
 
-KernelSource emitTrainRowBackward(const FfnSpec& user_spec, const Target& target) {
+void checkTrainRowBackward(const FfnSpec& user_spec) {
   using T = kernels::TrainRowBackwardConstraints;
   auto fail = [](const std::string& message) {
     throw Error(ErrorCode::InvalidArgument, "generateAuxiliary: kind train_row_backward: " + message);
@@ -48,6 +48,12 @@ KernelSource emitTrainRowBackward(const FfnSpec& user_spec, const Target& target
              .str());
   if (s.d_ff < 1 || s.d_ff > (int64_t{1} << 24))
     fail(llvm::formatv("spec.d_ff: expected 1..16777216, got {0}", s.d_ff).str());
+}
+
+KernelSource emitTrainRowBackward(const FfnSpec& user_spec, const Target& target) {
+  using T = kernels::TrainRowBackwardConstraints;
+  checkTrainRowBackward(user_spec);
+  const FfnSpec s = kernels::canonical_spec(user_spec);
   // The forward's gate kernel: the same spec's, whatever consumer or down layout it runs with.
   FfnSpec forward = s;
   forward.down_layout = WeightLayout::InOut;
@@ -119,7 +125,7 @@ std::string trainWeightGradName(const FfnSpec& s) {
       .str();
 }
 
-KernelSource emitTrainWeightGrad(const FfnSpec& user_spec, const Target& target) {
+void checkTrainWeightGrad(const FfnSpec& user_spec, const Target& target) {
   using T = kernels::TrainWeightGradConstraints;
   auto fail = [](const std::string& message) {
     throw Error(ErrorCode::InvalidArgument, "generateAuxiliary: kind train_weight_grad: " + message);
@@ -128,12 +134,19 @@ KernelSource emitTrainWeightGrad(const FfnSpec& user_spec, const Target& target)
   if (std::string e = kernels::validate_spec(s, "spec."); !e.empty()) fail(e);
   if (s.d_model < 1 || s.d_model > T::kMaxDModel)
     fail(llvm::formatv("spec.d_model: expected 1..{0}, got {1}", T::kMaxDModel, s.d_model).str());
-  const int tile_n = s.tile_n.value_or(kernels::kDefaultTileN), slots = s.slots.value_or(kernels::kDefaultSlots);
+  const int tile_n = s.tile_n.value_or(kernels::kDefaultTileN);
   const int64_t max_d_ff = T::maxDFF(tile_n, kernels::GatedDownKernelConstraints::maxDynamicSharedBytes(target.sm));
   if (s.d_ff < 1 || s.d_ff > max_d_ff)
     fail(llvm::formatv("spec.d_ff: expected 1..{0} (a shared-memory counter per neuron on {1} at tile_n {2}), got {3}",
                        max_d_ff, target.arch(), tile_n, s.d_ff)
              .str());
+}
+
+KernelSource emitTrainWeightGrad(const FfnSpec& user_spec, const Target& target) {
+  using T = kernels::TrainWeightGradConstraints;
+  checkTrainWeightGrad(user_spec, target);
+  const FfnSpec s = kernels::canonical_spec(user_spec);
+  const int tile_n = s.tile_n.value_or(kernels::kDefaultTileN), slots = s.slots.value_or(kernels::kDefaultSlots);
 
   KernelSource k;
   k.kind = KernelKind::TrainWeightGrad;

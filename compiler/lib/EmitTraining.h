@@ -14,6 +14,8 @@ namespace twell::compiler {
 // Error(InvalidArgument) naming the spec field (validate_spec's rules, d_model above
 // TrainRowBackwardConstraints::kMaxDModel).
 kernels::KernelSource emitTrainRowBackward(const FfnSpec& spec, const Target& target);
+// Its checks of `spec` alone (what emitTrainRowBackward throws before it emits anything).
+void checkTrainRowBackward(const FfnSpec& spec);
 
 // Its entry symbol:
 // twell_train_row_backward_k<d_model>_n<d_ff>_t<tile_n>_s<slots>_<activation>_<dtype>_gated<0|1>_th<threshold's 8 hex
@@ -27,6 +29,8 @@ std::string trainRowBackwardName(const FfnSpec& spec);
 // Error(InvalidArgument) naming the spec field (validate_spec's rules, d_model above
 // TrainWeightGradConstraints::kMaxDModel).
 kernels::KernelSource emitTrainWeightGrad(const FfnSpec& spec, const Target& target);
+// Its checks of `spec` alone (what emitTrainWeightGrad throws before it emits anything).
+void checkTrainWeightGrad(const FfnSpec& spec, const Target& target);
 
 // Its entry symbol: twell_train_weight_grad_k<d_model>_n<d_ff>_t<tile_n>_s<slots>_<dtype>_gated<0|1>.
 std::string trainWeightGradName(const FfnSpec& spec);

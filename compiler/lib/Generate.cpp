@@ -19,6 +19,8 @@
 #include "mlir/IR/Verifier.h"
 #include "mlir/Parser/Parser.h"
 #include "mlir/Pass/PassManager.h"
+#include "EmitTraining.h"
+#include "TrainingOps.h"
 #include "twell/kernels/constraints.h"
 #include "twell/kernels/validate.h"
 #include "twell/Dialect/TwellOps.h"
@@ -63,6 +65,21 @@ void checkTarget(mlir::MLIRContext* context, const Target& target, const char* f
           llvm::function_ref<mlir::InFlightDiagnostic()>(emitError), context, llvm::StringRef(arch),
           llvm::ArrayRef<tw::Feature>(tw::TargetAttr::defaultFeatures(arch))))
     throw Error(ErrorCode::InvalidArgument, std::string(function) + ": target: " + message);
+}
+
+mlir::Type elementOf(mlir::OpBuilder& b, const FfnSpec& spec) {
+  return spec.dtype == DType::BF16 ? mlir::Type(b.getBF16Type()) : b.getF16Type();
+}
+
+// The #twell.layout of `spec` (the generator's tile_n and slots where unset); null with a diagnostic
+// at `loc` where the layout's rules refuse it.
+tw::LayoutAttr layoutOf(mlir::OpBuilder& b, const FfnSpec& spec, mlir::Location loc) {
+  auto activation = spec.activation == Activation::ReLU ? tw::Activation::ReLU : tw::Activation::SiLU;
+  auto emitLayoutError = [&] { return mlir::emitError(loc); };
+  return tw::LayoutAttr::getChecked(llvm::function_ref<mlir::InFlightDiagnostic()>(emitLayoutError), b.getContext(),
+                                    int64_t{spec.tile_n.value_or(::twell::kernels::kDefaultTileN)},
+                                    int64_t{spec.slots.value_or(::twell::kernels::kDefaultSlots)}, elementOf(b, spec),
+                                    mlir::Type(b.getIntegerType(16)), activation, llvm::APFloat(spec.threshold));
 }
 
 // SourceMgrDiagnosticHandler ends every diagnostic with a newline.
@@ -214,14 +231,8 @@ GeneratedFfn generateFfn(const FfnSpec& user_spec, const Target& target, std::op
   mlir::OpBuilder b(context.get());
   mlir::Location loc = mlir::NameLoc::get(b.getStringAttr("twell::FfnSpec"));
 
-  mlir::Type element = spec.dtype == DType::BF16 ? mlir::Type(b.getBF16Type()) : b.getF16Type();
-  auto activation =
-      spec.activation == Activation::ReLU ? tw::Activation::ReLU : tw::Activation::SiLU;
-  auto emitLayoutError = [&] { return mlir::emitError(loc); };
-  tw::LayoutAttr layout = tw::LayoutAttr::getChecked(
-      llvm::function_ref<mlir::InFlightDiagnostic()>(emitLayoutError), context.get(),
-      int64_t{spec.tile_n.value_or(::twell::kernels::kDefaultTileN)}, int64_t{spec.slots.value_or(::twell::kernels::kDefaultSlots)}, element,
-      mlir::Type(b.getIntegerType(16)), activation, llvm::APFloat(spec.threshold));
+  mlir::Type element = elementOf(b, spec);
+  tw::LayoutAttr layout = layoutOf(b, spec, loc);
   if (!layout) fail(messages.take());
 
   constexpr int64_t kDynamic = mlir::ShapedType::kDynamic;
@@ -291,6 +302,77 @@ GeneratedFfn generateFromMlir(std::string_view mlir_text, std::string_view filen
   std::optional<GeneratedFfn> result = runPipeline(*module, target);
   if (!result) throw Error(ErrorCode::InvalidArgument, trimmed(diagnostics));
   return std::move(*result);
+}
+
+KernelSource generateTrainingKernel(KernelKind kind, const FfnSpec& user_spec, const Target& target) {
+  const bool rowBackward = kind == KernelKind::TrainRowBackward;
+  const FfnSpec spec = ::twell::kernels::canonical_spec(user_spec);
+  // The spec's own rules first: their messages name its fields.
+  if (rowBackward)
+    checkTrainRowBackward(spec);
+  else
+    checkTrainWeightGrad(spec, target);
+  const std::string who = std::string("generateAuxiliary: kind ") + ::twell::kernels::to_string(kind);
+  auto fail = [&](const std::string& message) { throw Error(ErrorCode::InvalidArgument, who + ": " + message); };
+
+  std::unique_ptr<mlir::MLIRContext> context = makeContext();
+  checkTarget(context.get(), target, who.c_str());
+  MessageCollector messages(context.get());
+  mlir::OpBuilder b(context.get());
+  mlir::Location loc = mlir::NameLoc::get(b.getStringAttr("twell::FfnSpec"));
+  tw::LayoutAttr layout = layoutOf(b, spec, loc);
+  if (!layout) fail(messages.take());
+  constexpr int64_t kDynamic = mlir::ShapedType::kDynamic;
+  mlir::Type element = elementOf(b, spec);
+  auto rows = mlir::RankedTensorType::get({kDynamic, spec.d_model}, element);
+  auto h = mlir::RankedTensorType::get({kDynamic, spec.d_ff}, element, layout);
+  auto weight = mlir::RankedTensorType::get({spec.d_ff, spec.d_model}, element);
+  auto entries = mlir::RankedTensorType::get({kDynamic, spec.d_ff}, b.getF32Type());
+  auto weightGrad = mlir::RankedTensorType::get({spec.d_ff, spec.d_model}, b.getF32Type());
+
+  // func @train_row_backward(x, dy, h, w_gate, w_down[, w_up]) -> (dx, dg[, du]), or
+  // func @train_weight_grad(x, dy, h, dg[, du]) -> (dw_gate, dw_down_t[, dw_up]).
+  llvm::SmallVector<mlir::Type> arguments{rows, rows, h}, results;
+  if (rowBackward) {
+    arguments.append({weight, weight});
+    if (spec.gated) arguments.push_back(weight);
+    results = {rows, entries};
+    if (spec.gated) results.push_back(entries);
+  } else {
+    arguments.push_back(entries);
+    if (spec.gated) arguments.push_back(entries);
+    results = {weightGrad, weightGrad};
+    if (spec.gated) results.push_back(weightGrad);
+  }
+  mlir::OwningOpRef<mlir::ModuleOp> module = mlir::ModuleOp::create(loc);
+  b.setInsertionPointToEnd(module->getBody());
+  auto function = mlir::func::FuncOp::create(b, loc, ::twell::kernels::to_string(kind),
+                                             b.getFunctionType(arguments, results));
+  mlir::Block* entry = function.addEntryBlock();
+  b.setInsertionPointToStart(entry);
+  const mlir::ValueRange operands = entry->getArguments();
+  mlir::Operation* op = rowBackward ? tw::TrainRowBackwardOp::create(b, loc, results, operands).getOperation()
+                                    : tw::TrainWeightGradOp::create(b, loc, results, operands).getOperation();
+  mlir::func::ReturnOp::create(b, loc, op->getResults());
+  if (mlir::failed(mlir::verify(*module))) fail(messages.take());
+  mlir::PassManager pm(context.get());
+  tw::TwellSelectConfigOptions options;
+  options.target = target.arch();
+  tw::buildTwellKernelPipeline(pm, options);
+  if (mlir::failed(pm.run(*module))) fail(messages.take());
+
+  // The kernel of the spec the specialized op describes; its name must be the one the pass gave it.
+  const FfnSpec described = trainingOpSpec(op);
+  KernelSource k = rowBackward ? emitTrainRowBackward(described, target) : emitTrainWeightGrad(described, target);
+  const auto name = op->getAttrOfType<mlir::StringAttr>("kernel_name");
+  if (!name || name.getValue() != k.name)
+    throw Error(ErrorCode::Compile, who + ": twell-specialize named the op " + (name ? name.getValue().str() : "(nothing)") +
+                                         ", the emitter the kernel " + k.name + " (a twell bug)");
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  op->print(os);
+  k.source = "// " + text + "\n" + k.source;
+  return k;
 }
 
 }  // namespace twell::compiler

@@ -197,6 +197,10 @@ struct TwellSelectConfig : impl::TwellSelectConfigBase<TwellSelectConfig> {
     // Gate kernels first: a consumer takes the main loop of the gate kernel feeding it. A gate kernel
     // whose consumer already has a config (kept) follows that config's main loop where it can.
     bool failed = false;
+    // The training ops take the target alone (their configuration is their contract's).
+    getOperation().walk([&](Operation* op) {
+      if (llvm::isa<TrainRowBackwardOp, TrainWeightGradOp>(op) && !op->getAttr("target")) op->setAttr("target", defaultTarget);
+    });
     getOperation().walk([&](GateMatmulOp gate) {
       if (!gate.getTargetAttr()) gate.setTargetAttr(defaultTarget);
       if (gate.getConfigAttr()) return;

@@ -1,5 +1,6 @@
 // twell-specialize: every kernel op becomes fully explicit and gets its identity, `kernel_name`.
 #include "KernelInstance.h"
+#include "TrainingOps.h"
 #include "mlir/Dialect/Func/IR/FuncOps.h"
 #include "twell/Dialect/TwellOps.h"
 #include "twell/compiler/Passes.h"
@@ -15,6 +16,16 @@ struct TwellSpecialize : impl::TwellSpecializeBase<TwellSpecialize> {
   void runOnOperation() override {
     bool failedAny = false;
     getOperation().walk([&](Operation* op) {
+      // The training ops' configuration is their contract's: the spec they describe names them.
+      if (llvm::isa<TrainRowBackwardOp, TrainWeightGradOp>(op)) {
+        if (!op->getAttr("target")) {
+          op->emitOpError() << "twell-specialize: expected a target (twell-select-config sets it)";
+          failedAny = true;
+          return;
+        }
+        op->setAttr("kernel_name", StringAttr::get(&getContext(), ::twell::compiler::trainingOpKernelName(op)));
+        return;
+      }
       if (!llvm::isa<GateMatmulOp, GatedDownOp, DownOp, GatedFfnOp, FfnOp>(op)) return;
       FailureOr<KernelInstance> kernel = KernelInstance::read(op);
       if (failed(kernel)) {

@@ -102,15 +102,35 @@ class ShapeChecker {
   }
 
   // y [M, d_model], plain tensor.
-  LogicalResult checkY(Value y) {
-    auto type = getMatrix("y", y.getType());
-    if (!type || failed(checkElement("y", type))) return failure();
+  LogicalResult checkY(Value y) { return checkRows("y", y); }
+
+  // A plain [M, d_model] tensor of x's element type (y, dy, dx).
+  LogicalResult checkRows(StringRef name, Value value) {
+    auto type = getMatrix(name, value.getType());
+    if (!type || failed(checkElement(name, type))) return failure();
     if (type.getEncoding())
-      return op_->emitOpError() << "y: expected a tensor without encoding, got " << type;
-    if (failed(checkTokens("y", type))) return failure();
+      return op_->emitOpError() << name << ": expected a tensor without encoding, got " << type;
+    if (failed(checkTokens(name, type))) return failure();
     if (type.getDimSize(1) != dModel_)
-      return op_->emitOpError() << "y: expected shape " << formatShape({tokens_, dModel_})
+      return op_->emitOpError() << name << ": expected shape " << formatShape({tokens_, dModel_})
                                 << " (tokens x d_model), got " << formatShape(type.getShape());
+    return success();
+  }
+
+  // An f32 tensor without encoding of the given shape (the training ops' gradients).
+  LogicalResult checkF32(StringRef name, Value value, llvm::ArrayRef<int64_t> expected, StringRef convention) {
+    auto type = getMatrix(name, value.getType());
+    if (!type) return failure();
+    if (!type.getElementType().isF32())
+      return op_->emitOpError() << name << ": expected element type f32 (gradients accumulate in fp32), got "
+                                << type.getElementType();
+    if (type.getEncoding())
+      return op_->emitOpError() << name << ": expected a tensor without encoding, got " << type;
+    for (auto [got, want] : llvm::zip(type.getShape(), expected))
+      if (!(ShapedType::isDynamic(want) ? ShapedType::isDynamic(got) || ShapedType::isDynamic(tokens_) || got == tokens_
+                                        : got == want))
+        return op_->emitOpError() << name << ": expected shape " << formatShape(expected) << " (" << convention
+                                  << "), got " << formatShape(type.getShape());
     return success();
   }
 
@@ -471,6 +491,81 @@ LogicalResult FfnOp::verify() {
       failed(check.checkY(getY())))
     return failure();
   return success();
+}
+
+//===----------------------------------------------------------------------===//
+// twell.train_row_backward, twell.train_weight_grad
+//===----------------------------------------------------------------------===//
+
+namespace {
+// kernel_name of a training op: a C identifier, set with the target (these ops have no config: theirs
+// is the contract's).
+LogicalResult verifyTrainingKernelAttributes(Operation* op, TargetAttr target, StringAttr kernelName) {
+  if (!kernelName) return success();
+  if (!isCIdentifier(kernelName.getValue()))
+    return op->emitOpError() << "kernel_name: expected a C identifier (the kernel's extern \"C\" symbol), got \""
+                             << kernelName.getValue() << "\"";
+  if (!target) return op->emitOpError() << "kernel_name: a specialized kernel must also carry its target";
+  return success();
+}
+}  // namespace
+
+LayoutAttr TrainRowBackwardOp::getLayout() { return twellEncoding(getH()); }
+
+LogicalResult TrainRowBackwardOp::verify() {
+  ShapeChecker check(*this);
+  if (failed(check.checkX(getX())) || failed(check.checkRows("dy", getDy())) || failed(check.checkTwell("h", getH())) ||
+      failed(check.checkLayout(check.layout())) ||
+      failed(check.checkWeight("w_gate", getWGate(), {check.dFF(), check.dModel()}, "d_ff x d_model, nn.Linear layout")) ||
+      failed(check.checkWeight("w_down", getWDown(), {check.dFF(), check.dModel()},
+                               "d_ff x d_model: the in_out layout the row consumer reads")) ||
+      (getWUp() && failed(check.checkWeight("w_up", getWUp(), {check.dFF(), check.dModel()},
+                                            "d_ff x d_model, nn.Linear layout"))) ||
+      failed(check.checkRows("dx", getDx())))
+    return failure();
+  const int64_t M = ShapedType::kDynamic;
+  if (failed(check.checkF32("dg", getDg(), {M, check.dFF()}, "tokens x d_ff, at h's entries")))
+    return failure();
+  if (static_cast<bool>(getWUp()) != static_cast<bool>(getDu()))
+    return emitOpError() << "du: expected a du result exactly when w_up is given (a gated layer), got "
+                         << (getWUp() ? "w_up without du" : "du without w_up");
+  if (getDu() && failed(check.checkF32("du", getDu(), {M, check.dFF()}, "tokens x d_ff, at h's entries")))
+    return failure();
+  if (check.dModel() > TrainRowBackwardConstraints::kMaxDModel)
+    return emitOpError() << "x: d_model at most " << TrainRowBackwardConstraints::kMaxDModel
+                         << " (a row of dx lives in registers), got " << check.dModel();
+  return verifyTrainingKernelAttributes(*this, getTargetAttr(), getKernelNameAttr());
+}
+
+LayoutAttr TrainWeightGradOp::getLayout() { return twellEncoding(getH()); }
+
+LogicalResult TrainWeightGradOp::verify() {
+  ShapeChecker check(*this);
+  if (failed(check.checkX(getX())) || failed(check.checkRows("dy", getDy())) || failed(check.checkTwell("h", getH())) ||
+      failed(check.checkLayout(check.layout())))
+    return failure();
+  const int64_t M = ShapedType::kDynamic;
+  const char* perWeight = "d_ff x d_model";
+  if (failed(check.checkF32("dg", getDg(), {M, check.dFF()}, "tokens x d_ff, at h's entries")) ||
+      (getDu() && failed(check.checkF32("du", getDu(), {M, check.dFF()}, "tokens x d_ff, at h's entries"))) ||
+      failed(check.checkF32("dw_gate", getDwGate(), {check.dFF(), check.dModel()}, perWeight)) ||
+      failed(check.checkF32("dw_down_t", getDwDownT(), {check.dFF(), check.dModel()}, "d_ff x d_model: dWd^T")) ||
+      (getDwUp() && failed(check.checkF32("dw_up", getDwUp(), {check.dFF(), check.dModel()}, perWeight))))
+    return failure();
+  if (static_cast<bool>(getDu()) != static_cast<bool>(getDwUp()))
+    return emitOpError() << "dw_up: expected a dw_up result exactly when du is given (a gated layer), got "
+                         << (getDu() ? "du without dw_up" : "dw_up without du");
+  if (check.dModel() > TrainWeightGradConstraints::kMaxDModel)
+    return emitOpError() << "x: d_model at most " << TrainWeightGradConstraints::kMaxDModel << ", got " << check.dModel();
+  if (TargetAttr target = getTargetAttr()) {
+    const int64_t tileN = check.layout().getTileN();
+    const int64_t maxDFF = TrainWeightGradConstraints::maxDFF(
+        tileN, GatedDownKernelConstraints::maxDynamicSharedBytes(target.getComputeCapability()));
+    if (check.dFF() > maxDFF)
+      return emitOpError() << "h: d_ff at most " << maxDFF << " on " << target
+                           << " at tile_n " << tileN << " (a shared-memory counter per neuron), got " << check.dFF();
+  }
+  return verifyTrainingKernelAttributes(*this, getTargetAttr(), getKernelNameAttr());
 }
 
 }  // namespace mlir::twell

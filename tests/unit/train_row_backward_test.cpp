@@ -93,6 +93,10 @@ TEST(TrainRowBackward, LaunchGeometryAndRequestKey) {
   EXPECT_EQ(c.block_x, 256u);
   EXPECT_EQ(c.shared_bytes, 0u);
   EXPECT_EQ(k.name, "twell_train_row_backward_k520_n1408_t128_s15_silu_bf16_gated1_th3dcccccd");
+  // The kernel comes through its dialect op, whose specialized text heads the source (TrainingOps.h).
+  EXPECT_EQ(k.source.rfind("// %dx, %dg, %du = twell.train_row_backward ", 0), 0u) << k.source.substr(0, 200);
+  EXPECT_NE(k.source.find("kernel_name = \"" + k.name + "\""), std::string::npos);
+  EXPECT_NE(k.source.find("activation = silu, threshold = 0.1>>"), std::string::npos) << k.source.substr(0, 600);
   EXPECT_EQ(detail::auxiliary_request(KernelKind::TrainRowBackward, s, Target{90, true}),
             "aux train_row_backward target=sm_90a d_model=520 d_ff=1408 gated=1 activation=silu threshold=0x3dcccccd "
             "dtype=bf16 "

@@ -141,4 +141,80 @@ def Twell_FfnOp : Twell_Op<"ffn", [Pure]> {
   let hasVerifier = 1;
 }
 
+def Twell_TrainRowBackwardOp : Twell_Op<"train_row_backward", [Pure]> {
+  let summary = "training backward by token row: dx and the gradients at h's entries";
+  let description = [{
+    The backward of a TwELL FFN layer's row-wise products (paper section 4, ../shared/design/TRAINING.md):
+    for every entry j of row m in the forward's TwELL tensor h, dh = dy_m . Wd_j (+ lambda sign(h), the
+    L1 term) gives dg (the gradient at the gate's pre-activation g) and, gated, du (at x Wu^T); then
+    dx_m = sum_j dg_j Wg_j + du_j Wu_j. Entries that the forward kept in its backup (overflowing
+    tile-rows) are recomputed with the gate's arithmetic, bit for bit.
+
+    x, dy: [M, d_model]; h: [M, d_ff] with the forward's `#twell.layout` (its activation and threshold
+    are the layer's); w_gate: [d_ff, d_model]; w_down: [d_ff, d_model] (in_out: the consumer's
+    layout); w_up: [d_ff, d_model], present iff the layer is gated. Results: dx [M, d_model]; dg and
+    (gated) du [M, d_ff] f32, logically dense, stored only at h's entries (the kernel writes one value
+    per TwELL word). The element type of x, dy, the weights and dx is the layout's value type.
+    `target` is set by twell-select-config, `kernel_name` by twell-specialize; the configuration is
+    the contract's (TrainRowBackwardConstraints: one CTA or one warp per row), not an attribute.
+
+    ```mlir
+    %dx, %dg, %du = twell.train_row_backward %x, %dy, %h, %wg, %wd, %wu
+        : (tensor<?x2048xbf16>, tensor<?x2048xbf16>, tensor<?x5632xbf16, #twell.layout<...>>,
+           tensor<5632x2048xbf16>, tensor<5632x2048xbf16>, tensor<5632x2048xbf16>)
+        -> (tensor<?x2048xbf16>, tensor<?x5632xf32>, tensor<?x5632xf32>)
+    ```
+  }];
+  let arguments = (ins
+    AnyTensor:$x,
+    AnyTensor:$dy,
+    AnyTensor:$h,
+    AnyTensor:$w_gate,
+    AnyTensor:$w_down,
+    Optional<AnyTensor>:$w_up,
+    OptionalAttr<Twell_TargetAttr>:$target,
+    OptionalAttr<StrAttr>:$kernel_name
+  );
+  let results = (outs AnyTensor:$dx, AnyTensor:$dg, Optional<AnyTensor>:$du);
+  let assemblyFormat = [{
+    $x `,` $dy `,` $h `,` $w_gate `,` $w_down (`,` $w_up^)? attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::twell::LayoutAttr getLayout();
+  }];
+}
+
+def Twell_TrainWeightGradOp : Twell_Op<"train_weight_grad", [Pure]> {
+  let summary = "training weight gradients from the entries of h";
+  let description = [{
+    The weight gradients of a TwELL FFN layer, per neuron over the rows where it is active (paper
+    section 4): dWg_j = sum_m dg_mj x_m, dWu_j = sum_m du_mj x_m (gated), dWd^T_j = sum_m h_mj dy_m,
+    in fp32 and in a fixed order (deterministic: no float atomics).
+
+    x, dy: [M, d_model]; h: [M, d_ff] with its `#twell.layout`; dg and (gated) du: [M, d_ff] f32,
+    twell.train_row_backward's results (read at h's entries only). Results: dw_gate, (gated) dw_up and
+    dw_down_t, each [d_ff, d_model] f32 (dw_down_t is dWd^T, the in_out layout); du and dw_up are both
+    present or both absent. `target` and `kernel_name` as for twell.train_row_backward; the
+    per-neuron counters live in shared memory, so d_ff is bounded by the target's (TrainWeightGradConstraints).
+  }];
+  let arguments = (ins
+    AnyTensor:$x,
+    AnyTensor:$dy,
+    AnyTensor:$h,
+    AnyTensor:$dg,
+    Optional<AnyTensor>:$du,
+    OptionalAttr<Twell_TargetAttr>:$target,
+    OptionalAttr<StrAttr>:$kernel_name
+  );
+  let results = (outs AnyTensor:$dw_gate, AnyTensor:$dw_down_t, Optional<AnyTensor>:$dw_up);
+  let assemblyFormat = [{
+    $x `,` $dy `,` $h `,` $dg (`,` $du^)? attr-dict `:` functional-type(operands, results)
+  }];
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    ::mlir::twell::LayoutAttr getLayout();
+  }];
+}
+
 #endif  // TWELL_OPS_TD
