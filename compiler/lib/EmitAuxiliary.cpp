@@ -2,7 +2,8 @@
 // the reordering of weights by neuron (permute) and the dense path's two kernels (the gated multiply
 // and the fused gated-up GEMM). They have no dialect op of their own: their configuration is fixed by
 // their contracts (twell/kernels/constraints.h), and this file is the one place that writes their
-// CUDA C++, as EmitCuda.cpp writes the FFN kernels'.
+// CUDA C++, as EmitCuda.cpp writes the FFN kernels'. The two TwELL training kernels go through their
+// dialect ops instead (TrainingOps.h).
 #include <cstdio>
 #include <string>
 

@@ -1,7 +1,8 @@
 // The training kernels' CUDA C++ (issue 15): the backward by token row (KernelKind::TrainRowBackward,
 // kernels/device/twell/device/train/row_backward.cuh) and the weight gradients (KernelKind::TrainWeightGrad,
-// train/weight_grad.cuh, whose constants are the shape, layout, dtype and gated only). Like the auxiliary kernels they have no dialect
-// op: their configuration is the contract's (TrainRowBackwardConstraints), their constants the spec's,
+// train/weight_grad.cuh, whose constants are the shape, layout, dtype and gated only), from the spec that
+// their dialect ops (twell.train_row_backward, twell.train_weight_grad; TrainingOps.h) describe. They have
+// no config attribute: their configuration is the contract's (TrainRowBackwardConstraints), their constants the spec's,
 // and the gate's main loop (which the overflow recompute and SiLU's g repeat bit for bit) is the one
 // generateFfn gives the same spec and target, so a backward reads the forward's TwELL matrix as its
 // row consumer does.
