@@ -1,5 +1,5 @@
 """SparseLM: a byte-level Llama-style decoder whose FFN is ReLU-gated, so that an L1 penalty on the FFN
-hidden activations makes them sparse (the recipe of arXiv 2603.23198; design/TRAINING.md).
+hidden activations makes them sparse (the recipe of arXiv 2603.23198; ../shared/design/TRAINING.md).
 
 Module names follow Hugging Face Llama (`embed_tokens`, `layers[i].self_attn`, `.mlp.gate_proj`, ...) so
 that tools written for Llama/Qwen MLPs, `twell.torch.sparsify_` first, find the FFNs without adapters.

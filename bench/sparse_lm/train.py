@@ -1,5 +1,5 @@
 """Trains SparseLM on a byte corpus for a number of steps or a wall-clock budget: cross-entropy plus an L1
-penalty on the FFN hidden activations h (design/TRAINING.md), AdamW, bf16 autocast over fp32 master weights.
+penalty on the FFN hidden activations h (../shared/design/TRAINING.md), AdamW, bf16 autocast over fp32 master weights.
 
 The schedules follow the fraction of --steps done (the same schedule at the same step whatever each step
 costs: runs of two FFN paths compare step for step; --seconds then only stops a run that is too slow),

@@ -7,13 +7,16 @@
 #include <string>
 
 #include "CudaLiterals.h"
+#include "EmitTraining.h"
 #include "KernelInstance.h"
+#include "TrainingOps.h"
 #include "llvm/Support/FormatVariadic.h"
 #include "llvm/Support/raw_ostream.h"
 #include "llvm/Support/xxhash.h"
 #include "twell/kernels/constraints.h"
 #include "mlir/IR/BuiltinOps.h"
 #include "twell/compiler/Passes.h"
+#include "twell/error.h"
 
 namespace mlir::twell {
 
@@ -322,6 +325,28 @@ struct TwellEmitCuda : impl::TwellEmitCudaBase<TwellEmitCuda> {
       else decodeKernels.insert(decodeKernels.end(), decode->begin(), decode->end());
     });
     if (failedDecode) return signalPassFailure();
+    // The training ops' kernels (TrainingOps.h): from the spec each specialized op describes.
+    std::vector<::twell::compiler::KernelSource> trainingKernels;
+    getOperation()->walk([&](Operation* op) {
+      if (!llvm::isa<TrainRowBackwardOp, TrainWeightGradOp>(op)) return;
+      auto target = op->getAttrOfType<TargetAttr>("target");
+      if (!target || !op->getAttr("kernel_name")) {
+        op->emitOpError() << "twell-emit-cuda: expected a specialized op (target and kernel_name: run "
+                             "-twell-kernel-pipeline first)";
+        failedDecode = true;
+        return;
+      }
+      const ::twell::Target t{target.getComputeCapability(), target.getArch().ends_with("a")};
+      try {
+        const ::twell::FfnSpec spec = ::twell::compiler::trainingOpSpec(op);
+        trainingKernels.push_back(llvm::isa<TrainRowBackwardOp>(op) ? ::twell::compiler::emitTrainRowBackward(spec, t)
+                                                                    : ::twell::compiler::emitTrainWeightGrad(spec, t));
+      } catch (const ::twell::Error& e) {
+        op->emitOpError() << "twell-emit-cuda: " << e.what();
+        failedDecode = true;
+      }
+    });
+    if (failedDecode) return signalPassFailure();
     llvm::raw_ostream& os = llvm::outs();
     for (const ::twell::compiler::KernelSource& kernel : *kernels) {
       // A persistent kernel runs with grid.y 1, its CTAs looping over the grid_y tiles (launch.h).
@@ -333,6 +358,10 @@ struct TwellEmitCuda : impl::TwellEmitCudaBase<TwellEmitCuda> {
       os << "\n";
       os << kernel.source;
     }
+    for (const ::twell::compiler::KernelSource& kernel : trainingKernels)
+      os << "// ----- training kernel " << kernel.name << " " << ::twell::kernels::to_string(kernel.kind)
+         << " threads=" << kernel.threads << " cta_m=" << kernel.cta_m << " smem_bytes=" << kernel.smem_bytes << "\n"
+         << kernel.source;
     for (const ::twell::compiler::KernelSource& kernel : decodeKernels)
       os << "// ----- decode kernel " << kernel.name << " threads=" << kernel.threads << " cta_m=" << kernel.cta_m
          << " smem_bytes=" << kernel.smem_bytes << "\n"

@@ -299,6 +299,18 @@ GeneratedFfn generateFromMlir(std::string_view mlir_text, std::string_view filen
       mlir::parseSourceFile<mlir::ModuleOp>(sourceMgr, mlir::ParserConfig(context.get()));
   if (!module) throw Error(ErrorCode::Parse, trimmed(diagnostics));
 
+  // The training ops describe kernels of another kind: twell-opt -twell-emit-cuda prints them, and
+  // `twellc compile --training` bundles them from a shape.
+  mlir::Operation* training = nullptr;
+  module->walk([&](mlir::Operation* op) {
+    if (!training && llvm::isa<tw::TrainRowBackwardOp, tw::TrainWeightGradOp>(op)) training = op;
+  });
+  if (training)
+    throw Error(ErrorCode::InvalidArgument,
+                std::string(filename) + ": " + training->getName().getStringRef().str() +
+                    ": expected a file of one FFN (twell.gated_ffn / twell.ffn or its kernels), got a training op (its "
+                    "kernels: twell-opt -twell-kernel-pipeline -twell-emit-cuda; bundles: twellc compile --d-model D --d-ff F "
+                    "--training)");
   std::optional<GeneratedFfn> result = runPipeline(*module, target);
   if (!result) throw Error(ErrorCode::InvalidArgument, trimmed(diagnostics));
   return std::move(*result);

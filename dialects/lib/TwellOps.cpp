@@ -126,11 +126,18 @@ class ShapeChecker {
                                 << type.getElementType();
     if (type.getEncoding())
       return op_->emitOpError() << name << ": expected a tensor without encoding, got " << type;
-    for (auto [got, want] : llvm::zip(type.getShape(), expected))
-      if (!(ShapedType::isDynamic(want) ? ShapedType::isDynamic(got) || ShapedType::isDynamic(tokens_) || got == tokens_
-                                        : got == want))
-        return op_->emitOpError() << name << ": expected shape " << formatShape(expected) << " (" << convention
+    // (a dynamic extent in `expected` is the token count: x's where it is static)
+    llvm::SmallVector<int64_t> shown(expected.begin(), expected.end());
+    for (int64_t& extent : shown)
+      if (ShapedType::isDynamic(extent)) extent = tokens_;
+    for (auto [got, want, wanted] : llvm::zip(type.getShape(), shown, expected)) {
+      // A dynamic extent only where the tokens go; a static one equal to what is known.
+      const bool wrong = ShapedType::isDynamic(got) ? !ShapedType::isDynamic(wanted)
+                                                    : !ShapedType::isDynamic(want) && got != want;
+      if (wrong)
+        return op_->emitOpError() << name << ": expected shape " << formatShape(shown) << " (" << convention
                                   << "), got " << formatShape(type.getShape());
+    }
     return success();
   }
 

@@ -212,8 +212,12 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
   // A request without decode kernels is also served by a set of the same spec that has them (a bundle
   // made by `twellc compile`, whose plans decode): its gate and consumer, not its decode kernels.
   std::vector<std::string> servers{request};
-  if (!decode_down_layout)
+  if (!decode_down_layout) {
     for (const WeightLayout l : {WeightLayout::OutIn, WeightLayout::InOut}) servers.push_back(detail::ffn_request(spec, target, l));
+    // (bundles written before "decode=none" spelled this request "decode=auto")
+    std::string legacy = request;
+    if (const size_t at = legacy.find(" decode=none "); at != std::string::npos) servers.push_back(legacy.replace(at, 13, " decode=auto "));
+  }
   for (const auto& bundle : loaded_bundles()) {
     for (const std::string& server : servers) {
       const detail::BundleSet* found = bundle->find(server);
@@ -233,10 +237,13 @@ FfnKernels Context::Impl::ffn_kernels(const FfnSpec& spec, std::optional<WeightL
   // Kernels already obtained for this request (Context::add_kernels, or an earlier plan).
   {
     std::unique_lock lock(bundles_mutex);
-    const auto it = obtained.find(request);
+    auto it = obtained.end();
+    for (const std::string& server : servers)
+      if ((it = obtained.find(server)) != obtained.end()) break;
     if (it != obtained.end()) {
       // Copied under the lock; the modules are loaded outside it.
-      const detail::BundleSet set = it->second;
+      detail::BundleSet set = it->second;
+      if (!decode_down_layout) set.decode.clear();
       std::map<std::string, std::shared_ptr<const detail::BundleKernel>> kernels;
       for (const auto* list : {&set.kernels, &set.decode})
         for (const std::string& name : *list) kernels.emplace(name, obtained_kernels.at(name));
@@ -335,7 +342,8 @@ void Context::add_kernels(const FfnSpec& user_spec, const kernels::GeneratedFfn&
     set.kernels.push_back(k.name);
   }
   for (const auto& k : generated.decode) {
-    if (decode_down_layout && k.down_in_out != (*decode_down_layout == WeightLayout::InOut))
+    if (!decode_down_layout) break;  // a request without decode kernels (its key says decode=none)
+    if (k.down_in_out != (*decode_down_layout == WeightLayout::InOut))
       bad(fmt::format("decode_down_layout: the decode kernel {} reads w_down {}", k.name, k.down_in_out ? "in_out" : "out_in"));
     compiled.push_back(impl->compile(k));
     set.decode.push_back(k.name);

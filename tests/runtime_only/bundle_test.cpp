@@ -200,6 +200,19 @@ TEST(RuntimeOnly, BundleFromMlir) {
     }
   EXPECT_TRUE(gate);
   EXPECT_EQ(error_of([&] { ctx.plan(spec_of(512, 1408), 64); }).first, ErrorCode::NotFound);
+  // `--training`: the training plan's forward takes the .mlir's gate and consumer (a plan without decode
+  // kernels, served by the .mlir's set), its own kernels from the bundle too.
+  const FfnTrainingPlan training = FfnTrainingPlan::create(ctx, s, 1024);
+  std::string plan_gate, training_gate;
+  for (const KernelReport& k : plan.kernels())
+    if (k.kind == "gate_twell") plan_gate = k.name;
+  int train_kernels = 0;
+  for (const KernelReport& k : training.kernels()) {
+    if (k.kind == "gate_twell") training_gate = k.name;
+    train_kernels += k.kind.rfind("train_", 0) == 0;
+  }
+  EXPECT_EQ(training_gate, plan_gate);
+  EXPECT_GE(train_kernels, 2);
 }
 
 // `twellc compile --tuning-dir` (tests/data/tuning_512x1408.json.in beside a damaged file): the bundle

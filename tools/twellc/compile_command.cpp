@@ -2,6 +2,7 @@
 // (the gate, the consumers, the decode kernels, the transpose, the dense path's kernels, the neuron
 // reordering), compiled by NVRTC, written with a manifest.json into DIR/<target>/ (README.md,
 // "Ahead-of-time bundles"). Needs no GPU. A program linking twell::runtime alone loads the result.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -188,23 +189,43 @@ int compile_command(const std::vector<std::string>& argv) {
     // The plans of one spec: the whole layer, and with --dense-neurons the split's TwELL part (d_ff - K
     // neurons) and its dense part; with --training the training plans of the same (their kernels are
     // recorded by the context, which save_bundle writes).
-    auto make_plans = [&](twell::Context& ctx, const twell::FfnSpec& s, const twell::PlanOptions& o) {
+    auto make_plans = [&](twell::Context& ctx, const twell::FfnSpec& s, const twell::PlanOptions& o,
+                          std::vector<twell::KernelReport>& training_kernels) {
+      if (training && s.d_model > twell::kernels::TrainRowBackwardConstraints::kMaxDModel)
+        throw std::invalid_argument(fmt::format("--training: expected d_model <= {} (train_row_backward keeps a row of dx in "
+                                                "registers), got {}", twell::kernels::TrainRowBackwardConstraints::kMaxDModel,
+                                                s.d_model));
       twell::FfnPlan plan = ctx.plan(s, max_tokens, o);
       if (dense_neurons > 0) {
         twell::PlanOptions split = o;
         split.dense_neurons = dense_neurons;
         ctx.plan(s, max_tokens, split);
       }
+      // (a tuned token-block consumer is an inference choice: training's forward takes the row consumer of
+      // the same layout)
       if (training) {
+        twell::FfnSpec ts = s;
+        if (ts.consumer && *ts.consumer == twell::ConsumerVariant::TokenBlock && !mlir_file.empty())
+          throw std::invalid_argument(fmt::format("--training: expected a .mlir whose consumer is the row gather (training's "
+                                                  "forward computes the L1 term in the row consumers), got '{}' with the token block",
+                                                  mlir_file));
+        ts.consumer.reset();
         twell::TrainingPlanOptions t;
         t.dispatch = twell::TrainingDispatch::Auto;
         t.tuning = o.tuning;
         t.tuning_dir = o.tuning_dir;
         t.tuning_workload = o.tuning_workload;
-        twell::FfnTrainingPlan::create(ctx, s, max_tokens, t);
+        auto keep = [&](const twell::FfnTrainingPlan& tp) {  // the kernels the inference plans lack
+          for (const twell::KernelReport& k : tp.kernels())
+            if (k.kind.rfind("train_", 0) == 0 &&
+                std::none_of(training_kernels.begin(), training_kernels.end(),
+                             [&](const twell::KernelReport& seen) { return seen.name == k.name; }))
+              training_kernels.push_back(k);
+        };
+        keep(twell::FfnTrainingPlan::create(ctx, ts, max_tokens, t));
         if (dense_neurons > 0) {
           t.dense_neurons = dense_neurons;
-          twell::FfnTrainingPlan::create(ctx, s, max_tokens, t);
+          keep(twell::FfnTrainingPlan::create(ctx, ts, max_tokens, t));
         }
       }
       return plan;
@@ -212,6 +233,7 @@ int compile_command(const std::vector<std::string>& argv) {
     struct TargetBundle {
       twell::Context ctx;
       twell::FfnPlan plan;
+      std::vector<twell::KernelReport> training_kernels;
       std::vector<twell::TuningFile> tuning;
       std::string tuning_note;
     };
@@ -229,8 +251,9 @@ int compile_command(const std::vector<std::string>& argv) {
       std::optional<twell::TuningFile> entry;
       if (!tuning_dir.empty())
         entry = bundle_tuning(tuning_dir, spec, target.arch(), version, args.get("tuning-workload", ""), &file);
-      twell::FfnPlan plan = make_plans(ctx, spec, options);
-      TargetBundle b{std::move(ctx), std::move(plan), {}, {}};
+      std::vector<twell::KernelReport> training_kernels;
+      twell::FfnPlan plan = make_plans(ctx, spec, options, training_kernels);
+      TargetBundle b{std::move(ctx), std::move(plan), std::move(training_kernels), {}, {}};
       if (!tuning_dir.empty()) {
         if (!entry) {
           b.tuning_note = fmt::format("no entry of {} for this spec on {} (twell {}): no tuned choices embedded",
@@ -238,7 +261,7 @@ int compile_command(const std::vector<std::string>& argv) {
         } else {
           const std::string layouts = compile_tuned_layouts(
               spec, *entry, file,
-              [&](const twell::FfnSpec& s, const twell::PlanOptions& o) { make_plans(b.ctx, s, o); });
+              [&](const twell::FfnSpec& s, const twell::PlanOptions& o) { make_plans(b.ctx, s, o, b.training_kernels); });
           std::string workloads;
           for (const auto& w : entry->workloads) workloads += (workloads.empty() ? "" : ", ") + w.name;
           b.tuning_note = fmt::format(
@@ -250,7 +273,7 @@ int compile_command(const std::vector<std::string>& argv) {
       }
       bundles.push_back(std::move(b));
     }
-    for (auto& [ctx, plan, tuning, tuning_note] : bundles) {
+    for (auto& [ctx, plan, training_kernels, tuning, tuning_note] : bundles) {
       const twell::Target& target = ctx.target();
       const std::filesystem::path dir = std::filesystem::path(out) / target.arch();
       ctx.save_bundle(dir, tuning);
@@ -261,6 +284,13 @@ int compile_command(const std::vector<std::string>& argv) {
                     k.cache.c_str(), k.cubin_bytes, k.threads, k.cta_m,
                     k.persistent ? (k.tiles > 0 ? fmt::format("persistent over {} tiles", k.tiles) : std::string("persistent")).c_str()
                                  : fmt::format("grid.y {}", k.grid_y).c_str());
+      if (!training_kernels.empty()) {
+        std::printf("  and %zu kernels of the training plans%s (the training plans' forwards take the plans' kernels):\n",
+                    training_kernels.size(), dense_neurons > 0 ? fmt::format(", whole and split at {}", dense_neurons).c_str() : "");
+        for (const auto& k : training_kernels)
+          std::printf("  %-20s %-72s cache %-6s cubin %7zu B  threads %d\n", k.kind.c_str(), k.name.c_str(), k.cache.c_str(),
+                      k.cubin_bytes, k.threads);
+      }
       if (!tuning_note.empty()) std::printf("  tuning: %s\n", tuning_note.c_str());
     }
     return 0;

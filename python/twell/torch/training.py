@@ -1,5 +1,5 @@
 """Training through twell: the FFN's forward and backward on twell's training kernels
-(twell/training_plan.h, design/TRAINING.md), as a torch.autograd.Function.
+(twell/training_plan.h, ../shared/design/TRAINING.md), as a torch.autograd.Function.
 
     y, l1 = twell.torch.sparse_ffn_train(x, w_gate, w_up, w_down)    # w_up None: the non-gated FFN
     loss = cross_entropy(head(y), target) + l1_coefficient * l1

@@ -107,7 +107,8 @@ class Context {
   // kernels that plans of `spec` take, as if the JIT had made them for it: each is checked against its
   // contract (twell/kernels/validate.h) and compiled through the cache, and save_bundle writes them.
   // `spec` must be the one such a plan's consumer reads (down_layout in_out: plans transpose an out_in
-  // Wd first); `decode_down_layout` the user's Wd layout the decode kernels read. Throws
+  // Wd first); `decode_down_layout` the user's Wd layout the decode kernels read (nullopt: no decode
+  // kernels are taken; plans with decode_max_tokens 0, such as training plans, also take a set that has them). Throws
   // Error(InvalidArgument) naming what differs between `spec` and the kernels, Error(Unsupported)
   // without a JIT, Error(Compile) for a kernel its contract refuses.
   void add_kernels(const FfnSpec& spec, const kernels::GeneratedFfn& generated, std::optional<WeightLayout> decode_down_layout);

@@ -1,4 +1,4 @@
-// Training kernels of the sparse FFN on the GPU (issue 15; design/TRAINING.md). Their CPU oracle is
+// Training kernels of the sparse FFN on the GPU (issue 15; ../shared/design/TRAINING.md). Their CPU oracle is
 // twell/training_reference.h.
 //
 // The backward by token row (train_row_backward): from the forward's TwELL matrix of a = act(g) (the

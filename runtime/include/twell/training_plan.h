@@ -1,5 +1,5 @@
 // FfnTrainingPlan: one FFN layer shape's training step on the GPU, forward then backward (issue 15;
-// design/TRAINING.md), built from the inference kernels and the two training kernels (twell/training.h):
+// ../shared/design/TRAINING.md), built from the inference kernels and the two training kernels (twell/training.h):
 //
 //   forward:  gate_twell (the GEMM with the TwELL epilogue) -> the row consumer, which writes y and each
 //             row's sum |h_j| (the L1 term: sum over rows / tokens). The TwELL matrix of a = act(g) stays
@@ -32,7 +32,7 @@ namespace twell {
 
 class Context;
 
-// Which computation a training step takes. Both compute the same function (design/TRAINING.md, "The
+// Which computation a training step takes. Both compute the same function (../shared/design/TRAINING.md, "The
 // gradients"; the same activation, threshold and L1 term), within training.h's tolerance of each other.
 enum class TrainingPath : uint8_t {
   // The TwELL kernels (the gate's TwELL epilogue, the row consumer, train_row_backward,

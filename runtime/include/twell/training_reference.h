@@ -1,5 +1,5 @@
 // CPU reference of the FFN layer's training forward and backward: the oracle every training kernel is
-// tested against (design/TRAINING.md, "The gradients"; issue 15).
+// tested against (../shared/design/TRAINING.md, "The gradients"; issue 15).
 //
 // Shapes (M = tokens, K = spec.d_model, N = spec.d_ff), all row-major and dense (row stride = row
 // length); 16-bit tensors are raw bits of spec.dtype (bf16 or f16, twell/half.h):

@@ -69,7 +69,7 @@ func.func @f(%x: tensor<?x16392xbf16>, %h: tensor<?x512xbf16, #l>, %w: tensor<51
 
 #l = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 func.func @f(%x: tensor<8x512xbf16>, %h: tensor<8x1408xbf16, #l>, %dg: tensor<4x1408xf32>) {
-  // expected-error @+1 {{dg: expected shape [?, 1408] (tokens x d_ff, at h's entries), got [4, 1408]}}
+  // expected-error @+1 {{dg: expected shape [8, 1408] (tokens x d_ff, at h's entries), got [4, 1408]}}
   %dwg, %dwd = twell.train_weight_grad %x, %x, %h, %dg
       : (tensor<8x512xbf16>, tensor<8x512xbf16>, tensor<8x1408xbf16, #l>, tensor<4x1408xf32>)
       -> (tensor<1408x512xf32>, tensor<1408x512xf32>)

@@ -3,6 +3,14 @@
 // gated (w_up and du given) and not gated, on sm_90a and sm_80.
 // RUN: twell-opt %s -twell-kernel-pipeline | FileCheck %s
 // RUN: twell-opt %s -twell-kernel-pipeline="target=sm_80" | FileCheck %s --check-prefix=SM80
+// twell-emit-cuda prints their kernels; twellc, which takes files of one FFN, refuses them by name.
+// RUN: twell-opt %s -twell-kernel-pipeline -twell-emit-cuda | FileCheck %s --check-prefix=CUDA
+// RUN: not twellc emit %s 2>&1 | FileCheck %s --check-prefix=TWELLC
+// CUDA: // ----- training kernel twell_train_row_backward_k512_n1408_t256_s31_relu_bf16_gated1_th00000000 train_row_backward threads=128
+// CUDA: twell::device::train_row_backward<twell_train_row_backward_k512_n1408_t256_s31_relu_bf16_gated1_th00000000_config>(p);
+// CUDA: // ----- training kernel twell_train_weight_grad_k512_n1408_t256_s31_bf16_gated1 train_weight_grad threads=512
+// CUDA: // ----- training kernel twell_train_row_backward_k520_n1000_t128_s15_silu_f16_gated0_th3f000000 train_row_backward threads=256
+// TWELLC: twell.train_row_backward: expected a file of one FFN {{.*}} got a training op
 
 #l = #twell.layout<tile_n = 256, slots = 31, value = bf16, index = i16, activation = relu, threshold = 0.0>
 #s = #twell.layout<tile_n = 128, slots = 15, value = f16, index = i16, activation = silu, threshold = 0.5>

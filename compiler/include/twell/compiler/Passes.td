@@ -109,7 +109,8 @@ def TwellEmitCuda : Pass<"twell-emit-cuda", "::mlir::ModuleOp"> {
   let description = [{
     For lit tests and inspection: writes, for each specialized kernel op in order, a line
     `// ----- kernel <name> <kind> threads=.. cta_m=.. grid_y=.. smem_bytes=.. operand_alignment=..`
-    followed by the translation unit that EmitCuda.h's emitCudaKernels returns, to stdout. The IR is
+    followed by the translation unit that EmitCuda.h's emitCudaKernels returns, then each training
+    op's kernel (`// ----- training kernel <name> <kind> ...`, EmitTraining.h), to stdout. The IR is
     unchanged.
   }];
 }

@@ -193,9 +193,9 @@ def Twell_TrainWeightGradOp : Twell_Op<"train_weight_grad", [Pure]> {
     in fp32 and in a fixed order (deterministic: no float atomics).
 
     x, dy: [M, d_model]; h: [M, d_ff] with its `#twell.layout`; dg and (gated) du: [M, d_ff] f32,
-    twell.train_row_backward's results (read at h's entries only). Results: dw_gate, (gated) dw_up and
-    dw_down_t, each [d_ff, d_model] f32 (dw_down_t is dWd^T, the in_out layout); du and dw_up are both
-    present or both absent. `target` and `kernel_name` as for twell.train_row_backward; the
+    twell.train_row_backward's results (read at h's entries only). Results, in this order: dw_gate,
+    dw_down_t and (gated) dw_up, each [d_ff, d_model] f32 (dw_down_t is dWd^T, the in_out layout); du and
+    dw_up are both present or both absent. `target` and `kernel_name` as for twell.train_row_backward; the
     per-neuron counters live in shared memory, so d_ff is bounded by the target's (TrainWeightGradConstraints).
   }];
   let arguments = (ins
