@@ -71,8 +71,9 @@ std::shared_ptr<LoadedKernel> Context::Impl::compile(const kernels::KernelSource
 
 std::vector<std::shared_ptr<LoadedKernel>> Context::Impl::compile_and_load(const std::vector<kernels::KernelSource>& sources) {
   std::vector<std::future<std::shared_ptr<LoadedKernel>>> compiled;
+  // (async | deferred: where no thread can be made, libstdc++ runs the compile on this thread at wait())
   for (const kernels::KernelSource& source : sources)
-    compiled.push_back(std::async(std::launch::async, [this, &source] { return compile(source); }));
+    compiled.push_back(std::async(std::launch::async | std::launch::deferred, [this, &source] { return compile(source); }));
   std::vector<std::shared_ptr<LoadedKernel>> out;
   for (auto& f : compiled) f.wait();  // all have ended before anything is rethrown (they read `sources`)
   for (auto& f : compiled) out.push_back(load(f.get()));

@@ -209,12 +209,14 @@ FfnTrainingPlan FfnTrainingPlan::create(Context& context, const FfnSpec& user_sp
     p.kernel_spec.tile_n = f.layout.tile_n;
     p.kernel_spec.slots = f.layout.slots;
     p.reports = f.reports;
-    // The two training kernels compile in parallel (a JIT compile takes about a second each).
+    // The two training kernels compile in parallel (a JIT compile takes about a second each; where no
+    // thread can be made, the deferred policy runs it here at wait()).
     KernelReport row_report, weight_report;
-    auto row_backward = std::async(std::launch::async, [&] {
+    constexpr auto policy = std::launch::async | std::launch::deferred;
+    auto row_backward = std::async(policy, [&] {
       return p.context->auxiliary(kernels::KernelKind::TrainRowBackward, p.kernel_spec, who, &row_report);
     });
-    auto weight_grad = std::async(std::launch::async, [&] {
+    auto weight_grad = std::async(policy, [&] {
       return p.context->auxiliary(kernels::KernelKind::TrainWeightGrad, p.kernel_spec, who, &weight_report);
     });
     weight_grad.wait();
