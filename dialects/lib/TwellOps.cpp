@@ -126,7 +126,8 @@ class ShapeChecker {
                                 << type.getElementType();
     if (type.getEncoding())
       return op_->emitOpError() << name << ": expected a tensor without encoding, got " << type;
-    // (a dynamic extent in `expected` is the token count: x's where it is static)
+    // (a dynamic extent in `expected` is the token count: the operands' where one is static)
+    if (ShapedType::isDynamic(expected.front()) && failed(checkTokens(name, type))) return failure();
     llvm::SmallVector<int64_t> shown(expected.begin(), expected.end());
     for (int64_t& extent : shown)
       if (ShapedType::isDynamic(extent)) extent = tokens_;
@@ -175,10 +176,17 @@ class ShapeChecker {
     return success();
   }
 
+  // Every operand's static token count agrees: x's, or where x's is dynamic the first static one seen.
   LogicalResult checkTokens(StringRef name, RankedTensorType type) {
     int64_t tokens = type.getDimSize(0);
-    if (!ShapedType::isDynamic(tokens) && !ShapedType::isDynamic(tokens_) && tokens != tokens_)
-      return op_->emitOpError() << name << ": dimension 0 (tokens) is " << tokens << ", but x has "
+    if (ShapedType::isDynamic(tokens)) return success();
+    if (ShapedType::isDynamic(tokens_)) {
+      tokens_ = tokens;
+      tokensFrom_ = name.str();
+      return success();
+    }
+    if (tokens != tokens_)
+      return op_->emitOpError() << name << ": dimension 0 (tokens) is " << tokens << ", but " << tokensFrom_ << " has "
                                 << tokens_ << " tokens";
     return success();
   }
@@ -193,6 +201,7 @@ class ShapeChecker {
   Operation* op_;
   Type element_;
   int64_t tokens_ = ShapedType::kDynamic;
+  std::string tokensFrom_ = "x";
   int64_t dModel_ = 0;
   int64_t dFF_ = 0;
   LayoutAttr layout_;
