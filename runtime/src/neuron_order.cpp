@@ -211,16 +211,26 @@ Rates inference_rates(const SplitCostModel& m) {
   return Rates{{{"model.dense_tflops", m.dense_tflops}, {"model.gate_tflops", m.gate_tflops}, {"model.gather_tbps", m.gather_tbps}}};
 }
 
-// The model's three terms: dense GEMMs over the dense neurons, the D2T gate over the others, and the
-// consumer's Wu/Wd rows per remaining nonzero.
-double split_ms(const FfnSpec& spec, int64_t tokens, uint64_t cold_nnz, int64_t rows, int64_t dense, const SplitCostModel& m) {
+// The three terms both cost models share (ms): `dense_flops_per` M d_model FLOP per dense neuron at
+// dense_tflops, a density-independent 2 M d_model FLOP per other neuron at fixed_tflops, and
+// `rows_per_entry` d_model-long 16-bit weight rows per remaining active entry at gather_tbps.
+struct CostTerms {
+  double dense_flops_per, rows_per_entry, dense_tflops, fixed_tflops, gather_tbps;
+};
+double terms_ms(const FfnSpec& spec, int64_t tokens, uint64_t cold_nnz, int64_t rows, int64_t dense, const CostTerms& c) {
   const double t = static_cast<double>(tokens), d_model = static_cast<double>(spec.d_model);
-  const double dense_flops = (spec.gated ? 6.0 : 4.0) * t * d_model * static_cast<double>(dense);
-  const double gate_flops = 2.0 * t * d_model * static_cast<double>(spec.d_ff - dense);
-  const double entry_bytes = (spec.gated ? 2.0 : 1.0) * d_model * 2.0;
+  const double dense_flops = c.dense_flops_per * t * d_model * static_cast<double>(dense);
+  const double fixed_flops = 2.0 * t * d_model * static_cast<double>(spec.d_ff - dense);
+  const double entry_bytes = c.rows_per_entry * d_model * 2.0;
   const double gather_bytes = t * static_cast<double>(cold_nnz) / static_cast<double>(rows) * entry_bytes;
-  return dense_flops / (m.dense_tflops * 1e9) + gate_flops / (m.gate_tflops * 1e9) + gather_bytes / (m.gather_tbps * 1e9) +
-         (dense > 0 ? m.dense_overhead_ms : 0.0);
+  return dense_flops / (c.dense_tflops * 1e9) + fixed_flops / (c.fixed_tflops * 1e9) + gather_bytes / (c.gather_tbps * 1e9);
+}
+
+// SplitCostModel: dense GEMMs over the dense neurons, the D2T gate over the others, and the consumer's
+// Wu/Wd rows per remaining nonzero.
+double split_ms(const FfnSpec& spec, int64_t tokens, uint64_t cold_nnz, int64_t rows, int64_t dense, const SplitCostModel& m) {
+  const CostTerms c{spec.gated ? 6.0 : 4.0, spec.gated ? 2.0 : 1.0, m.dense_tflops, m.gate_tflops, m.gather_tbps};
+  return terms_ms(spec, tokens, cold_nnz, rows, dense, c) + (dense > 0 ? m.dense_overhead_ms : 0.0);
 }
 }  // namespace
 
@@ -260,14 +270,10 @@ void check_twell_overhead(const char* who, const TrainingSplitCostModel& m) {
 // over the others, and its row reads per remaining active entry.
 double training_ms(const FfnSpec& spec, int64_t tokens, uint64_t cold_nnz, int64_t rows, int64_t dense,
                    const TrainingSplitCostModel& m) {
-  const double t = static_cast<double>(tokens), d_model = static_cast<double>(spec.d_model);
-  const double dense_flops = (spec.gated ? 18.0 : 12.0) * t * d_model * static_cast<double>(dense);
-  const double fixed_flops = 2.0 * t * d_model * static_cast<double>(spec.d_ff - dense);
-  const double entry_bytes = (spec.gated ? 8.0 : 5.0) * d_model * 2.0;
-  const double gather_bytes = t * static_cast<double>(cold_nnz) / static_cast<double>(rows) * entry_bytes;
+  const CostTerms c{spec.gated ? 18.0 : 12.0, spec.gated ? 8.0 : 5.0, m.dense_tflops, m.twell_fixed_tflops, m.gather_tbps};
   // (The dense path alone, dense = d_ff, is the fitted 740 TFLOP/s; each part of a split pays its own fixed cost.)
-  return dense_flops / (m.dense_tflops * 1e9) + fixed_flops / (m.twell_fixed_tflops * 1e9) + gather_bytes / (m.gather_tbps * 1e9) +
-         (dense > 0 && dense < spec.d_ff ? m.dense_overhead_ms : 0.0) + (dense < spec.d_ff ? m.twell_overhead_ms : 0.0);
+  return terms_ms(spec, tokens, cold_nnz, rows, dense, c) + (dense > 0 && dense < spec.d_ff ? m.dense_overhead_ms : 0.0) +
+         (dense < spec.d_ff ? m.twell_overhead_ms : 0.0);
 }
 }  // namespace
 
