@@ -7,7 +7,6 @@
 #include <string>
 
 #include "CudaLiterals.h"
-#include "EmitTraining.h"
 #include "KernelInstance.h"
 #include "TrainingOps.h"
 #include "llvm/Support/FormatVariadic.h"
@@ -329,18 +328,8 @@ struct TwellEmitCuda : impl::TwellEmitCudaBase<TwellEmitCuda> {
     std::vector<::twell::compiler::KernelSource> trainingKernels;
     getOperation()->walk([&](Operation* op) {
       if (!llvm::isa<TrainRowBackwardOp, TrainWeightGradOp>(op)) return;
-      auto target = op->getAttrOfType<TargetAttr>("target");
-      if (!target || !op->getAttr("kernel_name")) {
-        op->emitOpError() << "twell-emit-cuda: expected a specialized op (target and kernel_name: run "
-                             "-twell-kernel-pipeline first)";
-        failedDecode = true;
-        return;
-      }
-      const ::twell::Target t{target.getComputeCapability(), target.getArch().ends_with("a")};
       try {
-        const ::twell::FfnSpec spec = ::twell::compiler::trainingOpSpec(op);
-        trainingKernels.push_back(llvm::isa<TrainRowBackwardOp>(op) ? ::twell::compiler::emitTrainRowBackward(spec, t)
-                                                                    : ::twell::compiler::emitTrainWeightGrad(spec, t));
+        trainingKernels.push_back(::twell::compiler::emitTrainingOp(op));
       } catch (const ::twell::Error& e) {
         op->emitOpError() << "twell-emit-cuda: " << e.what();
         failedDecode = true;

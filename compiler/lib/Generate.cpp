@@ -373,18 +373,7 @@ KernelSource generateTrainingKernel(KernelKind kind, const FfnSpec& user_spec, c
   tw::buildTwellKernelPipeline(pm, options);
   if (mlir::failed(pm.run(*module))) fail(messages.take());
 
-  // The kernel of the spec the specialized op describes; its name must be the one the pass gave it.
-  const FfnSpec described = trainingOpSpec(op);
-  KernelSource k = rowBackward ? emitTrainRowBackward(described, target) : emitTrainWeightGrad(described, target);
-  const auto name = op->getAttrOfType<mlir::StringAttr>("kernel_name");
-  if (!name || name.getValue() != k.name)
-    throw Error(ErrorCode::Compile, who + ": twell-specialize named the op " + (name ? name.getValue().str() : "(nothing)") +
-                                         ", the emitter the kernel " + k.name + " (a twell bug)");
-  std::string text;
-  llvm::raw_string_ostream os(text);
-  op->print(os);
-  k.source = "// " + text + "\n" + k.source;
-  return k;
+  return emitTrainingOp(op);
 }
 
 }  // namespace twell::compiler

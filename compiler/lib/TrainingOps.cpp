@@ -3,8 +3,10 @@
 
 #include "EmitTraining.h"
 #include "llvm/Support/Casting.h"
+#include "llvm/Support/raw_ostream.h"
 #include "mlir/IR/BuiltinTypes.h"
 #include "twell/Dialect/TwellOps.h"
+#include "twell/error.h"
 
 namespace twell::compiler {
 namespace tw = mlir::twell;
@@ -33,6 +35,26 @@ FfnSpec trainingOpSpec(mlir::Operation* op) {
 std::string trainingOpKernelName(mlir::Operation* op) {
   return llvm::isa<tw::TrainRowBackwardOp>(op) ? trainRowBackwardName(trainingOpSpec(op))
                                                 : trainWeightGradName(trainingOpSpec(op));
+}
+
+kernels::KernelSource emitTrainingOp(mlir::Operation* op) {
+  auto target = op->getAttrOfType<tw::TargetAttr>("target");
+  const auto name = op->getAttrOfType<mlir::StringAttr>("kernel_name");
+  if (!target || !name)
+    throw Error(ErrorCode::InvalidArgument, op->getName().getStringRef().str() +
+                                                ": expected a specialized op (target and kernel_name: run the kernel pipeline first)");
+  const Target t{target.getComputeCapability(), target.getArch().ends_with("a")};
+  const FfnSpec spec = trainingOpSpec(op);
+  kernels::KernelSource k =
+      llvm::isa<tw::TrainRowBackwardOp>(op) ? emitTrainRowBackward(spec, t) : emitTrainWeightGrad(spec, t);
+  if (name.getValue() != k.name)
+    throw Error(ErrorCode::Compile, op->getName().getStringRef().str() + ": kernel_name " + name.getValue().str() +
+                                        ", but the emitter's kernel is " + k.name + " (a twell bug)");
+  std::string text;
+  llvm::raw_string_ostream os(text);
+  op->print(os);
+  k.source = "// " + text + "\n" + k.source;
+  return k;
 }
 
 }  // namespace twell::compiler

@@ -18,11 +18,16 @@ FfnSpec trainingOpSpec(mlir::Operation* op);
 // The kernel's entry symbol (trainRowBackwardName / trainWeightGradName of trainingOpSpec(op)).
 std::string trainingOpKernelName(mlir::Operation* op);
 
+// The kernel of a specialized training op (target and kernel_name set): emitted from trainingOpSpec(op)
+// for its target, headed by the op's text; twell-emit-cuda prints it and generateTrainingKernel returns it.
+// Throws Error(InvalidArgument) for a spec the emitter refuses, Error(Compile) where the op's kernel_name
+// is not the emitted kernel's (a twell bug).
+kernels::KernelSource emitTrainingOp(mlir::Operation* op);
+
 // generateAuxiliary's path for KernelKind::TrainRowBackward and TrainWeightGrad (defined in Generate.cpp,
 // beside generateFfn, whose context set-up it shares): the spec is checked by name (EmitTraining.h's
 // rules), described as a function holding the training op, verified, run through the kernel pipeline
-// (twell-select-config sets the target, twell-specialize the kernel_name) and emitted from the spec the
-// op then describes; the op's text heads the source. Throws Error(InvalidArgument) naming the spec field.
+// (twell-select-config sets the target, twell-specialize the kernel_name) and emitted by emitTrainingOp. Throws Error(InvalidArgument) naming the spec field.
 kernels::KernelSource generateTrainingKernel(kernels::KernelKind kind, const FfnSpec& spec, const Target& target);
 
 }  // namespace twell::compiler
