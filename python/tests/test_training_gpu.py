@@ -282,6 +282,25 @@ def test_auto_dense_decision_releases_the_training_plan(cuda):
     assert key in training._training_plans
 
 
+def test_auto_stops_timing_a_path_over_twice_the_dense_step(cuda, monkeypatch):
+    # At 60% the TwELL path's step is many times a dense one's: its timing stops after the warm-up and one
+    # timed step (a model's first steps are this dense), where the dense paths run a warm-up and three.
+    training.clear()
+    x, wg, wu, wd = shifted_layer(4096, 512, 1408, 0.6, cuda, seed=17)
+    calls = {"sparse": 0, "dense": 0}
+    real = training._sparse_train
+
+    def counting(*a, **k):
+        calls[a[6] if len(a) > 6 else k.get("path", "sparse")] += 1
+        return real(*a, **k)
+    monkeypatch.setattr(training, "_sparse_train", counting)
+    leaves = [t.detach().requires_grad_() for t in (x, wg, wu, wd)]
+    y, l1 = tt.sparse_ffn_train(*leaves, dispatch="auto", decision_key=92)
+    (d,) = [d for d in training.dispatch_decisions() if d["bucket"][0] == 92]
+    assert d["ms"]["twell"] > 2 * min(d["ms"]["torch"], d["ms"]["twell_dense"]), d
+    assert calls == {"sparse": 2, "dense": 4 + (d["path"] == "twell_dense")}, (calls, d)
+
+
 def test_twell_dense_path_matches_the_reference(cuda):
     # twell's dense training path (FfnTrainingPlan's TrainingPath::Dense) at several densities, silu, an odd
     # d_ff, through the same reference as the TwELL path; its state serves one backward.

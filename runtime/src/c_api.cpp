@@ -187,7 +187,7 @@ nlohmann::json decisions_json(const std::vector<twell::TrainingDecision>& decisi
   for (const twell::TrainingDecision& d : decisions)
     out.push_back({{"decision_key", d.decision_key}, {"max_tokens", d.max_tokens},
                    {"path", d.path == twell::TrainingPath::Dense ? "dense" : "sparse"}, {"sparse_ms", d.sparse_ms},
-                   {"dense_ms", d.dense_ms}});
+                   {"dense_ms", d.dense_ms}, {"sparse_steps", d.sparse_steps}, {"dense_steps", d.dense_steps}});
   return out;
 }
 

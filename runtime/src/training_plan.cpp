@@ -10,6 +10,7 @@
 #include <cmath>
 #include <future>
 #include <iterator>
+#include <limits>
 #include <map>
 
 #include "driver.h"
@@ -677,7 +678,9 @@ TrainingPath FfnTrainingPlan::Impl::calibrate(CUstream cu, const FfnTensors& t, 
   } e;
   detail::check(d.cuEventCreate(&e.start, CU_EVENT_DEFAULT), "FfnTrainingPlan::forward: cuEventCreate");
   detail::check(d.cuEventCreate(&e.stop, CU_EVENT_DEFAULT), "FfnTrainingPlan::forward: cuEventCreate");
-  auto step_ms = [&](TrainingPath path) {
+  // give_up_ms: a path whose first timed step already takes longer is not timed further (that step is its
+  // time): the TwELL path at a dense phase's density (a model's first steps) runs 10-50x the dense step.
+  auto step_ms = [&](TrainingPath path, double give_up_ms, int& steps) {
     std::vector<float> ms;
     for (int rep = 0; rep < 4; ++rep) {  // one warm-up (the first call's compilations, allocations), three timed
       detail::check(d.cuEventRecord(e.start, cu), "FfnTrainingPlan::forward: cuEventRecord");
@@ -688,12 +691,16 @@ TrainingPath FfnTrainingPlan::Impl::calibrate(CUstream cu, const FfnTensors& t, 
       float elapsed = 0;
       detail::check(d.cuEventElapsedTime(&elapsed, e.start, e.stop), "FfnTrainingPlan::forward: cuEventElapsedTime");
       if (rep > 0) ms.push_back(elapsed);
+      steps = int(ms.size());
+      if (rep == 1 && elapsed > give_up_ms) return double{elapsed};
     }
     std::sort(ms.begin(), ms.end());
     return double{ms[1]};
   };
-  decision.sparse_ms = step_ms(TrainingPath::Sparse);
-  decision.dense_ms = step_ms(TrainingPath::Dense);
+  // The dense path first (its time does not depend on the density), then the TwELL path, given up at twice
+  // the dense time: a step that slow cannot have a median below it.
+  decision.dense_ms = step_ms(TrainingPath::Dense, std::numeric_limits<double>::infinity(), decision.dense_steps);
+  decision.sparse_ms = step_ms(TrainingPath::Sparse, 2 * decision.dense_ms, decision.sparse_steps);
   decision.path = decision.dense_ms < decision.sparse_ms ? TrainingPath::Dense : TrainingPath::Sparse;
   return decision.path;
 }

@@ -24,7 +24,8 @@ dispatch: "sparse" (always twell's TwELL kernels), "twell_dense" (twell's dense 
 and two elementwise kernels, FfnTrainingPlan's TrainingPath::Dense; it keeps g and u, not PyTorch's a, u and
 h), "dense" (PyTorch's own autograd of the same function, exact threshold semantics), "auto": per (layer
 key, power-of-two token bucket) the first call times the three full steps (forward and backward, on up to
-TIMING_ROWS of its own rows, synchronizing) and keeps the fastest (bench/README.md v58: twell's dense path at
+TIMING_ROWS of its own rows, synchronizing; the TwELL path last, its timing stopped after one step where that
+is over twice the faster dense path's) and keeps the fastest (bench/README.md v58: twell's dense path at
 2-5% and on the real paper layer, 1.1-1.25x PyTorch's step), plus the one-time timing and compilation;
 recalibrate() re-times (call it as the density moves). This "auto" is twell.torch's own: it uses plans of
 fixed dispatch ("sparse", "dense"), not the plan-level TrainingDispatch::Auto of twell/training_plan.h.
@@ -258,11 +259,13 @@ def _sparse_train(x, w_gate, w_up, w_down, spec, ld_x, path="sparse", dense_neur
 TIMING_ROWS = 32768  # dispatch "auto" times the paths on at most this many of the call's rows
 
 
-def _step_ms(fn, x: Tensor, weights: list, reps: int = 3) -> float:
+def _step_ms(fn, x: Tensor, weights: list, reps: int = 3, give_up_ms: float = float("inf")) -> float:
     """Median GPU time of a whole step (forward and backward) of fn on detached copies of the inputs:
     their first TIMING_ROWS rows (the whole call up to there: twell's fixed costs amortize with the rows,
     so fewer rows than the call would favour dense; bench/README.md v44 saw 8192 rows choose dense where
-    the call's 32768 rows need not)."""
+    the call's 32768 rows need not). One warm-up, then reps timed steps; where the first timed step takes
+    over give_up_ms, that step's time (the TwELL path at a dense phase's density, a model's first steps,
+    runs 10-50x the dense step: its other steps would only cost time)."""
     x = x.reshape(-1, x.shape[-1])[:TIMING_ROWS].contiguous()
     leaves = [x.detach().requires_grad_()] + [w.detach().requires_grad_() if w is not None else None for w in weights]
     dy = torch.randn_like(x)
@@ -280,6 +283,8 @@ def _step_ms(fn, x: Tensor, weights: list, reps: int = 3) -> float:
         for leaf in leaves:
             if leaf is not None:
                 leaf.grad = None
+        if len(times) == 2 and times[1] > give_up_ms:
+            return times[1]
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
@@ -337,8 +342,8 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
             (dispatch == "auto" and _paths.get(bucket) == "dense") or \
             not trainable(x.device, spec, tokens, plan_path, split):
         return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
-    if dispatch in ("sparse", "twell_dense"):
-        with _lock:
+    if dispatch in ("sparse", "twell_dense") and (x.device.index, spec, plan_path, split) not in _sparse_keys:
+        with _lock:  # (the test first: a step's host time before its first kernel, bench/README.md v62)
             _sparse_keys.add((x.device.index, spec, plan_path, split))
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, w_gate, w_up, w_down))
     if not needs_grad:  # no backward will come: the forward alone, its state given back at once
@@ -350,13 +355,16 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
         path = _paths.get(bucket)
         if path is None:
             weights = [w_gate, w_up, w_down]
-            times = {"twell": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model,
-                                                                dense_neurons=dense_neurons), x, weights)}
+            # The dense paths first; the TwELL path's timing stops early where it is over twice the faster.
+            dense_times = {"torch": _step_ms(lambda *a: _dense_train(*a, activation, threshold), x, weights)}
             if trainable(x.device, spec, tokens, "dense"):  # (a dense plan that cannot be made is not a candidate)
-                times["twell_dense"] = _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model, "dense"), x,
-                                                weights)
-            times["torch"] = _step_ms(lambda *a: _dense_train(*a, activation, threshold), x, weights)
-            fastest = min(times, key=times.get)  # (ties: the first, twell's TwELL path)
+                dense_times["twell_dense"] = _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model,
+                                                                               "dense"), x, weights)
+            times = {"twell": _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model,
+                                                                dense_neurons=dense_neurons), x, weights,
+                                       give_up_ms=2 * min(dense_times.values()))}
+            times.update((k, dense_times[k]) for k in ("twell_dense", "torch") if k in dense_times)
+            fastest = min(times, key=times.get)  # (ties: the first, twell's TwELL path, then twell's dense)
             path = {"twell": "sparse", "twell_dense": "twell_dense", "torch": "dense"}[fastest]
             with _lock:
                 _paths[bucket], _path_times[bucket] = path, times

@@ -252,7 +252,8 @@ twell_status_t twell_training_plan_destroy(twell_training_plan_t plan); /* NULL 
  * (the option asked; state_bytes_per_row says whether the kernels keep u) and dw_down_as_weight, dense_neurons, dispatch
  * ("sparse", "dense", "auto"), dense_state_bytes_per_row (a state after a dense forward: g and u of all d_ff
  * neurons; given for every plan) and
- * decisions (dispatch auto's so far: decision_key, max_tokens, path, sparse_ms, dense_ms)); owned by the plan. */
+ * decisions (dispatch auto's so far: decision_key, max_tokens, path, sparse_ms, dense_ms and the timed steps
+ * behind each, sparse_steps and dense_steps)); owned by the plan. */
 twell_status_t twell_training_plan_describe(twell_training_plan_t plan, const char** json);
 /* Forgets dispatch auto's decisions (FfnTrainingPlan::recalibrate): the next forward of each bucket times
  * both paths again. */
