@@ -342,3 +342,76 @@ def test_hot_first_split_orders_by_activity_and_asks_the_cost_model():
     assert n == 0
     activity = (x @ wg.t() > 0).sum(0)
     assert torch.all(activity[order][:-1] >= activity[order][1:])
+
+
+class _SlowContext:
+    """A stand-in for twell.runtime.Context whose training plans take `seconds` to make (the JIT), counting
+    them and failing for dense_neurons 64 (as a refused shape would)."""
+
+    def __init__(self, seconds):
+        import threading
+        self.seconds, self.made, self.lock, self.inside, self.most_inside = seconds, [], threading.Lock(), 0, 0
+
+    def training_plan(self, spec, capacity, dispatch="sparse", dense_neurons=0, **options):
+        import time
+        with self.lock:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+        time.sleep(self.seconds)
+        with self.lock:
+            self.inside -= 1
+            self.made.append((dispatch, dense_neurons, capacity))
+        if dense_neurons == 64:
+            raise twell.InvalidArgumentError("twell.FfnTrainingPlan::create: dense_neurons: refused (test)")
+        return ("plan", dispatch, dense_neurons, capacity)
+
+
+def test_training_plans_are_made_outside_the_lock_once_per_key(monkeypatch):
+    # Threads needing plans of different keys make them at once; threads needing one key wait for one
+    # plan (and take its error); a larger capacity makes a new plan.
+    import concurrent.futures
+    from twell.torch import _plans, training
+    training.clear()
+    ctx = _SlowContext(0.3)
+    monkeypatch.setattr(_plans, "context", lambda device: ctx)
+    spec = training._spec(64, 256, True, "relu", 0.0, "bf16")
+    dev = torch.device("cuda", 0)
+    jobs = [("sparse", 0, 100)] * 3 + [("sparse", 128, 100), ("dense", 0, 100), ("sparse", 64, 100)] * 2
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [pool.submit(training._entry, dev, spec, tokens, path, split) for path, split, tokens in jobs]
+        results = []
+        for (path, split, _), f in zip(jobs, futures):
+            if split == 64:
+                with pytest.raises(twell.InvalidArgumentError, match="refused"):
+                    f.result()
+            else:
+                results.append((path, split, f.result().plan))
+    assert sorted(ctx.made) == [("dense", 0, 128), ("sparse", 0, 128), ("sparse", 64, 128), ("sparse", 128, 128)]
+    assert ctx.most_inside == 4, "the four keys' plans were not made at once"
+    for path, split, plan in results:
+        assert plan == ("plan", path, split, 128)
+    assert training._making == {}
+    assert training._entry(dev, spec, 50, "sparse", 0).plan == ("plan", "sparse", 0, 128)  # kept
+    assert training._entry(dev, spec, 1000, "sparse", 0).capacity == 1024  # a larger one replaces it
+    assert len(ctx.made) == 5
+    training.clear()
+
+
+def test_prepare_checks_its_arguments(monkeypatch):
+    from twell.torch import _plans, training
+    training.clear()
+    # Shape-only (meta) weights pass the checks of a CUDA call, then prepare refuses them; CPU ones at once.
+    wg, wu, wd = (torch.empty(shape, dtype=torch.bfloat16, device="meta") for shape in ((256, 64), (256, 64), (64, 256)))
+    for kwargs, match in (({"tokens": 0}, "tokens: expected a positive int"),
+                          ({"tokens": 8, "dispatch": "fast"}, "dispatch: expected"),
+                          ({"tokens": 8, "dense_neurons": 100}, "dense_neurons: expected a multiple of 64"),
+                          ({"tokens": 8, "dtype": torch.float32}, "dtype: expected torch.bfloat16")):
+        with pytest.raises(twell.InvalidArgumentError, match=match):
+            training.prepare(wg, wu, wd, **kwargs)
+    with pytest.raises(twell.InvalidArgumentError, match="w_down: expected shape"):
+        training.prepare(wg, wu, wd.t(), tokens=8)
+    with pytest.raises(twell.InvalidArgumentError, match="w_gate: expected a CUDA tensor.*got a tensor on meta"):
+        training.prepare(wg, wu, wd, tokens=8)
+    with pytest.raises(twell.InvalidArgumentError, match="w_gate: expected a CUDA tensor.*got a tensor on cpu"):
+        training.prepare(*(torch.zeros(w.shape, dtype=w.dtype) for w in (wg, wu, wd)), tokens=8)
+    assert training._training_plans == {} and training._making == {}

@@ -301,6 +301,24 @@ def test_auto_stops_timing_a_path_over_twice_the_dense_step(cuda, monkeypatch):
     assert calls == {"sparse": 2, "dense": 4 + (d["path"] == "twell_dense")}, (calls, d)
 
 
+def test_prepare_makes_the_plans_the_call_takes(cuda):
+    # prepare() in a background thread, then the call: it finds the plans made (no new plan), and trains
+    # exactly; dispatch "dense" (PyTorch's) needs no plan.
+    training.clear()
+    x, wg, wu, wd = shifted_layer(1000, 512, 1408, 0.01, cuda, seed=19)
+    spec = training.spec_of(x, wg, wu, "relu", 0.0)
+    futures = [training.prepare(wg, wu, wd, tokens=1000, dispatch="auto", dense_neurons=128),
+               training.prepare(wg, wu, wd, tokens=1000, dispatch="twell_dense")]
+    assert [f.result(timeout=600) for f in futures] == [None, None]
+    made = {k: v for k, v in training._training_plans.items() if k[1] == spec}
+    assert set(made) == {(x.device.index, spec, "sparse", 128), (x.device.index, spec, "dense", 0)}
+    check_against_reference(x, wg, wu, wd, what="after prepare", dispatch="sparse", dense_neurons=128)
+    check_against_reference(x, wg, wu, wd, what="after prepare", dispatch="twell_dense")
+    assert all(training._training_plans[k] is v for k, v in made.items()), "a prepared plan was made again"
+    assert training.prepare(wg, wu, wd, tokens=1000, dispatch="dense").result(timeout=60) is None
+    training.clear()
+
+
 def test_twell_dense_path_matches_the_reference(cuda):
     # twell's dense training path (FfnTrainingPlan's TrainingPath::Dense) at several densities, silu, an odd
     # d_ff, through the same reference as the TwELL path; its state serves one backward.

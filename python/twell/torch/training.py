@@ -27,7 +27,8 @@ key, power-of-two token bucket) the first call times the three full steps (forwa
 TIMING_ROWS of its own rows, synchronizing; the TwELL path last, its timing stopped after one step where that
 is over twice the faster dense path's) and keeps the fastest (bench/README.md v58: twell's dense path at
 2-5% and on the real paper layer, 1.1-1.25x PyTorch's step), plus the one-time timing and compilation;
-recalibrate() re-times (call it as the density moves). This "auto" is twell.torch's own: it uses plans of
+recalibrate() re-times (call it as the density moves); prepare() makes a call's plans ahead, in a background
+thread (new shapes and splits compile for seconds). This "auto" is twell.torch's own: it uses plans of
 fixed dispatch ("sparse", "dense"), not the plan-level TrainingDispatch::Auto of twell/training_plan.h.
 SparseGatedMLP's dispatch takes "auto", "sparse" or "dense" (PyTorch's): a module reaches twell's dense path
 through "auto". Eager mode only (the
@@ -35,6 +36,7 @@ forward keeps an opaque state: torch.compile graph-breaks here).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import threading
 
@@ -76,24 +78,50 @@ _refused: dict[tuple, str] = {}  # (device, spec, plan path, dense_neurons) -> w
 _sparse_keys: set[tuple] = set()
 
 
+_making: dict[tuple, tuple[concurrent.futures.Future, int]] = {}  # key -> (the entry being made, its capacity)
+
+
 def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str = "sparse",
            dense_neurons: int = 0) -> _TrainingEntry:
     """The training plan of (device, spec) whose dispatch is `path` ("sparse": the TwELL kernels, with the
     first dense_neurons neurons on the dense path's kernels: the split; "dense": twell's dense path), with
-    room for `tokens` rows."""
+    room for `tokens` rows. The plan is made outside the module's lock (a new shape or split compiles for
+    seconds: threads make plans of different keys at once, prepare()); a thread needing a plan another is
+    making waits for that one (and takes its error)."""
     key = (device.index, spec, path, dense_neurons)
-    entry = _training_plans.get(key)
-    if entry is not None and entry.capacity >= tokens:
-        return entry
-    with _lock:
+    while True:
         entry = _training_plans.get(key)
-        if entry is None or entry.capacity < tokens:
-            capacity = max(_plans.MIN_CAPACITY, 1 << max(0, tokens - 1).bit_length())
-            ctx = _plans.context(device)
-            # dWd in nn.Linear's layout: autograd then adds contiguous rows into w_down.grad (bench/README.md v54).
-            entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True, dw_down_as_weight=True,
-                                                     dispatch=path, dense_neurons=dense_neurons), capacity)
+        if entry is not None and entry.capacity >= tokens:
+            return entry
+        with _lock:
+            entry = _training_plans.get(key)
+            if entry is not None and entry.capacity >= tokens:
+                return entry
+            making = _making.get(key)
+            if making is None or making[1] < tokens:
+                capacity = max(_plans.MIN_CAPACITY, 1 << max(0, tokens - 1).bit_length())
+                future: concurrent.futures.Future = concurrent.futures.Future()
+                _making[key] = (future, capacity)
+                break
+        making[0].result()  # then look again (the plan made may have been released since)
+    try:
+        ctx = _plans.context(device)
+        # dWd in nn.Linear's layout: autograd then adds contiguous rows into w_down.grad (bench/README.md v54).
+        entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True, dw_down_as_weight=True,
+                                                 dispatch=path, dense_neurons=dense_neurons), capacity)
+    except BaseException as e:
+        with _lock:
+            if _making.get(key, (None,))[0] is future:
+                del _making[key]
+        future.set_exception(e)
+        raise
+    with _lock:
+        current = _training_plans.get(key)
+        if current is None or current.capacity < capacity:
             _training_plans[key] = entry
+        if _making.get(key, (None,))[0] is future:
+            del _making[key]
+    future.set_result(entry)
     return entry
 
 
@@ -373,6 +401,51 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
             return _dense_train(x, w_gate, w_up, w_down, activation, threshold)
         plan_path = "dense" if path == "twell_dense" else "sparse"
     return _sparse_train(x, w_gate, w_up, w_down, spec, ld_x, plan_path, dense_neurons)
+
+
+_preparing: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def prepare(w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, *, tokens: int, dtype: torch.dtype | None = None,
+            activation: str = "relu", threshold: float = 0.0, dispatch: str = "sparse",
+            dense_neurons: int = 0) -> concurrent.futures.Future:
+    """Makes, in a background thread, the training plans that sparse_ffn_train(x, w_gate, w_up, w_down, ...)
+    with these arguments and `tokens` rows of x (dtype: x's, default the weights') takes at its first call:
+    the TwELL path's (with the split dense_neurons) for dispatch "sparse", twell's dense path's for
+    "twell_dense", both for "auto", none for "dense". A new layer shape or split compiles its kernels for
+    about 2 s on an H200's host (bench/README.md v61); layers prepared together compile at once instead of one
+    after another in their first steps (a model's split re-timing, v63). Returns a Future whose result is None
+    once the plans are made (a shape the training kernels refuse is remembered as trainable() does: the call
+    then takes PyTorch's autograd); it raises the other errors. The arguments are checked here, in the
+    caller's thread. recalibrate() and clear() drop the plans (their kernels stay in the context's cache)."""
+    op = "training.prepare"
+    if dispatch not in DISPATCHES:
+        ops._fail(op, "dispatch", "'auto', 'sparse', 'twell_dense' or 'dense'", repr(dispatch))
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+        ops._fail(op, "tokens", "a positive int (the rows of x the training calls will pass)", repr(tokens))
+    if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
+        ops._fail(op, "w_gate", "a 2-D weight [d_ff, d_model]", getattr(w_gate, "shape", type(w_gate).__name__))
+    if w_gate.device.type not in ("cuda", "meta"):  # (meta: shape-only weights, checked, then refused below)
+        ops._fail(op, "w_gate", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {w_gate.device}")
+    if dtype is not None and dtype not in ops.DTYPES:
+        ops._fail(op, "dtype", "torch.bfloat16 or torch.float16 (x's dtype), or None (the weights')", dtype)
+    x = w_gate.new_empty((1, w_gate.shape[1]), dtype=dtype or w_gate.dtype)  # a row of x for the checks
+    ops.check_args(op, x, w_gate, w_up, w_down, activation, threshold, "sparse", 0, dense_neurons,
+                   ops.DEFAULT_MAX_TOKENS, gated=w_up is not None)
+    if x.device.type != "cuda":
+        ops._fail(op, "w_gate", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {x.device}")
+    spec = spec_of(x, w_gate, w_up, activation, threshold)
+    paths = {"sparse": [("sparse", dense_neurons)], "twell_dense": [("dense", 0)],
+             "auto": [("sparse", dense_neurons), ("dense", 0)], "dense": []}[dispatch]
+    global _preparing
+    with _lock:
+        if _preparing is None:
+            _preparing = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="twell-prepare")
+
+    def make() -> None:
+        for path, split in paths:
+            trainable(x.device, spec, tokens, path, split)  # (a refusal is remembered, other errors raise)
+    return _preparing.submit(make)
 
 
 @torch.no_grad()
