@@ -148,9 +148,10 @@ def prepare_twell(mlps, args):
     for mlp in mlps:
         if mlp.gate_proj.weight.device.type != "cuda":
             continue
-        weights = [lin.weight.detach().to(torch.bfloat16) for lin in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)]
-        futures.append(twell_training.prepare(*weights, tokens=args.batch * args.seq, dispatch=args.twell_dispatch,
-                                              dense_neurons=mlp.twell_dense_neurons))
+        # (the fp32 master weights: the calls take their bf16 casts under autocast)
+        futures.append(twell_training.prepare(mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight,
+                                              tokens=args.batch * args.seq, dtype=torch.bfloat16,
+                                              dispatch=args.twell_dispatch, dense_neurons=mlp.twell_dense_neurons))
     for f in futures:
         f.result()
 
@@ -177,9 +178,10 @@ def train(args):
     start = last_log = time.perf_counter()
     last_log_step = 0
     step = 0
-    recalibrated_at = None  # the step whose re-timing the split block below already started
+    recalibrated_at = None  # the step whose re-timing already started (its plans prepared: not dropped again)
     if args.ffn == "twell" and use_autocast:
         prepare_twell(mlps, args)  # (timed: part of the run)
+        recalibrated_at = 0
     while True:
         elapsed = time.perf_counter() - start
         # The clock is read before the step is enqueued; the GPU trails the host by at most a few

@@ -410,31 +410,42 @@ def prepare(w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, *, tokens: int,
             activation: str = "relu", threshold: float = 0.0, dispatch: str = "sparse",
             dense_neurons: int = 0) -> concurrent.futures.Future:
     """Makes, in a background thread, the training plans that sparse_ffn_train(x, w_gate, w_up, w_down, ...)
-    with these arguments and `tokens` rows of x (dtype: x's, default the weights') takes at its first call:
-    the TwELL path's (with the split dense_neurons) for dispatch "sparse", twell's dense path's for
-    "twell_dense", both for "auto", none for "dense". A new layer shape or split compiles its kernels for
-    about 2 s on an H200's host (bench/README.md v61); layers prepared together compile at once instead of one
-    after another in their first steps (a model's split re-timing, v63). Returns a Future whose result is None
-    once the plans are made (a shape the training kernels refuse is remembered as trainable() does: the call
-    then takes PyTorch's autograd); it raises the other errors. The arguments are checked here, in the
-    caller's thread. recalibrate() and clear() drop the plans (their kernels stay in the context's cache)."""
+    with these arguments and `tokens` rows of x takes at its first call: the TwELL path's (with the split
+    dense_neurons) for dispatch "sparse", twell's dense path's for "twell_dense", both for "auto", none for
+    "dense". Only the weights' shapes, strides and device are read: dtype is the call's (x's; default the
+    weights'), so fp32 master weights whose casts the call will take are prepared with dtype=torch.bfloat16.
+    A new layer shape or split compiles its kernels for about 2 s on an H200's host (bench/README.md v61);
+    layers prepared together compile at once instead of one after another in their first steps (a model's
+    split re-timing, v63). Returns a Future whose result is None once the plans are made (a shape the
+    training kernels refuse is remembered as trainable() does: the call then takes PyTorch's autograd); it
+    raises the other errors. Waiting on it is optional: a call that needs a plan still being made waits for
+    it. The arguments are checked here, in the caller's thread. recalibrate() and clear() drop the plans
+    (their kernels stay in the context's cache): prepare after them, not before."""
     op = "training.prepare"
     if dispatch not in DISPATCHES:
         ops._fail(op, "dispatch", "'auto', 'sparse', 'twell_dense' or 'dense'", repr(dispatch))
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
         ops._fail(op, "tokens", "a positive int (the rows of x the training calls will pass)", repr(tokens))
-    if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
-        ops._fail(op, "w_gate", "a 2-D weight [d_ff, d_model]", getattr(w_gate, "shape", type(w_gate).__name__))
-    if w_gate.device.type not in ("cuda", "meta"):  # (meta: shape-only weights, checked, then refused below)
+    for name, w in (("w_gate", w_gate), ("w_down", w_down)) + ((("w_up", w_up),) if w_up is not None else ()):
+        if not isinstance(w, torch.Tensor) or w.dim() != 2:
+            ops._fail(op, name, "a 2-D weight tensor", getattr(w, "shape", type(w).__name__))
+        if w.device.type not in ("cuda", "meta"):  # (meta: shape-only weights, checked, then refused below)
+            ops._fail(op, name, "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {w.device}")
+        if w.device != w_gate.device:
+            ops._fail(op, name, f"a tensor on w_gate's device {w_gate.device}", f"a tensor on {w.device}")
+    dtype = w_gate.dtype if dtype is None else dtype
+    if dtype not in ops.DTYPES:
+        ops._fail(op, "dtype", "torch.bfloat16 or torch.float16 (the call's x dtype; default the weights')", dtype)
+    # The call's checks on shape-only stand-ins in the call's dtype: a row of x and the weights' layouts.
+    x = torch.empty((1, w_gate.shape[1]), dtype=dtype, device="meta")
+    stand_in = [torch.empty_strided(w.shape, w.stride(), dtype=dtype, device="meta") if w is not None else None
+                for w in (w_gate, w_up, w_down)]
+    ops.check_args(op, x, *stand_in, activation, threshold, "sparse", 0, dense_neurons, ops.DEFAULT_MAX_TOKENS,
+                   gated=w_up is not None)
+    if w_gate.device.type != "cuda":
         ops._fail(op, "w_gate", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {w_gate.device}")
-    if dtype is not None and dtype not in ops.DTYPES:
-        ops._fail(op, "dtype", "torch.bfloat16 or torch.float16 (x's dtype), or None (the weights')", dtype)
-    x = w_gate.new_empty((1, w_gate.shape[1]), dtype=dtype or w_gate.dtype)  # a row of x for the checks
-    ops.check_args(op, x, w_gate, w_up, w_down, activation, threshold, "sparse", 0, dense_neurons,
-                   ops.DEFAULT_MAX_TOKENS, gated=w_up is not None)
-    if x.device.type != "cuda":
-        ops._fail(op, "w_gate", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {x.device}")
-    spec = spec_of(x, w_gate, w_up, activation, threshold)
+    device = w_gate.device if w_gate.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    spec = _spec(w_gate.shape[1], w_gate.shape[0], w_up is not None, activation, float(threshold) + 0.0, ops.DTYPES[dtype])
     paths = {"sparse": [("sparse", dense_neurons)], "twell_dense": [("dense", 0)],
              "auto": [("sparse", dense_neurons), ("dense", 0)], "dense": []}[dispatch]
     global _preparing
@@ -444,7 +455,7 @@ def prepare(w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, *, tokens: int,
 
     def make() -> None:
         for path, split in paths:
-            trainable(x.device, spec, tokens, path, split)  # (a refusal is remembered, other errors raise)
+            trainable(device, spec, tokens, path, split)  # (a refusal is remembered, other errors raise)
     return _preparing.submit(make)
 
 
@@ -521,6 +532,7 @@ def dispatch_decisions() -> list[dict]:
     """dispatch "auto"'s decisions so far: per bucket (decision_key, device index, d_model, d_ff, gated,
     activation, threshold, dtype, dense_neurons, bit_length(tokens - 1): the bucket holds up to 2**that rows) the path taken
     ("sparse", "twell_dense" or "dense" = PyTorch's) and the measured step times in ms, keyed "twell" (the
-    TwELL path), "twell_dense" (absent where twell's dense plan could not be made) and "torch"."""
+    TwELL path: one step's time where its timing stopped early, over twice the faster dense path's),
+    "twell_dense" (absent where twell's dense plan could not be made) and "torch"."""
     with _lock:
         return [{"bucket": k, "path": v, "ms": _path_times.get(k)} for k, v in _paths.items()]
