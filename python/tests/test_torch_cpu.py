@@ -402,7 +402,7 @@ def test_prepare_checks_its_arguments(monkeypatch):
     training.clear()
     # Shape-only (meta) weights pass the checks of a CUDA call, then prepare refuses them; CPU ones at once.
     wg, wu, wd = (torch.empty(shape, dtype=torch.bfloat16, device="meta") for shape in ((256, 64), (256, 64), (64, 256)))
-    for kwargs, match in (({"tokens": 0}, "tokens: expected a positive int"),
+    for kwargs, match in (({"tokens": 0}, "tokens: expected an int in 1..2"), ({"tokens": 2 ** 30 + 1}, "tokens: expected"),
                           ({"tokens": 8, "dispatch": "fast"}, "dispatch: expected"),
                           ({"tokens": 8, "dense_neurons": 100}, "dense_neurons: expected a multiple of 64"),
                           ({"tokens": 8, "dtype": torch.float32}, "dtype: expected torch.bfloat16")):
@@ -425,3 +425,42 @@ def test_prepare_checks_its_arguments(monkeypatch):
     with pytest.raises(twell.InvalidArgumentError, match="w_down: expected contiguous rows"):
         training.prepare(fp32[0], fp32[1], fp32[2].t().contiguous().t(), tokens=8, dtype=torch.bfloat16)
     assert training._training_plans == {} and training._making == {}
+
+
+def test_training_plan_refusals_of_a_size_and_releases_keep_other_splits(monkeypatch):
+    # A plan refused for its rows alone is not remembered as the shape's refusal; clear() forgets a plan being
+    # made; an auto decision drops only the plans no decision of their own split chose.
+    import threading
+    from twell.torch import _plans, training
+    training.clear()
+
+    class Sized(_SlowContext):
+        def training_plan(self, spec, capacity, dispatch="sparse", dense_neurons=0, **options):
+            if capacity > 1024:
+                raise twell.InvalidArgumentError("twell.FfnTrainingPlan::create: max_tokens: too many (test)")
+            return super().training_plan(spec, capacity, dispatch, dense_neurons, **options)
+    ctx = Sized(0.2)
+    monkeypatch.setattr(_plans, "context", lambda device: ctx)
+    spec = training._spec(64, 256, True, "relu", 0.0, "bf16")
+    dev = torch.device("cuda", 0)
+    assert training.trainable(dev, spec, 5000) is False and training._refused == {}
+    assert training.trainable(dev, spec, 100) is True
+    # clear() while a plan is being made: the maker still returns it, the cache stays empty.
+    got = []
+    maker = threading.Thread(target=lambda: got.append(training._entry(dev, spec, 10, "sparse", 128)))
+    maker.start()
+    import time
+    time.sleep(0.05)
+    training.clear()
+    maker.join()
+    assert got[0].plan == ("plan", "sparse", 128, 64) and training._training_plans == {} and training._making == {}
+    # Plans of splits 128 and 256; split 256's bucket chose the TwELL path; split 128's decides twell_dense.
+    for split in (128, 256):
+        training._entry(dev, spec, 10, "sparse", split)
+    training._entry(dev, spec, 10, "dense", 0)
+    shape = (0, 64, 256, True, "relu", 0.0, torch.bfloat16)
+    training._paths[(1,) + shape + (256, 4)] = "sparse"
+    training._paths[(2,) + shape + (128, 4)] = "twell_dense"
+    training._release_if_unused((2,) + shape + (128, 4), (0, spec))
+    assert sorted(k[2:] for k in training._training_plans) == [("dense", 0), ("sparse", 256)]
+    training.clear()

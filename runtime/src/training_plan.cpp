@@ -678,8 +678,9 @@ TrainingPath FfnTrainingPlan::Impl::calibrate(CUstream cu, const FfnTensors& t, 
   } e;
   detail::check(d.cuEventCreate(&e.start, CU_EVENT_DEFAULT), "FfnTrainingPlan::forward: cuEventCreate");
   detail::check(d.cuEventCreate(&e.stop, CU_EVENT_DEFAULT), "FfnTrainingPlan::forward: cuEventCreate");
-  // give_up_ms: a path whose first timed step already takes longer is not timed further (that step is its
-  // time): the TwELL path at a dense phase's density (a model's first steps) runs 10-50x the dense step.
+  // give_up_ms: a path whose first two timed steps both take longer is not timed further (their median is
+  // its time): the median of three is then over give_up_ms whatever the third. The TwELL path at a dense
+  // phase's density (a model's first steps) runs 10-50x the dense step.
   auto step_ms = [&](TrainingPath path, double give_up_ms, int& steps) {
     std::vector<float> ms;
     for (int rep = 0; rep < 4; ++rep) {  // one warm-up (the first call's compilations, allocations), three timed
@@ -692,13 +693,13 @@ TrainingPath FfnTrainingPlan::Impl::calibrate(CUstream cu, const FfnTensors& t, 
       detail::check(d.cuEventElapsedTime(&elapsed, e.start, e.stop), "FfnTrainingPlan::forward: cuEventElapsedTime");
       if (rep > 0) ms.push_back(elapsed);
       steps = int(ms.size());
-      if (rep == 1 && elapsed > give_up_ms) return double{elapsed};
+      if (rep == 2 && std::min(ms[0], ms[1]) > give_up_ms) return (double{ms[0]} + ms[1]) / 2;
     }
     std::sort(ms.begin(), ms.end());
     return double{ms[1]};
   };
-  // The dense path first (its time does not depend on the density), then the TwELL path, given up at twice
-  // the dense time: a step that slow cannot have a median below it.
+  // The dense path first (its time does not depend on the density), then the TwELL path, given up after two
+  // steps over twice the dense time (the decision is then the full timing's: Dense).
   decision.dense_ms = step_ms(TrainingPath::Dense, std::numeric_limits<double>::infinity(), decision.dense_steps);
   decision.sparse_ms = step_ms(TrainingPath::Sparse, 2 * decision.dense_ms, decision.sparse_steps);
   decision.path = decision.dense_ms < decision.sparse_ms ? TrainingPath::Dense : TrainingPath::Sparse;

@@ -24,8 +24,8 @@ dispatch: "sparse" (always twell's TwELL kernels), "twell_dense" (twell's dense 
 and two elementwise kernels, FfnTrainingPlan's TrainingPath::Dense; it keeps g and u, not PyTorch's a, u and
 h), "dense" (PyTorch's own autograd of the same function, exact threshold semantics), "auto": per (layer
 key, power-of-two token bucket) the first call times the three full steps (forward and backward, on up to
-TIMING_ROWS of its own rows, synchronizing; the TwELL path last, its timing stopped after one step where that
-is over twice the faster dense path's) and keeps the fastest (bench/README.md v58: twell's dense path at
+TIMING_ROWS of its own rows, synchronizing; the TwELL path last, its timing stopped after two steps where both
+are over twice the faster dense path's) and keeps the fastest (bench/README.md v58: twell's dense path at
 2-5% and on the real paper layer, 1.1-1.25x PyTorch's step), plus the one-time timing and compilation;
 recalibrate() re-times (call it as the density moves); prepare() makes a call's plans ahead, in a background
 thread (new shapes and splits compile for seconds). This "auto" is twell.torch's own: it uses plans of
@@ -87,7 +87,8 @@ def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str =
     first dense_neurons neurons on the dense path's kernels: the split; "dense": twell's dense path), with
     room for `tokens` rows. The plan is made outside the module's lock (a new shape or split compiles for
     seconds: threads make plans of different keys at once, prepare()); a thread needing a plan another is
-    making waits for that one (and takes its error)."""
+    making waits for that one (and takes its error where it asked for the same size; after a larger plan's
+    error or an interrupt it makes its own). clear() forgets plans being made: they are not installed."""
     key = (device.index, spec, path, dense_neurons)
     while True:
         entry = _training_plans.get(key)
@@ -98,30 +99,47 @@ def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str =
             if entry is not None and entry.capacity >= tokens:
                 return entry
             making = _making.get(key)
+            capacity = max(_plans.MIN_CAPACITY, 1 << max(0, tokens - 1).bit_length())
             if making is None or making[1] < tokens:
-                capacity = max(_plans.MIN_CAPACITY, 1 << max(0, tokens - 1).bit_length())
                 future: concurrent.futures.Future = concurrent.futures.Future()
                 _making[key] = (future, capacity)
                 break
-        making[0].result()  # then look again (the plan made may have been released since)
-    try:
+        try:
+            made = making[0].result()
+            if made is not None and made.capacity >= tokens:
+                return made  # (installed, or made across a clear(): this call's plan either way)
+        except Exception:
+            if making[1] == capacity:  # the same request: its error is this call's
+                raise
+            made = None  # a larger plan's error (its size?) or the maker's interrupt: make this one here
+        except BaseException:
+            made = None
+        if made is None:
+            with _lock:
+                if _making.get(key) is making:
+                    del _making[key]
+    entry = None
+    try:  # (the future is completed whatever happens: waiters never hang on it)
         ctx = _plans.context(device)
         # dWd in nn.Linear's layout: autograd then adds contiguous rows into w_down.grad (bench/README.md v54).
         entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True, dw_down_as_weight=True,
                                                  dispatch=path, dense_neurons=dense_neurons), capacity)
+        with _lock:
+            if _making.get(key, (None,))[0] is future:  # (not after clear(): its plans are forgotten)
+                current = _training_plans.get(key)
+                if current is None or current.capacity < capacity:
+                    _training_plans[key] = entry
+                else:
+                    entry = current  # a larger one was installed meanwhile: use the cached one
     except BaseException as e:
+        future.set_exception(e)
+        raise
+    finally:
         with _lock:
             if _making.get(key, (None,))[0] is future:
                 del _making[key]
-        future.set_exception(e)
-        raise
-    with _lock:
-        current = _training_plans.get(key)
-        if current is None or current.capacity < capacity:
-            _training_plans[key] = entry
-        if _making.get(key, (None,))[0] is future:
-            del _making[key]
-    future.set_result(entry)
+        if not future.done():
+            future.set_result(entry)
     return entry
 
 
@@ -130,7 +148,8 @@ def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: st
     """Whether twell's training kernels take this layer: False where they refuse its shape (d_model above
     16384, a d_ff beyond train_weight_grad's shared memory, a layout they cannot build: the inference
     plan may still take it), remembered per (device, spec, plan path, dense_neurons); the callers then train it with PyTorch's
-    dense autograd. Other errors propagate."""
+    dense autograd. A refusal of this many rows alone (a smallest plan is made) is not remembered: False for
+    this call only. Other errors propagate."""
     key = (device.index, spec, path, dense_neurons)
     if key in _refused:
         return False
@@ -138,6 +157,12 @@ def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: st
         _entry(device, spec, max(tokens, 1), path, dense_neurons)
         return True
     except (InvalidArgumentError, CompileError) as e:
+        if tokens > _plans.MIN_CAPACITY:  # refused for its size alone? (the plan's rows: PyTorch takes this call)
+            try:
+                _entry(device, spec, 1, path, dense_neurons)
+                return False
+            except (InvalidArgumentError, CompileError):
+                pass
         _refused[key] = str(e)
         return False
 
@@ -146,6 +171,7 @@ def clear() -> None:
     """Forgets the training plans, their states and every dispatch "auto" decision."""
     with _lock:
         _training_plans.clear()
+        _making.clear()  # (plans still being made are then not installed; their waiters still get them)
         _paths.clear()
         _path_times.clear()
         _sparse_keys.clear()
@@ -291,9 +317,9 @@ def _step_ms(fn, x: Tensor, weights: list, reps: int = 3, give_up_ms: float = fl
     """Median GPU time of a whole step (forward and backward) of fn on detached copies of the inputs:
     their first TIMING_ROWS rows (the whole call up to there: twell's fixed costs amortize with the rows,
     so fewer rows than the call would favour dense; bench/README.md v44 saw 8192 rows choose dense where
-    the call's 32768 rows need not). One warm-up, then reps timed steps; where the first timed step takes
-    over give_up_ms, that step's time (the TwELL path at a dense phase's density, a model's first steps,
-    runs 10-50x the dense step: its other steps would only cost time)."""
+    the call's 32768 rows need not). One warm-up, then reps timed steps; where the first two timed steps
+    both take over give_up_ms, their mean (the median of three would be over give_up_ms too, whatever the
+    third: the TwELL path at a dense phase's density, a model's first steps, runs 10-50x the dense step)."""
     x = x.reshape(-1, x.shape[-1])[:TIMING_ROWS].contiguous()
     leaves = [x.detach().requires_grad_()] + [w.detach().requires_grad_() if w is not None else None for w in weights]
     dy = torch.randn_like(x)
@@ -311,8 +337,8 @@ def _step_ms(fn, x: Tensor, weights: list, reps: int = 3, give_up_ms: float = fl
         for leaf in leaves:
             if leaf is not None:
                 leaf.grad = None
-        if len(times) == 2 and times[1] > give_up_ms:
-            return times[1]
+        if len(times) == 3 and min(times[1:]) > give_up_ms:
+            return (times[1] + times[2]) / 2
     return sorted(times[1:])[len(times[1:]) // 2]
 
 
@@ -325,8 +351,10 @@ def _release_if_unused(bucket: tuple, device_spec: tuple) -> None:
     with _lock:
         for plan_path, dispatch in (("sparse", "sparse"), ("dense", "twell_dense")):
             for key in [k for k in _training_plans if k[:3] == device_spec + (plan_path,)]:
+                # (buckets: decision_key, device .. dtype, dense_neurons, size; a TwELL plan serves one split)
                 if key not in _sparse_keys and \
-                        not any(path == dispatch and b[1:-1] == bucket[1:-1] for b, path in list(_paths.items())):
+                        not any(path == dispatch and b[1:8] == bucket[1:8] and (plan_path == "dense" or b[8] == key[3])
+                                for b, path in list(_paths.items())):
                     _training_plans.pop(key, None)
 
 
@@ -383,7 +411,7 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
         path = _paths.get(bucket)
         if path is None:
             weights = [w_gate, w_up, w_down]
-            # The dense paths first; the TwELL path's timing stops early where it is over twice the faster.
+            # The dense paths first; the TwELL path's timing stops early where two steps are over twice the faster.
             dense_times = {"torch": _step_ms(lambda *a: _dense_train(*a, activation, threshold), x, weights)}
             if trainable(x.device, spec, tokens, "dense"):  # (a dense plan that cannot be made is not a candidate)
                 dense_times["twell_dense"] = _step_ms(lambda *a: _sparse_train(a[0], a[1], a[2], a[3], spec, d_model,
@@ -424,8 +452,8 @@ def prepare(w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, *, tokens: int,
     op = "training.prepare"
     if dispatch not in DISPATCHES:
         ops._fail(op, "dispatch", "'auto', 'sparse', 'twell_dense' or 'dense'", repr(dispatch))
-    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
-        ops._fail(op, "tokens", "a positive int (the rows of x the training calls will pass)", repr(tokens))
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or not 1 <= tokens <= 2 ** 30:
+        ops._fail(op, "tokens", "an int in 1..2**30 (the rows of x the training calls will pass)", repr(tokens))
     for name, w in (("w_gate", w_gate), ("w_down", w_down)) + ((("w_up", w_up),) if w_up is not None else ()):
         if not isinstance(w, torch.Tensor) or w.dim() != 2:
             ops._fail(op, name, "a 2-D weight tensor", getattr(w, "shape", type(w).__name__))
@@ -526,13 +554,14 @@ def recalibrate(release_memory: bool = True) -> None:
         _path_times.clear()
         if release_memory:
             _training_plans.clear()
+            _making.clear()
 
 
 def dispatch_decisions() -> list[dict]:
     """dispatch "auto"'s decisions so far: per bucket (decision_key, device index, d_model, d_ff, gated,
     activation, threshold, dtype, dense_neurons, bit_length(tokens - 1): the bucket holds up to 2**that rows) the path taken
     ("sparse", "twell_dense" or "dense" = PyTorch's) and the measured step times in ms, keyed "twell" (the
-    TwELL path: one step's time where its timing stopped early, over twice the faster dense path's),
+    TwELL path: the mean of two steps where its timing stopped early, both over twice the faster dense path's),
     "twell_dense" (absent where twell's dense plan could not be made) and "torch"."""
     with _lock:
         return [{"bucket": k, "path": v, "ms": _path_times.get(k)} for k, v in _paths.items()]

@@ -56,9 +56,9 @@ enum class TrainingDispatch : uint8_t {
   // Per (decision key, power-of-two token bucket), the first forward times a whole step (forward and
   // backward) of each path on its own operands (its first kCalibrationRows rows; one warm-up and the median
   // of three steps each, host launch time included, with scratch outputs, dy and state allocated for it
-  // and a stream synchronization per step; the dense path first, and the sparse path's timing stops at its
-  // first timed step where that takes over twice the dense median: at a dense phase's density, a model's
-  // first steps, the TwELL path runs 10-50x the dense step) and keeps the faster (ties: Sparse) for later forwards of that
+  // and a stream synchronization per step; the dense path first, and the sparse path's timing stops after
+  // two timed steps where both take over twice the dense median, so its median would too: at a dense
+  // phase's density, a model's first steps, the TwELL path runs 10-50x the dense step) and keeps the faster (ties: Sparse) for later forwards of that
   // bucket (decisions()). The plan then holds both paths' scratch; a state whose forward changes path frees
   // the other path's buffers after a stream synchronization (give layers that decide apart their own
   // states). The density moves during training: recalibrate() forgets the decisions (not the scratch).
@@ -108,7 +108,7 @@ struct TrainingPlanOptions {
 
 // One decision of TrainingDispatch::Auto: the calls of `decision_key` with tokens in
 // (max_tokens / 2, max_tokens] take `path`; the step times (ms) it was chosen by, each the median of
-// *_steps timed steps (sparse_steps 1: its timing stopped early, that step over twice dense_ms).
+// *_steps timed steps (sparse_steps 2: its timing stopped early, both steps over twice dense_ms).
 struct TrainingDecision {
   uint64_t decision_key = 0;
   int64_t max_tokens = 0;
