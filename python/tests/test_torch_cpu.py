@@ -342,6 +342,9 @@ def test_hot_first_split_orders_by_activity_and_asks_the_cost_model():
     assert n == 0
     activity = (x @ wg.t() > 0).sum(0)
     assert torch.all(activity[order][:-1] >= activity[order][1:])
+    for bad in (0, None, 2.5, True):  # the training calls' rows are required (the sample's rows are not them)
+        with pytest.raises(twell.InvalidArgumentError, match="hot_first_split: tokens: expected a positive int"):
+            training.hot_first_split(x, wg, tokens=bad)
 
 
 class _SlowContext:

@@ -492,12 +492,14 @@ def hot_first_split(x: Tensor, w_gate: Tensor, activation: str = "relu", thresho
                     gated: bool = True) -> tuple[Tensor, int]:
     """(order, dense_neurons) for a training split (sparse_ffn_train's dense_neurons): each neuron's activity over
     the rows of x (a calibration sample of the layer's inputs, [..., d_model]; the activity on g = x Wg^T
-    rounded to x's dtype, the kernels' predicate), the neurons ordered most active first (order[i] = the old
+    rounded to x's dtype, the kernels' predicate: pass x in the training calls' dtype, e.g. bf16 under autocast), the neurons ordered most active first (order[i] = the old
     index of new neuron i, ties by index), and twell.choose_training_dense_neurons's choice for the training
     calls' `tokens` rows (the batch's, not the sample's: the terms scale apart; gated: False for a layer
     without an up projection): 0 (TwELL alone), a split, or d_ff (twell's dense path: train with
     dense_neurons 0 and dispatch "auto", whose timing then takes the dense path, or "twell_dense"). Apply
     the order with reorder_neurons_ (order, not its inverse)."""
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+        ops._fail("training.hot_first_split", "tokens", "a positive int (the training calls' rows of x)", repr(tokens))
     d_ff, d_model = w_gate.shape
     x2 = x.reshape(-1, d_model)
     g = torch.nn.functional.linear(x2, w_gate.to(x2.dtype))
@@ -505,7 +507,7 @@ def hot_first_split(x: Tensor, w_gate: Tensor, activation: str = "relu", thresho
     activity = active.sum(0, dtype=torch.int64)
     order = torch.sort(activity, descending=True, stable=True).indices
     spec = _spec(d_model, d_ff, gated, activation, float(threshold) + 0.0, ops.DTYPES.get(x2.dtype, "bf16"))
-    n = runtime.choose_training_dense_neurons(spec, tokens or x2.shape[0], activity[order].tolist(), max(1, x2.shape[0]))
+    n = runtime.choose_training_dense_neurons(spec, tokens, activity[order].tolist(), max(1, x2.shape[0]))
     return order, n
 
 
