@@ -47,6 +47,8 @@ def _fail(op: str, argument: str, expected: str, got) -> None:
 def _row_stride(op: str, x: Tensor, d_model: int) -> int:
     """The row stride (elements) of x viewed as [rows, d_model]: the leading dims must collapse into
     rows one stride apart (size-1 dims are free); expanded rows (stride 0) are refused."""
+    if d_model > 0 and x.dim() > 0 and x.shape[-1] == d_model and x.is_contiguous():
+        return d_model  # (the common case first: a training step's host time before its first kernel)
     if x.dim() == 0 or x.shape[-1] != d_model:
         _fail(op, "x", f"a tensor [..., {d_model}] (d_model = w_gate.shape[1])", f"shape {tuple(x.shape)}")
     if x.stride(-1) != 1 and x.shape[-1] > 1:
@@ -66,6 +68,9 @@ def _row_stride(op: str, x: Tensor, d_model: int) -> int:
 
 
 def _check_weight(op: str, name: str, w: Tensor, shape: tuple, x: Tensor) -> None:
+    if w.shape == shape and w.dtype == x.dtype and w.stride(1) == 1 and w.stride(0) >= shape[1] and \
+            w.device == x.device:
+        return  # (the common case in one test: a training step's host time before its first kernel)
     if w.dim() != 2 or tuple(w.shape) != shape:
         _fail(op, name, f"shape {shape}", f"shape {tuple(w.shape)}")
     if w.dtype != x.dtype:
