@@ -421,12 +421,19 @@ def test_prepare_checks_its_arguments(monkeypatch):
         training.prepare(wg, torch.zeros(wu.shape, dtype=wu.dtype), wd, tokens=8)
     # fp32 master weights: the call's dtype is given (dtype=), their layouts are what is checked.
     fp32 = [torch.empty(w.shape, dtype=torch.float32, device="meta") for w in (wg, wu, wd)]
-    with pytest.raises(twell.InvalidArgumentError, match="dtype: expected torch.bfloat16 or torch.float16"):
+    with pytest.raises(twell.InvalidArgumentError, match="dtype: expected the call's x dtype.*here torch.float32"):
         training.prepare(*fp32, tokens=8)
     with pytest.raises(twell.InvalidArgumentError, match="w_gate: expected a CUDA tensor.*got a tensor on meta"):
         training.prepare(*fp32, tokens=8, dtype=torch.bfloat16)  # (past every check of the call's)
     with pytest.raises(twell.InvalidArgumentError, match="w_down: expected contiguous rows"):
-        training.prepare(fp32[0], fp32[1], fp32[2].t().contiguous().t(), tokens=8, dtype=torch.bfloat16)
+        training.prepare(wg, wu, wd.t().contiguous().t(), tokens=8)  # (the call takes it as it is)
+    gapped = torch.empty(64, 512, dtype=torch.float32, device="meta")[:, ::2]  # its cast is contiguous: accepted
+    with pytest.raises(twell.InvalidArgumentError, match="w_gate: expected a CUDA tensor"):
+        training.prepare(fp32[0], fp32[1], gapped, tokens=8, dtype=torch.bfloat16)
+    with pytest.raises(twell.InvalidArgumentError, match="w_up: expected x's dtype"):  # mixed, no dtype: as the call
+        training.prepare(wg, fp32[1], wd, tokens=8)
+    with pytest.raises(twell.InvalidArgumentError, match="dtype: expected torch.bfloat16 or torch.float16"):
+        training.prepare(wg, wu, wd, tokens=8, dtype=[1])
     assert training._training_plans == {} and training._making == {}
 
 

@@ -79,6 +79,7 @@ _sparse_keys: set[tuple] = set()
 
 
 _making: dict[tuple, tuple[concurrent.futures.Future, int]] = {}  # key -> (the entry being made, its capacity)
+_generation = 0  # clear() and recalibrate() count up: a plan begun before either is not installed
 
 
 def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str = "sparse",
@@ -90,56 +91,57 @@ def _entry(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: str =
     making waits for that one (and takes its error where it asked for the same size; after a larger plan's
     error or an interrupt it makes its own). clear() forgets plans being made: they are not installed."""
     key = (device.index, spec, path, dense_neurons)
-    while True:
-        entry = _training_plans.get(key)
-        if entry is not None and entry.capacity >= tokens:
-            return entry
-        with _lock:
-            entry = _training_plans.get(key)
-            if entry is not None and entry.capacity >= tokens:
-                return entry
-            making = _making.get(key)
-            capacity = max(_plans.MIN_CAPACITY, 1 << max(0, tokens - 1).bit_length())
-            if making is None or making[1] < tokens:
-                future: concurrent.futures.Future = concurrent.futures.Future()
-                _making[key] = (future, capacity)
-                break
-        try:
-            made = making[0].result()
+    entry = _training_plans.get(key)
+    if entry is not None and entry.capacity >= tokens:
+        return entry
+    future: concurrent.futures.Future = concurrent.futures.Future()  # this call's, once it makes the plan
+    entry = None
+    try:  # (from the registration on, the future is completed whatever happens: waiters never hang on it)
+        while True:
+            with _lock:
+                entry = _training_plans.get(key)
+                if entry is not None and entry.capacity >= tokens:
+                    return entry
+                making = _making.get(key)
+                capacity = max(_plans.MIN_CAPACITY, 1 << max(0, tokens - 1).bit_length())
+                if making is None or making[1] < tokens:
+                    _making[key] = (future, capacity)
+                    generation = _generation
+                    break
+            try:
+                made = making[0].result()
+            except BaseException as e:
+                if not making[0].done() or making[0].exception() is not e:
+                    raise  # this thread's own interrupt, not the maker's error
+                if isinstance(e, Exception) and making[1] == capacity:
+                    raise  # the same request: its error is this call's
+                made = None  # a larger plan's error (its size?) or the maker's interrupt: make this one here
             if made is not None and made.capacity >= tokens:
                 return made  # (installed, or made across a clear(): this call's plan either way)
-        except Exception:
-            if making[1] == capacity:  # the same request: its error is this call's
-                raise
-            made = None  # a larger plan's error (its size?) or the maker's interrupt: make this one here
-        except BaseException:
-            made = None
-        if made is None:
             with _lock:
                 if _making.get(key) is making:
                     del _making[key]
-    entry = None
-    try:  # (the future is completed whatever happens: waiters never hang on it)
         ctx = _plans.context(device)
         # dWd in nn.Linear's layout: autograd then adds contiguous rows into w_down.grad (bench/README.md v54).
         entry = _TrainingEntry(ctx.training_plan(spec, capacity, gradients_in_dtype=True, dw_down_as_weight=True,
                                                  dispatch=path, dense_neurons=dense_neurons), capacity)
         with _lock:
-            if _making.get(key, (None,))[0] is future:  # (not after clear(): its plans are forgotten)
+            if _generation == generation:  # (not after a clear() or recalibrate(): their plans are forgotten)
                 current = _training_plans.get(key)
                 if current is None or current.capacity < capacity:
                     _training_plans[key] = entry
                 else:
                     entry = current  # a larger one was installed meanwhile: use the cached one
     except BaseException as e:
-        future.set_exception(e)
+        if not future.done():
+            future.set_exception(e)
         raise
     finally:
+        if not future.done():
+            future.set_result(entry)
         with _lock:
             if _making.get(key, (None,))[0] is future:
                 del _making[key]
-        if not future.done():
-            future.set_result(entry)
     return entry
 
 
@@ -169,9 +171,11 @@ def trainable(device: torch.device, spec: runtime.FfnSpec, tokens: int, path: st
 
 def clear() -> None:
     """Forgets the training plans, their states and every dispatch "auto" decision."""
+    global _generation
     with _lock:
+        _generation += 1  # (plans still being made are then not installed; their waiters still get them)
         _training_plans.clear()
-        _making.clear()  # (plans still being made are then not installed; their waiters still get them)
+        _making.clear()
         _paths.clear()
         _path_times.clear()
         _sparse_keys.clear()
@@ -461,13 +465,18 @@ def prepare(w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, *, tokens: int,
             ops._fail(op, name, "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {w.device}")
         if w.device != w_gate.device:
             ops._fail(op, name, f"a tensor on w_gate's device {w_gate.device}", f"a tensor on {w.device}")
-    dtype = w_gate.dtype if dtype is None else dtype
-    if dtype not in ops.DTYPES:
-        ops._fail(op, "dtype", "torch.bfloat16 or torch.float16 (the call's x dtype; default the weights')", dtype)
-    # The call's checks on shape-only stand-ins in the call's dtype: a row of x and the weights' layouts.
-    x = torch.empty((1, w_gate.shape[1]), dtype=dtype, device="meta")
-    stand_in = [torch.empty_strided(w.shape, w.stride(), dtype=dtype, device="meta") if w is not None else None
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or dtype not in ops.DTYPES):
+        ops._fail(op, "dtype", "torch.bfloat16 or torch.float16 (the call's x dtype), or None (the weights')", dtype)
+    if dtype is None and w_gate.dtype not in ops.DTYPES:
+        ops._fail(op, "dtype", "the call's x dtype, torch.bfloat16 or torch.float16 (None takes the weights', here "
+                  f"{w_gate.dtype}: fp32 master weights are cast by the call)", None)
+    # The call's checks on shape-only stand-ins: a row of x in the call's dtype and the weights as the call gets
+    # them: as they are (dtype None), or their casts to dtype (w.to(dtype)'s layout: empty_like's).
+    x = torch.empty((1, w_gate.shape[1]), dtype=dtype or w_gate.dtype, device="meta")
+    stand_in = [None if w is None else torch.empty_strided(w.shape, w.stride(), dtype=w.dtype, device="meta")
+                if dtype is None or w.dtype == dtype else torch.empty_like(w, dtype=dtype, device="meta")
                 for w in (w_gate, w_up, w_down)]
+    dtype = x.dtype
     ops.check_args(op, x, *stand_in, activation, threshold, "sparse", 0, dense_neurons, ops.DEFAULT_MAX_TOKENS,
                    gated=w_up is not None)
     if w_gate.device.type != "cuda":
@@ -551,10 +560,12 @@ def recalibrate(release_memory: bool = True) -> None:
     drops the training plans and their states, whose backups and scratch grew to the largest overflow
     seen so far (a dense early phase); the next calls make them again at their default sizes (the
     kernels come from the context's cache)."""
+    global _generation
     with _lock:
         _paths.clear()
         _path_times.clear()
         if release_memory:
+            _generation += 1
             _training_plans.clear()
             _making.clear()
 
