@@ -99,6 +99,16 @@ def pattern_layer(m, layer, dev, seed=0):
     return [t.to(torch.bfloat16) for t in (x, wg, wu, wd)]
 
 
+def step_operands(layer, dev):
+    """A layer's operands (x, w_gate, w_up, w_down) as leaves with zeroed gradient buffers (they exist before
+    a step, as in a training loop), and a dy of x's shape in [-1, 1) bf16."""
+    leaves = [t.detach().requires_grad_() for t in layer]
+    dy = (torch.rand(layer[0].shape[0], D_MODEL, device=dev) * 2 - 1).to(torch.bfloat16)
+    for t in leaves:
+        t.grad = torch.zeros_like(t)
+    return leaves, dy
+
+
 def torch_dense(x, wg, wu, wd):
     h = F.relu(F.linear(x, wg)) * F.linear(x, wu)
     return F.linear(h, wd), h.abs().sum(dtype=torch.float32) / x.shape[0]  # no fp32 copy of h
@@ -150,10 +160,7 @@ def main():
         torch.cuda.empty_cache()
         ops = real_layer(m, dev) if density is None else pattern_layer(m, density, dev) if isinstance(density, int) \
             else uniform_layer(m, density, dev)
-        leaves = [t.detach().requires_grad_() for t in ops]
-        dy = (torch.rand(m, D_MODEL, device=dev) * 2 - 1).to(torch.bfloat16)
-        for t in leaves:  # gradient buffers exist before the step, as in a training loop
-            t.grad = torch.zeros_like(t)
+        leaves, dy = step_operands(ops, dev)
         with torch.no_grad():
             density_measured = (F.linear(ops[0], ops[1]) > 0).float().mean().item()
 

@@ -12,9 +12,7 @@ from twell import runtime
 from twell.torch import training, ops
 dev = torch.device("cuda")
 M = 16384
-leaves = [t.detach().requires_grad_() for t in b.uniform_layer(M, 0.005, dev)]
-for t in leaves: t.grad = torch.zeros_like(t)
-dy = (torch.rand(M, b.D_MODEL, device=dev) * 2 - 1).to(torch.bfloat16)
+leaves, dy = b.step_operands(b.uniform_layer(M, 0.005, dev), dev)
 lam = torch.tensor(1e-3, device=dev)
 marks = {}
 orig_fwd = runtime.TrainingPlan.forward_struct
