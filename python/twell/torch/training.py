@@ -476,13 +476,12 @@ def prepare(w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, *, tokens: int,
     stand_in = [None if w is None else torch.empty_strided(w.shape, w.stride(), dtype=w.dtype, device="meta")
                 if dtype is None or w.dtype == dtype else torch.empty_like(w, dtype=dtype, device="meta")
                 for w in (w_gate, w_up, w_down)]
-    dtype = x.dtype
     ops.check_args(op, x, *stand_in, activation, threshold, "sparse", 0, dense_neurons, ops.DEFAULT_MAX_TOKENS,
                    gated=w_up is not None)
     if w_gate.device.type != "cuda":
         ops._fail(op, "w_gate", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {w_gate.device}")
     device = w_gate.device if w_gate.device.index is not None else torch.device("cuda", torch.cuda.current_device())
-    spec = _spec(w_gate.shape[1], w_gate.shape[0], w_up is not None, activation, float(threshold) + 0.0, ops.DTYPES[dtype])
+    spec = spec_of(x, w_gate, w_up, activation, threshold)  # (the stand-in x: the call's dtype)
     paths = {"sparse": [("sparse", dense_neurons)], "twell_dense": [("dense", 0)],
              "auto": [("sparse", dense_neurons), ("dense", 0)], "dense": []}[dispatch]
     global _preparing
