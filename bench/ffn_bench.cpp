@@ -20,6 +20,7 @@
 #include "twell/dense.h"
 #include "twell/device_memory.h"
 #include "twell/format.h"
+#include "twell/kernels/constraints.h"
 #include "twell/layer_data.h"
 #include "twell/neuron_order.h"
 #include "twell/safetensors.h"
@@ -472,7 +473,7 @@ void PaperLayer1Args(benchmark::internal::Benchmark* b) {
 // Decoding (PERFORMANCE.md, "Small M": the dense FFN reads all 69 MB of weights, 43 us at M = 1; a
 // sparse one must read the 23 MB Wg but only the active rows of Wu and Wd: the target is >= 3x dense
 // at 0.5%). Paths: 0 cuBLASLt (three GEMMs + elementwise), 1 twell with the decode kernels
-// (PlanOptions::decode_max_tokens; the fused decode kernel up to decode_fused_max_tokens = 4), 2 twell
+// (PlanOptions::decode_max_tokens; the fused decode kernel up to its most, 8 rows), 2 twell
 // with the large-M kernels only, 3 the dense path with the fused gated-up kernel, 4 the four decode
 // kernels without the fused one; Wd out_in (nn.Linear) or in_out (in_out 1). Each call reads another of kDecodeLayers copies of the weights (nn.Linear
 // layouts), so the weights come from DRAM as in a model whose layers do not all fit the L2; the calls
@@ -519,7 +520,7 @@ void BM_Decode(benchmark::State& state) {
     PlanOptions o;
     o.dispatch = Dispatch::Sparse;
     o.decode_max_tokens = path == 1 || path == 4 ? 64 : 0;
-    o.decode_fused_max_tokens = path == 4 ? 0 : 4;
+    o.decode_fused_max_tokens = path == 4 ? 0 : kernels::DecodeKernelConstraints::kFusedMaxTokens;
     plan = std::make_unique<FfnPlan>(ctx.plan(spec, tokens, o));
     for (int l = 0; l < kDecodeLayers; ++l) plan->run(stream.get(), tensors(l), tokens);
     if (plan->last_path() != "decode")  // the fused decode kernel makes no TwELL matrix

@@ -162,9 +162,6 @@ namespace {
   cs << "  static constexpr int cta_m = " << maxTokens << ";\n";
   const bool small = what == "gate_small";
   cs << "  static constexpr int slice_n = " << (small ? D::kGateSmallSliceN : D::kSliceN) << ";  // d_ff columns per gate CTA\n";
-  if (fused)
-    cs << "  static constexpr bool bulk_copies = " << (sm >= 90 ? "true" : "false")
-       << ";  // Wg pieces by cp.async.bulk (sm_90+), else cp.async\n";
   if (small)
     cs << "  static constexpr bool bulk_rows = "
        << (D::gateSmallBulkRows(consumer.dModel, consumer.target.getComputeCapability()) ? "true" : "false")

@@ -152,8 +152,8 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
     p.decode_down = generated.decode[2];
     p.decode_gate_small = generated.decode[3];
     for (const auto* k : {&p.decode_gate, &p.decode_up, &p.decode_down, &p.decode_gate_small}) p.reports.push_back((*k)->report);
-    // The fused kernel where its shared memory holds x and one group of 8 Wg rows beside the staging of
-    // ceil(d_ff / SMs) rows (on a GPU; a plan without one keeps the kernel for bundles only).
+    // The fused kernel where its shared memory holds x and the staging of ceil(d_ff / SMs) rows (on a
+    // GPU; a plan without one keeps the kernel for bundles only).
     using D = kernels::DecodeKernelConstraints;
     if (options.decode_fused_max_tokens > 0 &&
         (!ctx->gpu || D::fusedFits(spec.d_model, p.sparse_spec.d_ff, ctx->sm_count, ctx->target.sm))) {
@@ -201,13 +201,14 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
       detail::check(d.cuMemsetD8(p.twell->get(), 0, size_t(rows * p.layout.words_per_row(sparse_d_ff)) * 4),
                     "Context::plan: cuMemsetD8(TwELL matrix rows of decode calls)");
     }
-    if (p.decode_fused) {
+    if (p.decode_fused) {  // device::DecodeFusedBuffers
       const int64_t ctas = kernels::DecodeKernelConstraints::fusedCtas(ctx->sm_count);
-      const int64_t rows_cap = (sparse_d_ff + ctas - 1) / ctas;
-      p.fused_entries = std::make_unique<detail::DeviceBuffer>(size_t(ctas * 32 * rows_cap) * 8);
-      p.fused_counts = std::make_unique<detail::DeviceBuffer>(size_t(ctas * 32) * 4);
-      p.fused_barrier = std::make_unique<detail::DeviceBuffer>(8);
-      detail::check(detail::Driver::get().cuMemsetD8(p.fused_barrier->get(), 0, 8), "Context::plan: cuMemsetD8(decode_fused barrier)");
+      const int64_t words = device::shared_memory::decode_fused_words((sparse_d_ff + ctas - 1) / ctas);
+      p.fused_h = std::make_unique<detail::DeviceBuffer>(size_t(kernels::DecodeKernelConstraints::kFusedMaxTokens * sparse_d_ff) * 4);
+      p.fused_token_mask = std::make_unique<detail::DeviceBuffer>(size_t(sparse_d_ff) * 4);
+      p.fused_rows_on = std::make_unique<detail::DeviceBuffer>(size_t(ctas * words) * 8);
+      p.fused_arrivals = std::make_unique<detail::DeviceBuffer>(8);
+      detail::check(detail::Driver::get().cuMemsetD8(p.fused_arrivals->get(), 0, 8), "Context::plan: cuMemsetD8(decode_fused arrivals)");
     }
     // cuMemsetD8 runs on the legacy stream, asynchronously: the plan's first call, on any stream (a
     // non-blocking one does not wait for the legacy stream), must find the zeros in place.

@@ -63,11 +63,11 @@ struct FfnPlan::Impl {
   std::unique_ptr<detail::DeviceBuffer> decode_act, decode_arrivals, decode_entries;
   // decode_fused (decode_fused.cuh): the whole FFN of a few rows in one cooperative kernel, which run()
   // takes for decode calls of at most decode_fused_max_tokens rows (null where PlanOptions turn it off
-  // or its shared memory does not fit), and its workspace (device::DecodeFusedBuffers; the barrier's
-  // two words zeroed once).
+  // or its shared memory does not fit), and its workspace (device::DecodeFusedBuffers; the arrival
+  // count zeroed once).
   std::shared_ptr<LoadedKernel> decode_fused;
   int64_t decode_fused_max_tokens = 0;
-  std::unique_ptr<detail::DeviceBuffer> fused_entries, fused_counts, fused_barrier;
+  std::unique_ptr<detail::DeviceBuffer> fused_h, fused_token_mask, fused_rows_on, fused_arrivals;
   bool use_block = false;  // the consumer the next launch() runs
   std::string last_path;
   std::string config_source = "heuristic";  // FfnPlan::config_source

@@ -14,7 +14,7 @@ namespace twell {
 
 namespace {
 // The decode kernels (decode.cuh) on `tokens` <= decode_max_tokens rows. The overflow counter is
-// zeroed before, as for the D2T. Up to 8 rows: decode_gate_small (no ring); else decode_gate, whose
+// zeroed before (not for decode_fused), as for the D2T. Up to 8 rows: decode_gate_small (no ring); else decode_gate, whose
 // ring is sized by the rows it holds (16 or 64; launch.h). Returns whether decode_fused ran (no TwELL
 // matrix then).
 bool launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDownParams& down, int64_t tokens, CUstream cu) {
@@ -31,9 +31,9 @@ bool launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDown
   void* gate_args[2] = {&gate, &buffers};
   void* down_args[2] = {&down, &buffers};
   if (p.decode_fused && tokens <= p.decode_fused_max_tokens) {  // one kernel; it writes no TwELL matrix
-    device::DecodeFusedBuffers fused{reinterpret_cast<uint32_t*>(p.fused_entries->get()),
-                                     reinterpret_cast<uint32_t*>(p.fused_counts->get()),
-                                     reinterpret_cast<uint32_t*>(p.fused_barrier->get())};
+    device::DecodeFusedBuffers fused{reinterpret_cast<float*>(p.fused_h->get()), reinterpret_cast<uint32_t*>(p.fused_token_mask->get()),
+                                     reinterpret_cast<unsigned long long*>(p.fused_rows_on->get()),
+                                     reinterpret_cast<unsigned long long*>(p.fused_arrivals->get())};
     void* args[2] = {&down, &fused};
     detail::launch(*p.decode_fused, shape, args, cu, "FfnPlan::run");
     return true;
@@ -91,7 +91,11 @@ bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchS
     if (r != CUDA_SUCCESS) [[unlikely]]
       detail::throw_cuda_error(r, fmt::format("{}: {}", who, what).c_str());
   };
-  if (!consumer_only) check(d.cuMemsetD32Async(m.counter, 0, 1, cu), "cuMemsetD32Async(overflow counter)");
+  const bool decode = allow_decode && !p.use_block && p.decode_gate && tokens > 0 && tokens <= p.decode_max_tokens;
+  // The fused decode kernel makes no TwELL matrix and counts no overflow (last_overflow() reports none
+  // after it without reading the counter): its calls skip the memset, a graph node of ~1.7 us (v64).
+  const bool fused = decode && p.decode_fused && tokens <= p.decode_fused_max_tokens;
+  if (!consumer_only && !fused) check(d.cuMemsetD32Async(m.counter, 0, 1, cu), "cuMemsetD32Async(overflow counter)");
   if (tokens == 0) return false;
 
   device::GateParams gate{};
@@ -123,7 +127,7 @@ bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchS
   down.backup_capacity = m.backup_capacity;
   down.row_l1 = m.row_l1;
   down.entry_u_after_words = m.entry_u_after_words ? 1u : 0u;
-  if (allow_decode && !p.use_block && p.decode_gate && tokens <= p.decode_max_tokens) {
+  if (decode) {
     return launch_decode(p, gate, down, tokens, cu);  // reads w_down as given: no transpose
   }
   if (p.transpose && !gate_only) {

@@ -1059,8 +1059,9 @@ std::vector<uint16_t> twell_values(const TwellMatrix& m) {
 
 // One decode-vs-large-M comparison: the same inputs through a plan whose runs of <= 64 tokens take the
 // decode kernels and one without them (decode_max_tokens = 0): the TwELL matrices must hold the same
-// values and y the same bits (the decode kernels repeat the gate's k16 chain and the row consumer's
-// sums), both near the CPU reference, no output element left poisoned. Rows sit in a strided x and y
+// values and y the same bits (the four decode kernels repeat the gate's k16 chain and the row
+// consumer's sums; the fused kernel, which sums the gate in another order, within 1e-2 and its own bits
+// run to run), both near the CPU reference, no output element left poisoned. Rows sit in a strided x and y
 // whose padding is poisoned (NaN in x, 0xFFFF in y) and checked untouched.
 void check_decode(const RandomFfn& f, PlanOptions options, const std::string& what, Context& ctx = context()) {
   StreamHandle stream(ctx);
@@ -1148,7 +1149,14 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
   }
   EXPECT_EQ(first_difference(h_four, h_large), "") << what << ": the four decode kernels' TwELL matrix differs from the large-M gate's";
   EXPECT_TRUE(y_four == y_large) << what << ": the four decode kernels' y differs from the large-M kernels' bits";
-  EXPECT_TRUE(y_decode == y_large) << what << ": y differs from the large-M kernels' bits";
+  if (fused) {
+    // decode_fused sums the gate in another order (decode_fused.cuh): its documented tolerance, 1e-2
+    // relative to the large-M kernels' y, and its own bits on every run (below).
+    EXPECT_LT(relative_error(to_float(f.spec.dtype, y_decode), to_float(f.spec.dtype, y_large)), 1e-2)
+        << what << ": the fused decode kernel's y is outside its tolerance of the large-M kernels'";
+  } else {
+    EXPECT_TRUE(y_decode == y_large) << what << ": y differs from the large-M kernels' bits";
+  }
   EXPECT_EQ(first_difference(h_decode, h_again), "") << what << ": a second decode run's TwELL matrix differs";
   EXPECT_TRUE(y_again == y_decode) << what << ": a second decode run's y differs";
 }

@@ -1,7 +1,7 @@
 // The fused decode kernel (KernelKind::DecodeFused, decode/decode_fused.cuh) without a GPU: the
 // generator's description passes its contract (validate.h) on sm_90a and sm_80 and a broken one names
-// the field; its launch geometry (launch.h): one CTA per SM (at most kFusedMaxCtas), cooperative, all
-// the shared memory the target allows, whatever the token count; where plans take it (fusedFits).
+// the field; its launch geometry (launch.h): one CTA per SM (at most kFusedMaxCtas), cooperative, the
+// shared memory its CTAs' rows need, whatever the token count; where plans take it (fusedFits).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -37,7 +37,7 @@ TEST(DecodeFusedContract, TheGeneratedKernelPassesAndABrokenOneIsNamed) {
       const compiler::KernelSource k = fused_kernel(d_model, d_ff, down, target);
       const std::string what = fmt::format("{} on {}", k.name, target.arch());
       EXPECT_EQ(kernels::validate_kernel(k, target), "") << what;
-      EXPECT_EQ(k.threads, 256) << what;
+      EXPECT_EQ(k.threads, 768) << what;
       EXPECT_EQ(k.cta_m, 8) << what;
       EXPECT_EQ(k.smem_bytes, D::fusedSharedBytes(target.sm)) << what;
       EXPECT_FALSE(k.dependent_launch) << what << ": it does not wait with griddepcontrol.wait";
@@ -46,7 +46,7 @@ TEST(DecodeFusedContract, TheGeneratedKernelPassesAndABrokenOneIsNamed) {
       const Target other = target.sm == 90 ? Target{80, false} : Target{90, true};
       EXPECT_NE(kernels::validate_kernel(k, other).find("smem_bytes: expected"), std::string::npos) << what;
       for (auto [field, breaks] : std::initializer_list<std::pair<const char*, void (*)(compiler::KernelSource&)>>{
-               {"threads: expected 256", [](compiler::KernelSource& b) { b.threads = 128; }},
+               {"threads: expected 768", [](compiler::KernelSource& b) { b.threads = 256; }},
                {"cta_m: expected 8", [](compiler::KernelSource& b) { b.cta_m = 64; }},
                {"cta_m: expected 8", [](compiler::KernelSource& b) { b.cta_m = 4; }},
                {"smem_bytes: expected", [](compiler::KernelSource& b) { b.smem_bytes = 0; }},
@@ -72,9 +72,9 @@ TEST(DecodeFusedContract, OneCooperativeCtaPerSmWhateverTheTokens) {
       EXPECT_EQ(c.grid_x, ctas) << what;
       EXPECT_EQ(c.grid_y, 1u) << what;
       EXPECT_EQ(c.grid_z, 1u) << what;
-      EXPECT_EQ(c.block_x, 256u) << what;
+      EXPECT_EQ(c.block_x, 768u) << what;
       EXPECT_EQ(c.block_y, 1u) << what;
-      EXPECT_EQ(c.shared_bytes, static_cast<uint32_t>(D::fusedSharedBytes(90))) << what;
+      EXPECT_EQ(c.shared_bytes, static_cast<uint32_t>(D::fusedLaunchBytes(2048, 5632, ctas))) << what;
       EXPECT_EQ(c.cluster_x, 1u) << what;
       EXPECT_TRUE(c.cooperative) << what;
       EXPECT_FALSE(c.dependent_launch) << what;
@@ -90,24 +90,34 @@ TEST(DecodeFusedContract, OneCooperativeCtaPerSmWhateverTheTokens) {
   }
 }
 
-// Where a plan takes it: x's 8 rows, one group of 8 Wg rows and the staging of ceil(d_ff / CTAs) rows
-// in fusedSharedBytes (values worked out by hand from shared_memory.h).
-TEST(DecodeFusedContract, FitsWhereOneGroupOfWgRowsFits) {
+// Where a plan takes it: a launch's shared memory (phase 1's x rows, unit sums and row staging, or
+// phase 2's words and batch, whichever is larger) within fusedSharedBytes (values worked out by hand
+// from shared_memory.h).
+TEST(DecodeFusedContract, FitsWhereItsCtasRowsFit) {
+  namespace sm = device::shared_memory;
   EXPECT_EQ(D::fusedSharedBytes(90), 230400);
   EXPECT_EQ(D::fusedSharedBytes(80), 164864);
   EXPECT_EQ(D::fusedCtas(132), 132);
   EXPECT_EQ(D::fusedCtas(1000), 256);
-  // The paper's layer: 5 streaming warps on an H200 (132 SMs), 3 on an A100 (108).
-  EXPECT_EQ(device::shared_memory::decode_fused_streamers(D::fusedSharedBytes(90), 8, 2048, 43), 5);
-  EXPECT_EQ(device::shared_memory::decode_fused_streamers(D::fusedSharedBytes(80), 8, 2048, 53), 3);
+  // The paper's layer on an H200: 43 rows per CTA, 6 groups, 24 units. Phase 1: x 8 x 2080 x 2 =
+  // 33280, sums 24 x 8 x 8 x 4 = 6144, a 43 x 8 x 4 = 1376, masks and rows 43 x 8 = 344: 41144.
+  // Phase 2: 132 words (1056), their starts (532), a batch of 256 x 72 and the runs' 16 x 8 x 16 x 4: 28212.
+  EXPECT_EQ(sm::decode_fused_x_stride(2048), 2080);
+  EXPECT_EQ(sm::decode_fused_phase1_bytes(2048, 43), 41144);
+  EXPECT_EQ(sm::decode_fused_phase2_bytes(43, 132), 28212);
+  EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132), 41152);
+  // d_model 520, d_ff 1400: 11 rows per CTA, phase 2 the larger.
+  EXPECT_EQ(D::fusedLaunchBytes(520, 1400, 132), 28224);
   EXPECT_TRUE(D::fusedFits(2048, 5632, 132, 90));
   EXPECT_TRUE(D::fusedFits(2048, 5632, 108, 80));
   EXPECT_TRUE(D::fusedFits(4096, 16384, 108, 80));
-  // d_model 6144: x's rows and one group of Wg rows pass sm_80's 161 KiB; 8192 passes sm_90's too.
-  EXPECT_FALSE(D::fusedFits(6144, 16384, 108, 80));
-  EXPECT_TRUE(D::fusedFits(6144, 16384, 132, 90));
-  EXPECT_FALSE(D::fusedFits(8192, 65536, 132, 90));
-  // Fewer rows than SMs: CTAs with no row still fit (one row of staging each).
+  // d_model 8192, d_ff 65536 on 132 SMs: 497 rows per CTA, 215984 bytes: sm_90's 225 KiB, not sm_80's 161.
+  EXPECT_EQ(D::fusedLaunchBytes(8192, 65536, 132), 215984);
+  EXPECT_TRUE(D::fusedFits(8192, 65536, 132, 90));
+  EXPECT_FALSE(D::fusedFits(8192, 65536, 132, 80));
+  // The paper's layer on one SM: all 5632 rows' staging in one CTA does not fit.
+  EXPECT_FALSE(D::fusedFits(2048, 5632, 1, 90));
+  // Fewer rows than SMs: CTAs with no row still fit.
   EXPECT_TRUE(D::fusedFits(512, 64, 132, 90));
   // No SM (a context without a GPU reports 0): never.
   EXPECT_FALSE(D::fusedFits(512, 1408, 0, 90));

@@ -91,28 +91,35 @@ constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile
   return rows > staging ? rows : staging;
 }
 
-// decode_fused (decode/decode_fused.cuh), one CTA per SM of kDecodeFusedWarps warps. Phase 1: the
-// call's rows of x and one zero row (d_model + 8 values each), then one entry per streaming warp
-// holding a group of 8 whole Wg rows (d_model + 8 values each: ldmatrix's 8 rows hit distinct banks;
-// one bulk copy per row: copies of 4 KiB and more stream at 2.5-3 TB/s, 512-byte ones at 1.7,
-// bench/README.md v38), then the CTA's staging of activated values ([x rows][rows per CTA] floats and
-// flag bytes, x rows = the tokens rounded up to 8, 16 or 32). As many warps stream as entries fit, at
-// most one per group of the CTA and kDecodeFusedWarps.
-constexpr long long kDecodeFusedWarps = 8, kDecodeFusedColumns = 16;
-TWELL_HOST_DEVICE constexpr long long decode_fused_x_rows(long long tokens) { return tokens <= 8 ? 8 : tokens <= 16 ? 16 : 32; }
-TWELL_HOST_DEVICE constexpr long long decode_fused_x_bytes(long long tokens, long long d_model) { return (tokens + 1) * (d_model + 8) * 2; }
-TWELL_HOST_DEVICE constexpr long long decode_fused_entry_bytes(long long d_model) { return 8 * (d_model + 8) * 2; }
-TWELL_HOST_DEVICE constexpr long long decode_fused_staging_bytes(long long tokens, long long rows_per_cta) {
-  return (decode_fused_x_rows(tokens) * rows_per_cta * 5 + 15) / 16 * 16;  // a float and a flag byte per (token, row)
+// decode_fused (decode/decode_fused.cuh), one CTA per SM of kDecodeFusedWarps warps, x tiles of
+// kDecodeFusedTokens rows, each group of 8 Wg rows in kDecodeFusedSlices k slices (a warp each), a
+// warp's loads in windows of at most kDecodeFusedWindow k32 blocks (16 loads of 16 bytes per lane in
+// flight: the 80 registers a thread of 768 has; bench/README.md v64).
+// Phase 1: x's rows (a stride of d_model rounded up to 64, plus 32 values: 16-byte rows, each two
+// start 16 banks apart, so the mma's 16-byte A reads (8 lanes over 2 rows) do not conflict), the (group, slice) units' sums
+// [units][tokens][8] (units: at most max(groups, warps)), a per (row, token), then the rows' token
+// masks and the active rows. Phase 2 (reusing it): every CTA's bit words and their exclusive scan, then
+// per entry of a batch of kDecodeFusedBatch its row, mask, h per token and kDecodeFusedColumns Wd
+// values, and the sums of runs of kDecodeFusedRun entries.
+constexpr long long kDecodeFusedWarps = 24, kDecodeFusedTokens = 8, kDecodeFusedSlices = 4, kDecodeFusedWindow = 16, kDecodeFusedColumns = 16,
+                    kDecodeFusedBatch = 256, kDecodeFusedRun = 16;
+TWELL_HOST_DEVICE constexpr long long decode_fused_x_stride(long long d_model) { return (d_model + 63) / 64 * 64 + 32; }
+// 64-bit words of active-row bits per CTA of at most rows_per_cta rows.
+TWELL_HOST_DEVICE constexpr long long decode_fused_words(long long rows_per_cta) { return (rows_per_cta + 63) / 64; }
+TWELL_HOST_DEVICE constexpr long long decode_fused_phase1_bytes(long long d_model, long long rows_per_cta) {
+  const long long units = (rows_per_cta + 7) / 8 * kDecodeFusedSlices;
+  return kDecodeFusedTokens * decode_fused_x_stride(d_model) * 2 + units * kDecodeFusedTokens * 8 * 4 +
+         rows_per_cta * kDecodeFusedTokens * 4 + rows_per_cta * 4 * 2;
 }
-// Reads past the last entry (a k32 ldmatrix pair at the end of a row: 16 values, unused) land in the
-// staging, which follows it.
-TWELL_HOST_DEVICE constexpr long long decode_fused_streamers(long long smem_bytes, long long tokens, long long d_model,
-                                                             long long rows_per_cta) {
-  const long long left = smem_bytes - decode_fused_x_bytes(tokens, d_model) - decode_fused_staging_bytes(tokens, rows_per_cta);
-  const long long fit = left / decode_fused_entry_bytes(d_model), groups = (rows_per_cta + 7) / 8;
-  const long long s = fit < groups ? fit : groups;
-  return s < 0 ? 0 : s > kDecodeFusedWarps ? kDecodeFusedWarps : s;
+TWELL_HOST_DEVICE constexpr long long decode_fused_phase2_bytes(long long rows_per_cta, long long ctas) {
+  const long long words = ctas * decode_fused_words(rows_per_cta);
+  return words * 8 + (words + 1) * 4 + kDecodeFusedBatch * (4 + 4 + 4 * kDecodeFusedTokens + 2 * kDecodeFusedColumns) +
+         kDecodeFusedBatch / kDecodeFusedRun * kDecodeFusedTokens * kDecodeFusedColumns * 4;
+}
+// A launch's dynamic shared memory: `ctas` CTAs of at most rows_per_cta = ceil(d_ff / ctas) rows each.
+TWELL_HOST_DEVICE constexpr long long decode_fused_bytes(long long d_model, long long rows_per_cta, long long ctas) {
+  const long long a = decode_fused_phase1_bytes(d_model, rows_per_cta), b = decode_fused_phase2_bytes(rows_per_cta, ctas);
+  return ((a > b ? a : b) + 15) / 16 * 16;
 }
 
 // The training weight gradients (train/weight_grad.cuh): a CTA of kTrainWeightGradWarps warps, one per

@@ -443,21 +443,25 @@ struct DecodeKernelConstraints {
                                          detail::layoutExtent(dModel), gateSmallBulkRows(dModel, sm));
   }
   // decode_fused (at most kFusedMaxTokens rows; PlanOptions::decode_fused_max_tokens): one CTA of
-  // kFusedThreads per SM (at most kFusedMaxCtas), launched cooperatively with all the shared memory the
-  // target allows (fusedSharedBytes): x's rows, the streaming warps' groups of Wg rows, the staging of
-  // the CTA's ceil(d_ff / CTAs) rows. fusedFits says whether that leaves room for one streaming warp.
-  static constexpr int64_t kFusedMaxTokens = 8;
+  // kFusedThreads per SM (at most kFusedMaxCtas), launched cooperatively. The kernel may take all the
+  // shared memory the target allows (fusedSharedBytes, its attribute); a launch passes what its shape
+  // needs (fusedLaunchBytes: x's rows, the CTA's ceil(d_ff / CTAs) rows' staging, phase 2's batches),
+  // no more, so that the rest stays L1 (a larger carve-out slowed the Wg stream, bench/README.md v64).
+  static constexpr int64_t kFusedMaxTokens = smem::kDecodeFusedTokens;
   static constexpr int64_t kFusedThreads = smem::kDecodeFusedWarps * 32;
-  static constexpr int64_t kFusedMaxCtas = 256;  // decode_fused.cuh's phase-2 search over CTAs covers 256
-  // Its static shared memory (mbarriers, the compiler's) stays under kFusedStaticReserve.
+  static constexpr int64_t kFusedMaxCtas = 256;
+  // Its static shared memory (the scan's totals, the compiler's) stays under kFusedStaticReserve.
   static constexpr int64_t kFusedStaticReserve = 2048;
   static constexpr int64_t fusedSharedBytes(int sm) {
     return GatedDownKernelConstraints::maxDynamicSharedBytes(sm) - kFusedStaticReserve;
   }
   static constexpr int64_t fusedCtas(int64_t smCount) { return smCount < kFusedMaxCtas ? smCount : kFusedMaxCtas; }
+  static constexpr int64_t fusedLaunchBytes(int64_t dModel, int64_t dFF, int64_t ctas) {
+    return smem::decode_fused_bytes(dModel, (dFF + ctas - 1) / ctas, ctas);
+  }
   static constexpr bool fusedFits(int64_t dModel, int64_t dFF, int64_t smCount, int sm) {
     const int64_t ctas = fusedCtas(smCount);
-    return ctas >= 1 && smem::decode_fused_streamers(fusedSharedBytes(sm), kFusedMaxTokens, dModel, (dFF + ctas - 1) / ctas) >= 1;
+    return ctas >= 1 && fusedLaunchBytes(dModel, dFF, ctas) <= fusedSharedBytes(sm);
   }
   // Also: decode_gate's shared memory at 64 rows must fit the target (not on the 99 KiB parts:
   // sm_86, sm_89, sm_120, sm_121), and not beside the token-block consumer, which rounds h to the

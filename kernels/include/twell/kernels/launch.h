@@ -66,7 +66,7 @@ constexpr uint32_t persistent_grid_x(const KernelSource& k, int64_t tokens, cons
 //   DecodeGateSmall  tiles x tile_n / kGateSmallSliceN CTAs
 //   DecodeUp         tokens x tiles CTAs (one per row and tile)
 //   DecodeDown       tokens x ceil(d_model / downColumns) single-warp CTAs
-//   DecodeFused      one CTA per SM (at most kFusedMaxCtas), cooperative
+//   DecodeFused      one CTA per SM (at most kFusedMaxCtas), cooperative; shared memory for the CTAs' rows
 //   WeightTranspose  32 x 32 tiles of [rows, cols]: (ceil(cols / 32), ceil(rows / 32)), blocks of 32 x 8
 //   NeuronPermute    min(ceil(rows * cols / threads), 16 per SM) CTAs (grid-stride loop)
 //   DenseGatedMul    min(ceil(rows * cols / threads), 65535) CTAs (grid-stride loop)
@@ -105,6 +105,7 @@ constexpr LaunchConfig launch_config(const KernelSource& k, const LaunchShape& s
       break;
     case KernelKind::DecodeFused:
       c.grid_x = static_cast<uint32_t>(D::fusedCtas(o.sm_count));
+      c.shared_bytes = static_cast<uint32_t>(D::fusedLaunchBytes(k.d_model, k.d_ff, c.grid_x));
       c.cooperative = true;
       break;
     case KernelKind::DecodeDown: {

@@ -1,400 +1,358 @@
-// decode_fused: the whole FFN of at most 8 token rows in one persistent kernel, one CTA per SM (issue 17;
-// PERFORMANCE.md, "Small M"). The four-kernel decode path (decode.cuh) pays three kernel boundaries and
-// stages the TwELL matrix in between; here nothing leaves the kernel but y (bench/README.md v38):
+// decode_fused: the whole FFN of at most 8 token rows in one persistent, cooperative kernel, one CTA per
+// SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64). At a few rows the FFN is bound by
+// reading Wg, so the kernel is built around streaming it (bench/experiments/decode_stream.cu measured
+// the forms this one keeps):
 //
 // Phase 1, per CTA c of P: the contiguous rows [c d_ff / P, (c + 1) d_ff / P) of Wg, in groups of 8
-//   (an n8 tile of mma.sync). x's rows go first (a few KB that must not queue behind Wg), then every
-//   streaming warp requests a whole group, one cp.async.bulk per row under an mbarrier (PTX ISA 8.0
-//   "cp.async.bulk"; below sm_90 cp.async 16-byte copies, the portable form), and refills its entry with
-//   its next group as soon as its chain has read it. The chain per output is the large-M gates' (k16
-//   mma chunks ascending, zero-padded as gate_cta_k pads them), so a = act(g) is the same bits. Each
-//   active (token, j) then gets h = a (x_t . Wu_j) with the row consumers' warp dot (warp_dot_16B's
-//   order), Wu_j read once for all the call's tokens that need it (its row and Wd's prefetched into L2
-//   first); the CTA lists, per token, its (j, h) ascending in j.
-// A grid barrier (all CTAs are resident: one per SM, launched cooperatively).
-// Phase 2, per CTA: kDecodeFusedColumns (16) output columns of every token: the token's list is the
-//   CTAs' lists in CTA order (so j ascending over the whole row), y = one fmaf chain per output in
-//   that order from +0, as decode_down and the row consumers sum: y is the large-M path's bit for bit.
+//   rows (an n8 mma tile), each group's d_model split into k slices, one warp per (group, slice) unit.
+//   Every lane requests its 16-byte pieces of Wg with plain loads into registers before anything waits
+//   (one window of up to kDecodeFusedWindow k32 blocks: at the paper's shape all ~174 KB of the CTA's
+//   share at once), x having gone first by cp.async so that it does not queue behind Wg. A lane (row
+//   n = lane / 4, quad lane q = lane % 4) holds values 8 q .. 8 q + 7 of its row in each k32 block; its
+//   first two words are the B fragment of one mma.m16n8k16 and its last two of another (PTX ISA,
+//   "Matrix Fragments for mma.m16n8k16"), the A fragments being x's row n at the same values (one
+//   16-byte read): each mma sums 16 of the block's products, a permutation of the block's k order
+//   applied to A and B alike. Each unit's blocks run ascending; the slices' sums are added in slice
+//   order. g is rounded to the value type and activated as every twell gate does (numerics.cuh).
+// Then per active row j of the CTA (a warp each): Wd's data for j into L2 (phase 2 reads it), and per
+//   active token h = a (x_t . Wu_j) with the row consumers' warp dot order (non-gated: h = a) into the
+//   workspace; the token masks of every row and the CTA's active rows as bits are written too.
+// The grid barrier: one release add per CTA on a 64-bit arrival count and acquire polls of it.
+// Phase 2, per CTA: kDecodeFusedColumns (16) output columns: the active rows of the whole layer,
+//   ascending, from the CTAs' bit words (one round trip of P words), then their masks, h and Wd
+//   columns (a second), in batches of kDecodeFusedBatch; y of (token, column) is the sum over runs of
+//   kDecodeFusedRun consecutive entries, each run one fmaf chain from +0, the runs added in order.
 //
-// Rounding and determinism: every value is the large-M kernels' (same chains, same orders), run after
-// run. No TwELL matrix is written (FfnPlan::download_twell says so after such a call). Phase 1 is
-// written for x tiles of 8, 16 or 32 rows (XR) but instantiated for 8 only: at 8 rows and more the
-// four kernels are as fast (v38), because fewer groups of Wg fit beside more rows of x.
+// Rounding and determinism: the gate's g is the dot of the large-M gates in another order (k slices of
+// d_model, each in k16 steps over a permuted k, then the slices), so a value may differ from the large-M
+// path's in its last bits, and a neuron within that of the threshold may be active on one path and
+// not the other; y is then within the documented tolerance (1e-2 relative) of the large-M path's, not
+// its bits. Every order is fixed by the shape and the launch's CTA count, so y is the same bits on
+// every run. No TwELL matrix is written (FfnPlan::download_twell says so after such a call).
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
-#include "twell/device/primitives/grid_sync.cuh"
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#include "twell/device/primitives/hopper_primitives.cuh"
-#endif
+#include "twell/device/primitives/grid_sync.cuh"  // load_l2_u32
 
 namespace twell::device {
 
-// Phase 1 for an x tile of XR rows (8, 16 or 32), then the grid barrier, then phase 2 (above).
-template <class Config, int XR>
-__device__ __forceinline__ void decode_fused_rows(const GatedDownParams& p, const DecodeFusedBuffers& b) {
+// 16 bytes of global memory that no kernel of the call writes (a weight), streamed: no L1 allocation
+// (PTX ISA, ld "L1::no_allocate"; the read-only path).
+__device__ __forceinline__ uint4 load_stream_16(const uint16_t* ptr) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(ptr));
+  return v;
+}
+
+// The grid barrier of decode_fused: arrivals only ever grow (P per launch), so a launch's target is the
+// next multiple of P above what a CTA read before its own arrival (at most P - 1 arrivals of its launch
+// precede that read). The count is 64-bit: it does not wrap. The read is issued early (thread 0, once
+// the CTA's Wg loads are in flight) and used at the barrier, so that its round trip is not waited for.
+__device__ __forceinline__ unsigned long long fused_barrier_seen(const unsigned long long* arrivals) {
+  unsigned long long v = 0;
+  if (threadIdx.x == 0) asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(arrivals) : "memory");
+  return v;
+}
+__device__ __forceinline__ void fused_barrier(unsigned long long* arrivals, unsigned long long seen) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned long long target = (seen / gridDim.x + 1) * gridDim.x;
+    __threadfence();  // the CTA's writes before its arrival
+    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(arrivals) : "memory");
+    unsigned long long v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(arrivals) : "memory");
+    } while (static_cast<long long>(v - target) < 0);
+  }
+  __syncthreads();
+}
+
+template <class Config>
+__device__ __forceinline__ void decode_fused(const GatedDownParams& p, const DecodeFusedBuffers& b) {
   using Value = typename Config::Value;
+  namespace sm = shared_memory;
   constexpr int K = Config::d_model;
   constexpr int N = Config::d_ff;
-  constexpr int WARPS = shared_memory::kDecodeFusedWarps;
-  constexpr int THREADS = WARPS * 32;
-  // Whole rows, one entry per warp: the kept point of v38's experiments (pieces of 256 K-values in rings
-  // of 2-5 entries per warp measured slower: 512-byte copies stream at 1.7 TB/s). The piece and ring
-  // indexing below is that experiment's, run with one piece and one entry.
-  constexpr int PIECE = K;
-  constexpr int PIECES = 1;
-  constexpr int LDR = K + 8;            // an entry's row stride (values)
-  constexpr int LDX = K + 8;            // x row stride (values)
-  constexpr int MT = XR == 32 ? 2 : 1;  // m16 tiles of x
-  constexpr int COLS = shared_memory::kDecodeFusedColumns;
-  // The k16 chunks of the large-M gates' chain, zero-padded as their K step pads it.
-  constexpr int STEPS = (K + Config::gate_cta_k - 1) / Config::gate_cta_k * (Config::gate_cta_k / 16);
-  constexpr int KCHUNKS = (K + 15) / 16;
-  static_assert(Config::threads == THREADS && K % 8 == 0 && STEPS >= KCHUNKS, "decode_fused shape");
+  constexpr int THREADS = Config::threads;
+  constexpr int WARPS = THREADS / 32;
+  constexpr int KB = (K + 31) / 32;  // k32 blocks of a row (the last zero-padded)
+  constexpr int S = static_cast<int>(sm::kDecodeFusedSlices);  // k slices of a group, a warp (unit) each
+  constexpr int PER = (KB + S - 1) / S;                          // k32 blocks per slice
+  constexpr int NW = (PER + static_cast<int>(sm::kDecodeFusedWindow) - 1) / static_cast<int>(sm::kDecodeFusedWindow);
+  constexpr int WIN = (PER + NW - 1) / NW;                       // blocks per window (<= kDecodeFusedWindow)
+  constexpr bool EXACT = K % 32 == 0 && KB % S == 0 && PER % WIN == 0;  // every window's loads inside its slice and K
+  constexpr int LDX = static_cast<int>(sm::decode_fused_x_stride(K));
+  constexpr int COLS = static_cast<int>(sm::kDecodeFusedColumns);
+  constexpr int BATCH = static_cast<int>(sm::kDecodeFusedBatch);
+  constexpr int RUN = static_cast<int>(sm::kDecodeFusedRun);
+  constexpr int XR = static_cast<int>(sm::kDecodeFusedTokens);
+  static_assert(Config::threads == sm::kDecodeFusedWarps * 32 && Config::max_tokens == XR && K % 8 == 0, "decode_fused shape");
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
-  __shared__ __align__(8) uint64_t landed[WARPS][1];
+  __shared__ int scan_total[WARPS];
+  __shared__ int active_count;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int m = static_cast<int>(p.m);
-  const int P = static_cast<int>(gridDim.x);
-  const int c = static_cast<int>(blockIdx.x);
+  const int P = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
+  if (m < 1 || m > XR) __trap();
+  const int rows_cap = (N + P - 1) / P;
+  const int words = static_cast<int>(sm::decode_fused_words(rows_cap));  // bit words per CTA
+  // x's rows are written first: their room is checked before, the whole layout's once Wg is in flight.
+  require_dynamic_smem(static_cast<uint32_t>(XR * LDX * 2));
   const int r0 = static_cast<int>(static_cast<int64_t>(c) * N / P);
-  const int r1 = static_cast<int>(static_cast<int64_t>(c + 1) * N / P);
-  const int rows_cap = (N + P - 1) / P;  // the workspace's rows per CTA
-  const int groups = (r1 - r0 + 7) / 8;
-  // Streaming warps, one entry (a group of 8 whole rows) each; each refills its entry with its next group.
-  const int streamers = static_cast<int>(shared_memory::decode_fused_streamers(dynamic_smem_bytes(), m, K, rows_cap));
-  constexpr int ring = 1;
-  if (streamers < 1 || m > XR) __trap();  // the host sizes the launch (constraints.h): fail loudly
+  const int R = static_cast<int>(static_cast<int64_t>(c + 1) * N / P) - r0;
+  const int units = (R + 7) / 8 * S;
 
-  // x: rows 0..m-1 the call's, row m zeros (the A fragments' rows past the call point at it).
+  // Phase 1's shared memory (sm::decode_fused_phase1_bytes): x [XR][LDX], the units' sums [units][XR
+  // tokens][8 rows], a per (row, token), the rows' token masks, the active rows ascending.
   uint16_t* xs = reinterpret_cast<uint16_t*>(dynamic_smem);
-  uint16_t* rings = xs + (m + 1) * LDX;
-  float* staged_h = reinterpret_cast<float*>(rings + streamers * ring * 8 * LDR);  // [XR][rows_cap]
-  unsigned char* staged_on = reinterpret_cast<unsigned char*>(staged_h + XR * rows_cap);  // [XR][rows_cap]
-  uint16_t* my_ring = rings + warp * ring * 8 * LDR;
+  float* sums = reinterpret_cast<float*>(xs + XR * LDX);
+  float* act = sums + (rows_cap + 7) / 8 * S * XR * 8;                    // [rows_cap][XR]
+  uint32_t* row_mask = reinterpret_cast<uint32_t*>(act + rows_cap * XR);  // [rows_cap]
+  int* active = reinterpret_cast<int*>(row_mask + rows_cap);              // [rows_cap]
 
-  // x first: its few KB must not queue behind the Wg copies every SM issues next (bench/README.md v38).
-  for (int i = tid; i < (m + 1) * (LDX / 8); i += THREADS) {
-    const int r = i / (LDX / 8), k = i % (LDX / 8) * 8;
-    if (r < m && k < K)
-      cp_async_16(xs + r * LDX + k, p.x + static_cast<int64_t>(r) * p.ldx + k, true);
-    else
-      *reinterpret_cast<uint4*>(xs + r * LDX + k) = make_uint4(0u, 0u, 0u, 0u);
+  // x first: rows past the call and values past K are zeros (the padded k32 block multiplies zeros).
+  for (int i = tid; i < XR * (KB * 4); i += THREADS) {
+    const int t = i / (KB * 4), k = i % (KB * 4) * 8;
+    const bool valid = t < m && k < K;
+    cp_async_16(xs + t * LDX + k, p.x + (valid ? static_cast<int64_t>(t) * p.ldx + k : 0), valid);
   }
   cp_async_commit();
 
-  // This warp's groups: g = warp, warp + streamers, ...; piece pc = (local group) * PIECES + q.
-  const int my_groups = warp < streamers && groups > warp ? (groups - warp + streamers - 1) / streamers : 0;
-  const int my_pieces = my_groups * PIECES;
-  auto piece_len = [&](int pc) {
-    const int k0 = pc % PIECES * PIECE;
-    return K - k0 < PIECE ? K - k0 : PIECE;
+  // The warp's units u = warp, warp + WARPS, ... (group u / S, slice u % S: k32 blocks [slice * PER,
+  // min(KB, (slice + 1) * PER))), each in NW windows of WIN blocks: at the paper's shape one window
+  // per warp, all its loads in flight at once (a shape with more windows waits for each).
+  const int n = lane / 4, q = lane % 4;
+  // The loads of unit u's window into buf.
+  auto issue = [&](uint4 (&buf)[WIN], int u, int window) {
+    const int row = 8 * (u / S) + n, first = u % S * PER + window * WIN;
+    const int end = (u % S + 1) * PER < KB ? (u % S + 1) * PER : KB;
+    const bool valid_row = row < R;
+    const uint16_t* src = p.w_gate + static_cast<int64_t>(r0 + (valid_row ? row : 0)) * p.ldwg + 8 * q + 32 * first;
+#pragma unroll
+    for (int i = 0; i < WIN; ++i)
+      buf[i] = valid_row && (EXACT || (first + i < end && 32 * (first + i) + 8 * q < K)) ? load_stream_16(src + 32 * i)
+                                                                                      : make_uint4(0u, 0u, 0u, 0u);
   };
-  // Issues piece pc into ring entry pc % ring (whose previous piece this warp has read).
-  auto issue = [&](int pc) {
-    if (pc >= my_pieces) {
-      if constexpr (!Config::bulk_copies) cp_async_commit();  // one (empty) group per piece
-      return;
-    }
-    const int row0 = r0 + 8 * (warp + streamers * (pc / PIECES));
-    const int rows = r1 - row0 < 8 ? r1 - row0 : 8, len = piece_len(pc), k0 = pc % PIECES * PIECE;
-    uint16_t* entry = my_ring + pc % ring * 8 * LDR;
-    if constexpr (Config::bulk_copies) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // this warp's reads before the copy's writes
-      __syncwarp();
-      if (lane == 0) mbarrier_arrive_expect_tx(&landed[warp][pc % ring], static_cast<uint32_t>(rows * 2 * len));
-      __syncwarp();
-      if (lane < rows)
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                         smem_address(entry + lane * LDR)),
-                     "l"(p.w_gate + static_cast<int64_t>(row0 + lane) * p.ldwg + k0), "r"(2 * len),
-                     "r"(smem_address(&landed[warp][pc % ring]))
-                     : "memory");
-#endif
-    } else {
-      __syncwarp();
-      for (int i = lane; i < rows * (len / 8); i += 32) {
-        const int r = i / (len / 8), k = i % (len / 8) * 8;
-        cp_async_16(entry + r * LDR + k, p.w_gate + static_cast<int64_t>(row0 + r) * p.ldwg + k0 + k, true);
-      }
-      cp_async_commit();
+  // The window's 2 WIN mma steps into acc.
+  auto consume = [&](const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
+    const uint16_t* xrow = xs + n * LDX + 8 * q + 32 * (u % S * PER + window * WIN);
+#pragma unroll
+    for (int i = 0; i < WIN; ++i) {
+      // The lane's 8 values of x's row n at the same k: A's words in the same places as B's. Past the
+      // slice or K the loads gave zeros, and x's padded block is zeros: zero products.
+      const uint4 xv = *reinterpret_cast<const uint4*>(xrow + 32 * i);
+      const uint32_t a0[4] = {xv.x, 0u, xv.y, 0u};
+      const uint32_t a1[4] = {xv.z, 0u, xv.w, 0u};
+      mma_16816<Value>(acc, a0, buf[i].x, buf[i].y);
+      mma_16816<Value>(acc, a1, buf[i].z, buf[i].w);
     }
   };
-  // Waits for piece pc (below sm_90: its cp.async group); then zeroes the 8 values past a short piece
-  // (the k16 chunk straddling K reads them, as the chain's padding).
-  auto wait_piece = [&](int pc) {
-    if constexpr (Config::bulk_copies) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      mbarrier_wait(&landed[warp][pc % ring], static_cast<uint32_t>(pc / ring) & 1u);
-#endif
-    } else {
-      cp_async_wait<0>();
-      __syncwarp();
-    }
-    const int len = piece_len(pc);
-    if (len % 16 != 0) {
-      uint16_t* entry = my_ring + pc % ring * 8 * LDR;
-      if (lane < 8) *reinterpret_cast<uint4*>(entry + lane * LDR + len) = make_uint4(0u, 0u, 0u, 0u);
-      __syncwarp();
-    }
+  // The unit's sums: D rows are tokens (lane / 4), columns the group's rows 2 q, 2 q + 1.
+  auto store = [&](const float (&acc)[4], int u) {
+    sums[(u * XR + n) * 8 + 2 * q] = acc[0];
+    sums[(u * XR + n) * 8 + 2 * q + 1] = acc[1];
   };
-  if constexpr (Config::bulk_copies) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (lane == 0)
-      for (int e = 0; e < ring; ++e) mbarrier_init(&landed[warp][e], 1);
-    fence_barrier_init();
-    __syncwarp();
-#endif
-  }
-  for (int pc = 0; pc < ring; ++pc) issue(pc);
-  // x (below sm_90 the first group's cp.async group is newer).
-  if constexpr (Config::bulk_copies)
+  unsigned long long seen;  // the barrier's arrivals before this CTA's (thread 0's; fused_barrier)
+  {
+    // The warp's first unit: its first window requested before x is waited for.
+    uint4 buf[WIN];
+    if (warp < units) issue(buf, warp, 0);
+    require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P)));
+    seen = fused_barrier_seen(b.arrivals);
     cp_async_wait<0>();
-  else
-    cp_async_wait<1>();
+    __syncthreads();
+    if (warp < units) {
+      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      consume(buf, acc, warp, 0);
+#pragma unroll 1
+      for (int window = 1; window < NW; ++window) {
+        issue(buf, warp, window);
+        consume(buf, acc, warp, window);
+      }
+      store(acc, warp);
+    }
+  }
+  // More units than warps (rows per CTA above 8 WARPS / S): one window at a time.
+#pragma unroll 1
+  for (int u = warp + WARPS; u < units; u += WARPS) {
+    uint4 buf[WIN];
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+    for (int window = 0; window < NW; ++window) {
+      issue(buf, u, window);
+      consume(buf, acc, u, window);
+    }
+    store(acc, u);
+  }
   __syncthreads();
 
-  // ---- phase 1: the warp's groups ----
-  // The A fragments' row addresses: x's row, or the zero row past the call.
-  const int a_row8 = lane % 8 < m ? lane % 8 : m;
-  for (int lg = 0; lg < my_groups; ++lg) {
-    const int g = warp + streamers * lg;
-    float acc[MT][4];
+  // g per (row, token): the slices in order, rounded, activated; the rows' token masks (8 lanes per
+  // row: tokens 0..7).
+  for (int base = 0; base < R * XR; base += THREADS) {  // uniform trip count: the ballot below
+    const int i = base + tid, r = i / XR, t = i % XR;
+    bool on = false;
+    if (r < R) {
+      float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][e] = 0.0f;
-    for (int q = 0; q < PIECES; ++q) {
-      const int pc = lg * PIECES + q;
-      wait_piece(pc);
-      const uint16_t* entry = my_ring + pc % ring * 8 * LDR;
-      const int len = piece_len(pc);
-      const int k0 = q * PIECE;
-#pragma unroll 2
-      for (int kk = 0; kk < len; kk += 32) {
-        // B: the 8 rows' k16 chunks kk and kk + 16 (matrices k 0-7, 8-15, 16-23, 24-31).
-        uint32_t bw[4];
-        ldmatrix_x4(bw, entry + (lane % 8) * LDR + kk + (lane / 8) * 8);
-        uint32_t a[2][MT][4];
-        if constexpr (XR == 8) {
-          uint32_t r[4];
-          ldmatrix_x4(r, xs + a_row8 * LDX + k0 + kk + (lane / 8) * 8);
-          a[0][0][0] = r[0], a[0][0][1] = 0u, a[0][0][2] = r[1], a[0][0][3] = 0u;  // rows 8..15 past the call
-          a[1][0][0] = r[2], a[1][0][1] = 0u, a[1][0][2] = r[3], a[1][0][3] = 0u;
-        } else {
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int i = 0; i < MT; ++i) {
-              const int row = i * 16 + lane % 16;
-              ldmatrix_x4(a[h][i], xs + (row < m ? row : m) * LDX + k0 + kk + 16 * h + (lane / 16) * 8);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < MT; ++i) mma_16816<Value>(acc[i], a[0][i], bw[0], bw[1]);
-        if (kk + 16 < len)
-#pragma unroll
-          for (int i = 0; i < MT; ++i) mma_16816<Value>(acc[i], a[1][i], bw[2], bw[3]);
-      }
-      __syncwarp();
-      issue(pc + ring);  // the entry is read: refill it
+      for (int sl = 0; sl < S; ++sl) s += sums[((r / 8 * S + sl) * XR + t) * 8 + r % 8];
+      const uint16_t a = activate<Value, Config::activation>(Value::from_float(s));
+      on = t < m && is_active<Value, Config::activation>(a, Config::threshold);
+      act[r * XR + t] = Value::to_float(a);
     }
-    // The chain's zero padding past K (the large-M gates' last K step): zero products.
-    for (int s = KCHUNKS; s < STEPS; ++s) {
-      const uint32_t zero[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-      for (int i = 0; i < MT; ++i) mma_16816<Value>(acc[i], zero, 0u, 0u);
+    const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
+    if (r < R && t == 0) {
+      const uint32_t mask = (ballot >> (lane & ~(XR - 1))) & ((1u << XR) - 1u);
+      row_mask[r] = mask;
+      b.token_mask[r0 + r] = mask;
     }
-    // a = act(g) of (token, row) into the staging, with its flag.
-    const int gl = 8 * g;  // the group's first row, local to the CTA
-#pragma unroll
-    for (int i = 0; i < MT; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int t = i * 16 + lane / 4 + (e / 2) * 8;
-        const int rl = gl + (lane % 4) * 2 + e % 2;
-        if (t < XR && r0 + rl < r1) {
-          const uint16_t v = activate<Value, Config::activation>(Value::from_float(acc[i][e]));
-          const bool on = t < m && is_active<Value, Config::activation>(v, Config::threshold);
-          staged_h[t * rows_cap + rl] = Value::to_float(v);
-          staged_on[t * rows_cap + rl] = on ? 1 : 0;
-        }
-      }
-    __syncwarp();
-    // Per neuron of the group: the tokens it is active on. First every active neuron's rows into L2
-    // (Wu_j for the dots below, Wd's for phase 2), then the dots, Wu_j read once (L1 after the first token).
-    for (int n = 0; n < 8 && r0 + gl + n < r1; ++n) {
-      const int rl = gl + n, j = r0 + rl;
-      const uint32_t tokens = __ballot_sync(0xFFFFFFFFu, lane < m && staged_on[lane * rows_cap + rl] != 0);
-      if (tokens == 0) continue;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      if (Config::gated && lane == 0)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w_up + static_cast<int64_t>(j) * p.ldwu), "r"(2 * K)
-                     : "memory");
-#endif
-      if constexpr (Config::down_in_out) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (lane == 0)
-          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w_down + static_cast<int64_t>(j) * p.ldwd),
-                       "r"(2 * K)
-                       : "memory");
-#endif
-      } else {
-        for (int k = lane; k < K; k += 32)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_down + static_cast<int64_t>(k) * p.ldwd + j) : "memory");
+  }
+  __syncthreads();
+  // The active rows ascending, and the CTA's bit words (warp 0, 32 rows per ballot).
+  if (warp == 0) {
+    int count = 0;
+    for (int base = 0; base < words * 64; base += 32) {
+      const bool on = base + lane < R && row_mask[base + lane] != 0;
+      const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
+      if (on) active[count + __popc(ballot & lanemask_lt())] = base + lane;
+      count += __popc(ballot);
+      if (lane == 0) {
+        if (base % 64 == 0) b.rows_on[static_cast<int64_t>(c) * words + base / 64] = ballot;
+        else b.rows_on[static_cast<int64_t>(c) * words + base / 64] |= static_cast<unsigned long long>(ballot) << 32;
       }
     }
-    for (int n = 0; n < 8 && r0 + gl + n < r1; ++n) {
-      const int rl = gl + n, j = r0 + rl;
-      const uint32_t tokens = __ballot_sync(0xFFFFFFFFu, lane < m && staged_on[lane * rows_cap + rl] != 0);
+    if (lane == 0) active_count = count;
+  }
+  __syncthreads();
+  const int n_active = active_count;
+  // h per active (row, token), a warp per row: Wd's data into L2 first (phase 2 reads it), then Wu_j
+  // once for all the row's tokens (warp_dot_16B's order: lane l sums chunks 8 l + 256 i, then the butterfly).
+  for (int e = warp; e < n_active; e += WARPS) {
+    const int r = active[e], j = r0 + r;
+    const uint32_t mask = row_mask[r];
+    if constexpr (Config::down_in_out) {
+      for (int k = lane * 64; k < K; k += 32 * 64)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_down + static_cast<int64_t>(j) * p.ldwd + k) : "memory");
+    } else {
+      for (int k = lane; k < K; k += 32)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_down + static_cast<int64_t>(k) * p.ldwd + j) : "memory");
+    }
+    for (uint32_t left = mask; left != 0; left &= left - 1) {
+      const int t = __ffs(left) - 1;
+      float h = act[r * XR + t];
       if constexpr (Config::gated) {
         const uint16_t* wu = p.w_up + static_cast<int64_t>(j) * p.ldwu;
-        for (uint32_t left = tokens; left != 0; left &= left - 1) {
-          const int t = __ffs(left) - 1;
-          // warp_dot_16B's order: lane l sums chunks 8 l + 256 i, then the butterfly.
-          float s = 0.0f;
-          for (int k = lane * 8; k < K; k += 32 * 8)
-            s = dot8<Value>(*reinterpret_cast<const uint4*>(xs + t * LDX + k), *reinterpret_cast<const uint4*>(wu + k), s);
-          const float u = warp_sum(s);
-          if (lane == 0) staged_h[t * rows_cap + rl] *= u;  // h = a u, as decode_up
-        }
+        float s = 0.0f;
+        for (int k = lane * 8; k < K; k += 32 * 8)
+          s = dot8<Value>(*reinterpret_cast<const uint4*>(xs + t * LDX + k), *reinterpret_cast<const uint4*>(wu + k), s);
+        h *= warp_sum(s);  // h = a u, as the row consumers
       }
+      if (lane == 0) b.h[static_cast<int64_t>(t) * N + j] = h;
     }
-  }
-  __syncthreads();
-  // The CTA's list per token, ascending in j, into the workspace.
-  for (int t = warp; t < m; t += WARPS) {
-    uint32_t* out = b.entries + (static_cast<int64_t>(c) * 32 + t) * rows_cap * 2;
-    uint32_t count = 0;
-    for (int base = 0; base < r1 - r0; base += 32) {
-      const int rl = base + lane;
-      const bool on = rl < r1 - r0 && staged_on[t * rows_cap + rl] != 0;
-      const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
-      if (on) {
-        const uint32_t at = count + __popc(ballot & lanemask_lt());
-        *reinterpret_cast<uint2*>(out + 2 * at) = make_uint2(static_cast<uint32_t>(r0 + rl), __float_as_uint(staged_h[t * rows_cap + rl]));
-      }
-      count += __popc(ballot);
-    }
-    if (lane == 0) b.counts[c * 32 + t] = count;
   }
 
-  grid_barrier(b.barrier);
+  fused_barrier(b.arrivals, seen);
 
-  // ---- phase 2: COLS output columns per CTA and pass ----
-  // Shared memory, reused: the (CTA, token) offsets [P + 1][32] (exclusive, per token), the tokens'
-  // list starts [33], then per entry of a batch its j, h and COLS weights.
-  uint32_t* offsets = reinterpret_cast<uint32_t*>(dynamic_smem);
-  uint32_t* token_start = offsets + (P + 1) * 32;
-  uint32_t* entry_j = token_start + 40;
-  // Entries per batch, a multiple of 8 (the weights stay 16-byte aligned).
-  const int budget = static_cast<int>((dynamic_smem_bytes() - ((P + 1) * 32 + 40) * 4) / (4 + 4 + 2 * COLS)) / 8 * 8;
-  float* entry_h = reinterpret_cast<float*>(entry_j + budget);
-  uint16_t* entry_w = reinterpret_cast<uint16_t*>(entry_h + budget);  // [budget][COLS]
-  // The counts of every (CTA, token), loaded once (all in flight), then per token the exclusive scan
-  // over CTAs (one warp per token, CTAs in lane-contiguous runs).
-  for (int i = tid; i < P * m; i += THREADS) offsets[i / m * 32 + i % m] = load_l2_u32(b.counts + i / m * 32 + i % m);
-  __syncthreads();
-  for (int t = warp; t < m; t += WARPS) {
-    const int per = (P + 31) / 32, c0 = lane * per;
-    uint32_t run = 0;
-    for (int cc = c0; cc < c0 + per && cc < P; ++cc) run += offsets[cc * 32 + t];
-    uint32_t before = run;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const uint32_t v = __shfl_up_sync(0xFFFFFFFFu, before, o);
-      if (lane >= o) before += v;
-    }
-    before -= run;
-    for (int cc = c0; cc < c0 + per && cc < P; ++cc) {
-      const uint32_t n = offsets[cc * 32 + t];
-      offsets[cc * 32 + t] = before;
-      before += n;
-    }
-    if (lane == 31) offsets[P * 32 + t] = before;  // the token's total
+  // ---- phase 2 (its shared memory from the start again: sm::decode_fused_phase2_bytes) ----
+  unsigned long long* word_bits = reinterpret_cast<unsigned long long*>(dynamic_smem);  // [P * words]
+  int* word_start = reinterpret_cast<int*>(word_bits + P * words);                     // [P * words + 1]
+  int* ej = word_start + P * words + 1;                                                 // [BATCH]
+  uint32_t* em = reinterpret_cast<uint32_t*>(ej + BATCH);                               // [BATCH]
+  float* eh = reinterpret_cast<float*>(em + BATCH);                                     // [BATCH][XR]
+  float* runs = eh + BATCH * XR;                                                        // [BATCH / RUN][XR][COLS]
+  uint16_t* ew = reinterpret_cast<uint16_t*>(runs + BATCH / RUN * XR * COLS);           // [BATCH][COLS]
+  // Round trip 1: every CTA's words (thread-contiguous runs of them), the exclusive scan of their bits.
+  const int total_words = P * words;
+  const int wper = (total_words + THREADS - 1) / THREADS;
+  int mine = 0;
+  for (int i = tid * wper; i < (tid + 1) * wper && i < total_words; ++i) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(b.rows_on + i) : "memory");
+    word_bits[i] = v;
+    mine += __popcll(v);
   }
-  __syncthreads();
-  if (warp == 0) {
-    uint32_t total = lane < m ? offsets[P * 32 + lane] : 0u, start = total;
+  int incl = mine;
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const uint32_t v = __shfl_up_sync(0xFFFFFFFFu, start, o);
-      if (lane >= o) start += v;
-    }
-    token_start[lane] = start - total;
-    if (lane == 31) token_start[32] = start;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xFFFFFFFFu, incl, o);
+    if (lane >= o) incl += v;
   }
+  if (lane == 31) scan_total[warp] = incl;
   __syncthreads();
-  const uint32_t entries = token_start[32];
-  const int col = tid % COLS;
+  int before = incl - mine;
+  for (int w = 0; w < warp; ++w) before += scan_total[w];
+  for (int i = tid * wper; i < (tid + 1) * wper && i < total_words; ++i) {
+    word_start[i] = before;
+    before += __popcll(word_bits[i]);
+  }
+  if (tid == THREADS - 1) word_start[total_words] = before;
+  __syncthreads();
+  const int entries = word_start[total_words];
+  const int col = tid % COLS, tok = tid / COLS;  // y's (token, column) of threads below XR * COLS
   for (int chunk = c; chunk * COLS < K; chunk += P) {
     const int k0 = chunk * COLS;
-    float y[2] = {0.0f, 0.0f};
-    for (uint32_t e0 = 0; e0 < entries || e0 == 0; e0 += budget) {
-      const uint32_t e1 = entries - e0 < static_cast<uint32_t>(budget) ? entries : e0 + budget;
-      // The batch's entries, each found by two binary searches (its token among the lists' starts, its
-      // CTA among the token's offsets), so that every thread's loads are independent and in flight together.
-      const int batch = static_cast<int>(e1 - e0);
-#pragma unroll 4
+    float y = 0.0f;
+    for (int e0 = 0; e0 < entries || e0 == 0; e0 += BATCH) {
+      const int batch = entries - e0 < BATCH ? entries - e0 : BATCH;
+      // The batch's rows: a thread per word meeting it, its bits in order.
+      for (int i = tid; i < total_words; i += THREADS)
+        if (word_start[i] < e0 + batch && word_start[i + 1] > e0) {
+          const int row0 = static_cast<int>(static_cast<int64_t>(i / words) * N / P) + 64 * (i % words);
+          int at = word_start[i];
+          for (unsigned long long v = word_bits[i]; v != 0; v &= v - 1, ++at)
+            if (at >= e0 && at < e0 + batch) ej[at - e0] = row0 + __ffsll(static_cast<long long>(v)) - 1;
+        }
+      __syncthreads();
+      // Round trip 2: a thread per entry issues all its loads (mask, h of the call's tokens, the
+      // COLS Wd values) before storing any.
       for (int i = tid; i < batch; i += THREADS) {
-        const uint32_t e = e0 + static_cast<uint32_t>(i);
-        int t = 0;
-        for (int step = 16; step > 0; step >>= 1)
-          if (t + step < m && token_start[t + step] <= e) t += step;
-        const uint32_t within = e - token_start[t];
-        int lo = 0;  // the last CTA whose offset <= within
-        for (int step = 128; step > 0; step >>= 1)
-          if (lo + step < P && offsets[(lo + step) * 32 + t] <= within) lo += step;
-        const uint2 v = load_l2_pair(b.entries + ((static_cast<int64_t>(lo) * 32 + t) * rows_cap + (within - offsets[lo * 32 + t])) * 2);
-        entry_j[i] = v.x;
-        entry_h[i] = __uint_as_float(v.y);
-      }
-      __syncthreads();
-      if constexpr (Config::down_in_out) {
-#pragma unroll 4
-        for (int i = tid; i < batch * (COLS / 8); i += THREADS) {
-          const int e = i / (COLS / 8), k = k0 + i % (COLS / 8) * 8;
-          const uint16_t* w = p.w_down + static_cast<int64_t>(entry_j[e]) * p.ldwd + k;
-          uint4 v = make_uint4(0u, 0u, 0u, 0u);
-          if (k + 8 <= K) v = *reinterpret_cast<const uint4*>(w);  // K % 8 == 0: a chunk is all in or all out
-          *reinterpret_cast<uint4*>(entry_w + e * COLS + i % (COLS / 8) * 8) = v;
-        }
-      } else {
-#pragma unroll 4
-        for (int i = tid; i < batch * COLS; i += THREADS) {
-          const int e = i / COLS, k = k0 + i % COLS;
-          entry_w[e * COLS + i % COLS] = k < K ? p.w_down[static_cast<int64_t>(k) * p.ldwd + entry_j[e]] : uint16_t{0};
-        }
-      }
-      __syncthreads();
+        const int j = ej[i];
+        const uint32_t mask = load_l2_u32(b.token_mask + j);
+        float h[XR];
 #pragma unroll
-      for (int pass = 0; pass < 2; ++pass) {
-        const int t = tid / COLS + pass * (THREADS / COLS);
-        if (t < m) {
-          const uint32_t first = token_start[t], last = token_start[t + 1];
-          for (uint32_t e = first > e0 ? first : e0; e < last && e < e1; ++e)
-            y[pass] = fmaf(entry_h[e - e0], Value::to_float(entry_w[(e - e0) * COLS + col]), y[pass]);
+        for (int t = 0; t < XR; ++t) h[t] = t < m ? __uint_as_float(load_l2_u32(reinterpret_cast<const uint32_t*>(b.h + static_cast<int64_t>(t) * N + j))) : 0.0f;
+        uint16_t w[COLS];
+        if constexpr (Config::down_in_out) {
+#pragma unroll
+          for (int h8 = 0; h8 < COLS / 8; ++h8) {
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (k0 + 8 * h8 < K) v = *reinterpret_cast<const uint4*>(p.w_down + static_cast<int64_t>(j) * p.ldwd + k0 + 8 * h8);
+            const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) w[8 * h8 + 2 * e] = static_cast<uint16_t>(vw[e]), w[8 * h8 + 2 * e + 1] = static_cast<uint16_t>(vw[e] >> 16);
+          }
+        } else {
+#pragma unroll
+          for (int k = 0; k < COLS; ++k) w[k] = k0 + k < K ? p.w_down[static_cast<int64_t>(k0 + k) * p.ldwd + j] : uint16_t{0};
         }
+        em[i] = mask;
+#pragma unroll
+        for (int t = 0; t < XR; ++t) eh[i * XR + t] = h[t];
+#pragma unroll
+        for (int k = 0; k < COLS; ++k) ew[i * COLS + k] = w[k];
       }
+      __syncthreads();
+      // Runs of RUN entries: one fmaf chain per (run, token, column).
+      const int nruns = (batch + RUN - 1) / RUN;
+      for (int i = tid; i < nruns * XR * COLS; i += THREADS) {
+        const int run = i / (XR * COLS), t = i / COLS % XR, k = i % COLS;
+        float s = 0.0f;
+        if (t < m) {
+          const int end = (run + 1) * RUN < batch ? (run + 1) * RUN : batch;
+          for (int e = run * RUN; e < end; ++e)
+            if (em[e] >> t & 1u) s = fmaf(eh[e * XR + t], Value::to_float(ew[e * COLS + k]), s);
+        }
+        runs[i] = s;
+      }
+      __syncthreads();
+      if (tok < XR)
+        for (int run = 0; run < nruns; ++run) y += runs[(run * XR + tok) * COLS + col];
       __syncthreads();
       if (entries == 0) break;
     }
-#pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {
-      const int t = tid / COLS + pass * (THREADS / COLS);
-      if (t < m && k0 + col < K) p.y[static_cast<int64_t>(t) * p.ldy + k0 + col] = Value::from_float(y[pass]);
-    }
+    if (tok < m && k0 + col < K) p.y[static_cast<int64_t>(tok) * p.ldy + k0 + col] = Value::from_float(y);
   }
-}
-
-// The kernel's body (at most Config::max_tokens = 8 rows; the host launches with
-// DecodeKernelConstraints::fusedSharedBytes).
-template <class Config>
-__device__ __forceinline__ void decode_fused(const GatedDownParams& p, const DecodeFusedBuffers& b) {
-  static_assert(Config::max_tokens == 8, "one m16 tile, rows 8..15 zero");
-  if (p.m < 1 || p.m > Config::max_tokens) __trap();
-  decode_fused_rows<Config, 8>(p, b);
 }
 
 }  // namespace twell::device
