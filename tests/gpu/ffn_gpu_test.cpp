@@ -1166,7 +1166,8 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
 // rows (one, two and four m16 row tiles), the paper's shape at 0.5% and 5% and an out_in Wd (read as
 // given), d_model 520 (the mma_sync gate, a K tail) with d_ff 1408 (a partial last tile) and
 // overflowing tile-rows from the backup or recomputed (capacity 0), SiLU with a threshold in fp16 and
-// tile_n 64 with in_out weights, a non-gated layer, and the hot/cold split.
+// tile_n 64 with in_out weights, a non-gated layer, the hot/cold split, and shapes for the fused
+// kernel's K tail in fp16, several words and units per CTA and several column chunks.
 TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
   FfnSpec paper;
   paper.d_model = 2048;
@@ -1214,6 +1215,17 @@ TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
   PlanOptions split = sparse();
   split.dense_neurons = 256;
   check_decode(make_random_ffn(paper, 12, 0.01, 90), split, "paper shape with 256 dense neurons, 12 tokens");
+  // The fused kernel's less travelled paths (on 132 SMs): fp16 with a K tail (d_model 520: its slices
+  // end inside the last k32 block) at 8 tokens; and d_model 2304, d_ff 11264: 86 rows per CTA (two
+  // bit words each, 44 units for 24 warps) and 144 column chunks for 132 CTAs.
+  FfnSpec fp16_tail = odd_spec();
+  fp16_tail.dtype = DType::FP16;
+  check_decode(make_random_ffn(fp16_tail, 8, 0.05, 91), sparse(), "fp16 d_model 520, 8 tokens");
+  FfnSpec wide;
+  wide.d_model = 2304;
+  wide.d_ff = 11264;
+  for (int64_t tokens : {1, 8})
+    check_decode(make_random_ffn(wide, tokens, 0.01, 92 + tokens), sparse(), fmt::format("d_model 2304, d_ff 11264, {} tokens", tokens));
 }
 
 

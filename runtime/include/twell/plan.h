@@ -49,9 +49,9 @@ struct PlanOptions {
   int64_t dense_neurons = 0;
   // Calls of at most this many tokens run the decode kernels (kernels/device/twell/device/decode/decode.cuh):
   // the gate, up and down projections spread over every SM for a few rows, which read Wg and the
-  // active rows of Wu and Wd once (autoregressive decoding; PERFORMANCE.md, "Small M"). They give the
-  // same y, bit for bit, as the large-M kernels (and the four below the same TwELL matrix), and read Wd in the layout
-  // given (no transpose). Used by run() on the TwELL path with the row consumer only (run_gate and
+  // active rows of Wu and Wd once (autoregressive decoding; PERFORMANCE.md, "Small M"). The four
+  // kernels give the same y, bit for bit, as the large-M kernels, and the same TwELL matrix (the fused
+  // one, decode_fused_max_tokens below, does not); all read Wd in the layout given (no transpose). Used by run() on the TwELL path with the row consumer only (run_gate and
   // run_consumer take the large-M kernels, and so does a token bucket where Dispatch::Auto chose the
   // token-block consumer), where the generator made them: a tensor-core gate, d_model % 8 == 0, d_ff
   // <= 65536, tile_n >= 32, a target with more than 99 KiB of shared memory per CTA (not sm_86, sm_89,
@@ -67,12 +67,12 @@ struct PlanOptions {
   // Decode calls of at most this many tokens (0..8, and at most decode_max_tokens to matter) take
   // instead the fused decode kernel (decode/decode_fused.cuh): the whole FFN in one persistent,
   // cooperative kernel, one CTA per SM, which streams Wg once and writes no TwELL matrix (download_twell
-  // and run_consumer refuse after such a call; last_path() says "decode"). Its gate sums in another
-  // order than the large-M kernels', so y is within 1e-2 (relative) of theirs, not their bits, and the
-  // same bits on every run. It is made where its shared memory holds x and the staging of ceil(d_ff /
+  // and run_consumer refuse after such a call; last_path() says "decode"). Its gate dot and its down
+  // sums (runs of 16 entries) run in other orders than the large-M kernels', so y is within 1e-2
+  // (relative) of theirs, not their bits, and the same bits on every run. It is made where its shared memory holds x and the staging of ceil(d_ff /
   // SMs) rows (every paper shape on sm_80 and sm_90). last_overflow() after such a call reports nothing
-  // recomputed. 8: on the H200 it beats the four decode kernels at every 1 to 8 tokens measured, both
-  // Wd layouts, 0.5-2% (bench/README.md v64). Outside 0..8, Context::plan throws Error(InvalidArgument)
+  // recomputed. 8: on the H200 it beats the four decode kernels at 1, 2, 4 and 8 tokens, densities
+  // 0.5% and 2%, both Wd layouts (bench/README.md v64). Outside 0..8, Context::plan throws Error(InvalidArgument)
   // naming this field.
   int64_t decode_fused_max_tokens = 8;
   // The tuning database (twell/tuning.h): with Use, the layout fields the FfnSpec leaves unset (tile_n,
@@ -156,7 +156,7 @@ class FfnPlan {
   void run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t decision_key = 0);
 
   // The path the last run() took: "twell" (with the dense neurons of PlanOptions::dense_neurons, if
-  // any), "decode" (the fused decode kernel, PlanOptions::decode_max_tokens: no TwELL matrix) or
+  // any), "decode" (the fused decode kernel, PlanOptions::decode_fused_max_tokens: no TwELL matrix) or
   // "dense" ("" before the first run).
   std::string last_path() const;
 

@@ -97,7 +97,7 @@ constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile
 // flight: the 80 registers a thread of 768 has; bench/README.md v64).
 // Phase 1: x's rows (a stride of d_model rounded up to 64, plus 32 values: 16-byte rows, each two
 // start 16 banks apart, so the mma's 16-byte A reads (8 lanes over 2 rows) do not conflict), the (group, slice) units' sums
-// [units][tokens][8] (units: at most max(groups, warps)), a per (row, token), then the rows' token
+// [units][tokens][8] (units: groups x kDecodeFusedSlices), a per (row, token), then the rows' token
 // masks and the active rows. Phase 2 (reusing it): every CTA's bit words and their exclusive scan, then
 // per entry of a batch of kDecodeFusedBatch its row, mask, h per token and kDecodeFusedColumns Wd
 // values, and the sums of runs of kDecodeFusedRun entries.

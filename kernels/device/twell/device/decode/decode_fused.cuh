@@ -24,7 +24,8 @@
 //   kDecodeFusedRun consecutive entries, each run one fmaf chain from +0, the runs added in order.
 //
 // Rounding and determinism: the gate's g is the dot of the large-M gates in another order (k slices of
-// d_model, each in k16 steps over a permuted k, then the slices), so a value may differ from the large-M
+// d_model, each in k16 steps over a permuted k, then the slices), y's sum over the entries another
+// grouping (runs of kDecodeFusedRun), so a value may differ from the large-M
 // path's in its last bits, and a neuron within that of the threshold may be active on one path and
 // not the other; y is then within the documented tolerance (1e-2 relative) of the large-M path's, not
 // its bits. Every order is fixed by the shape and the launch's CTA count, so y is the same bits on
@@ -137,11 +138,15 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   };
   // The window's 2 WIN mma steps into acc.
   auto consume = [&](const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
-    const uint16_t* xrow = xs + n * LDX + 8 * q + 32 * (u % S * PER + window * WIN);
+    const int first = u % S * PER + window * WIN;
+    const int end = (u % S + 1) * PER < KB ? (u % S + 1) * PER : KB;
+    const uint16_t* xrow = xs + n * LDX + 8 * q + 32 * first;
 #pragma unroll
     for (int i = 0; i < WIN; ++i) {
-      // The lane's 8 values of x's row n at the same k: A's words in the same places as B's. Past the
-      // slice or K the loads gave zeros, and x's padded block is zeros: zero products.
+      // Blocks past the slice or KB are skipped, not multiplied by zeros: x's row is not written past
+      // block KB (0 * NaN is NaN). Inside KB the last block's values past K are zeros in x and Wg.
+      if (!EXACT && first + i >= end) break;
+      // The lane's 8 values of x's row n at the same k: A's words in the same places as B's.
       const uint4 xv = *reinterpret_cast<const uint4*>(xrow + 32 * i);
       const uint32_t a0[4] = {xv.x, 0u, xv.y, 0u};
       const uint32_t a1[4] = {xv.z, 0u, xv.w, 0u};
