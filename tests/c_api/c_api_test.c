@@ -55,7 +55,7 @@ int main(void) {
   spec.d_ff = 1408;
   twell_plan_options plan_options;
   twell_plan_options_init(&plan_options);
-  EXPECT(plan_options.decode_fused_max_tokens == 4, "decode_fused_max_tokens defaults to PlanOptions' 4");
+  EXPECT(plan_options.decode_fused_max_tokens == 8, "decode_fused_max_tokens defaults to PlanOptions' 8");
   plan_options.decode_fused_max_tokens = 9;
   EXPECT(twell_plan_create(context, &spec, 256, &plan_options, &plan) == TWELL_ERROR_INVALID_ARGUMENT && plan == NULL,
          "decode_fused_max_tokens 9 (past the fused kernel's 8 rows)");
