@@ -578,6 +578,34 @@ __global__ void __launch_bounds__(THREADS, 1) decode_c(Params p) {
 }
 
 
+// The median us per call of a CUDA graph of the 20 calls `calls` enqueues on s (15 replays).
+template <class F>
+float graph_us_per_call(cudaStream_t s, F calls) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  calls();
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> us;
+  for (int rep = 0; rep < 15; ++rep) {
+    CHECK(cudaEventRecord(a, s));
+    CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(ms * 1000.0f / 20);
+  }
+  std::sort(us.begin(), us.end());
+  CHECK(cudaGraphExecDestroy(ge));
+  CHECK(cudaGraphDestroy(g));
+  return us[us.size() / 2];
+}
+
 // ---- L: the library's decode_fused (kernels/device/twell/device/decode/decode_fused.cuh) in this harness ----
 #include "twell/device/decode/decode_fused.cuh"
 template <bool IN_OUT>
@@ -620,29 +648,9 @@ float time_probe(const std::vector<ProbeCall>& calls, int sms, cudaStream_t s, i
   };
   one(calls[0]);
   CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 20; ++i) one(calls[i % calls.size()]);
-  CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> us;
-  for (int rep = 0; rep < 15; ++rep) {
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    us.push_back(ms * 1000.0f / 20);
-  }
-  std::sort(us.begin(), us.end());
-  CHECK(cudaGraphExecDestroy(ge));
-  CHECK(cudaGraphDestroy(g));
-  return us[us.size() / 2];
+  return graph_us_per_call(s, [&] {
+    for (int i = 0; i < 20; ++i) one(calls[i % calls.size()]);
+  });
 }
 
 static uint16_t host_bf(float v) {
@@ -686,29 +694,9 @@ struct Weights {
 
 template <int TAIL, int T, bool IN_OUT, int STAGE>
 float time_graph(std::vector<Params> ps, int sms, cudaStream_t s) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-  for (int i = 0; i < 20; ++i) launch<TAIL, T, IN_OUT, STAGE>(ps[i % ps.size()], sms, s);
-  CHECK(cudaStreamEndCapture(s, &g));
-  CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> us;
-  for (int rep = 0; rep < 15; ++rep) {
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaGraphLaunch(ge, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    us.push_back(ms * 1000.0f / 20);
-  }
-  std::sort(us.begin(), us.end());
-  CHECK(cudaGraphExecDestroy(ge));
-  CHECK(cudaGraphDestroy(g));
-  return us[us.size() / 2];
+  return graph_us_per_call(s, [&] {
+    for (int i = 0; i < 20; ++i) launch<TAIL, T, IN_OUT, STAGE>(ps[i % ps.size()], sms, s);
+  });
 }
 
 template <int T>
