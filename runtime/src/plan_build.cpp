@@ -204,14 +204,14 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
     if (p.decode_fused) {  // device::DecodeFusedBuffers
       const int64_t ctas = kernels::DecodeKernelConstraints::fusedCtas(ctx->sm_count);
       const int64_t words = device::shared_memory::decode_fused_words((sparse_d_ff + ctas - 1) / ctas);
-      p.fused_h = std::make_unique<detail::DeviceBuffer>(size_t(kernels::DecodeKernelConstraints::kFusedMaxTokens * sparse_d_ff) * 4);
+      const size_t h_bytes = size_t(kernels::DecodeKernelConstraints::kFusedMaxTokens * sparse_d_ff) * 4;
+      p.fused_h = std::make_unique<detail::DeviceBuffer>(h_bytes);
       p.fused_token_mask = std::make_unique<detail::DeviceBuffer>(size_t(sparse_d_ff) * 4);
       p.fused_rows_on = std::make_unique<detail::DeviceBuffer>(size_t(ctas * words) * 8);
       p.fused_arrivals = std::make_unique<detail::DeviceBuffer>(8);
       detail::check(detail::Driver::get().cuMemsetD8(p.fused_arrivals->get(), 0, 8), "Context::plan: cuMemsetD8(decode_fused arrivals)");
       // h is read for every token of an entry (only its active tokens' values are used): defined bytes.
-      detail::check(detail::Driver::get().cuMemsetD8(p.fused_h->get(), 0, size_t(kernels::DecodeKernelConstraints::kFusedMaxTokens * sparse_d_ff) * 4),
-                    "Context::plan: cuMemsetD8(decode_fused h)");
+      detail::check(detail::Driver::get().cuMemsetD8(p.fused_h->get(), 0, h_bytes), "Context::plan: cuMemsetD8(decode_fused h)");
     }
     // cuMemsetD8 runs on the legacy stream, asynchronously: the plan's first call, on any stream (a
     // non-blocking one does not wait for the legacy stream), must find the zeros in place.

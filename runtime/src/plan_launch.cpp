@@ -14,10 +14,11 @@ namespace twell {
 
 namespace {
 // The decode kernels (decode.cuh) on `tokens` <= decode_max_tokens rows. The overflow counter is
-// zeroed before (not for decode_fused), as for the D2T. Up to 8 rows: decode_gate_small (no ring); else decode_gate, whose
-// ring is sized by the rows it holds (16 or 64; launch.h). Returns whether decode_fused ran (no TwELL
-// matrix then).
-bool launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDownParams& down, int64_t tokens, CUstream cu) {
+// zeroed before (not for decode_fused), as for the D2T. `fused`: the call takes decode_fused (no TwELL
+// matrix then; launch_twell decides it). Else up to 8 rows: decode_gate_small (no ring); else
+// decode_gate, whose ring is sized by the rows it holds (16 or 64; launch.h). Returns `fused`.
+bool launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDownParams& down, int64_t tokens, bool fused,
+                   CUstream cu) {
   device::DecodeBuffers buffers{};
   buffers.act = reinterpret_cast<uint16_t*>(p.decode_act->get());
   buffers.tile_arrivals = reinterpret_cast<uint32_t*>(p.decode_arrivals->get());
@@ -30,7 +31,7 @@ bool launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDown
   const kernels::LaunchShape shape{tokens, 0, 0};
   void* gate_args[2] = {&gate, &buffers};
   void* down_args[2] = {&down, &buffers};
-  if (p.decode_fused && tokens <= p.decode_fused_max_tokens) {  // one kernel; it writes no TwELL matrix
+  if (fused) {  // one kernel; it writes no TwELL matrix
     device::DecodeFusedBuffers fused{reinterpret_cast<float*>(p.fused_h->get()), reinterpret_cast<uint32_t*>(p.fused_token_mask->get()),
                                      reinterpret_cast<unsigned long long*>(p.fused_rows_on->get()),
                                      reinterpret_cast<unsigned long long*>(p.fused_arrivals->get())};
@@ -128,7 +129,7 @@ bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchS
   down.row_l1 = m.row_l1;
   down.entry_u_after_words = m.entry_u_after_words ? 1u : 0u;
   if (decode) {
-    return launch_decode(p, gate, down, tokens, cu);  // reads w_down as given: no transpose
+    return launch_decode(p, gate, down, tokens, fused, cu);  // reads w_down as given: no transpose
   }
   if (p.transpose && !gate_only) {
     detail::launch_transpose16(*p.transpose, t.w_down, s.d_model, s.d_ff, down.ldwd, reinterpret_cast<void*>(p.w_down_t->get()),

@@ -125,10 +125,12 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   // min(KB, (slice + 1) * PER))), each in NW windows of WIN blocks: at the paper's shape one window
   // per warp, all its loads in flight at once (a shape with more windows waits for each).
   const int n = lane / 4, q = lane % 4;
+  // Unit u's window: its first k32 block, and the end of its slice's blocks.
+  auto window_first = [](int u, int window) { return u % S * PER + window * WIN; };
+  auto slice_end = [](int u) { return (u % S + 1) * PER < KB ? (u % S + 1) * PER : KB; };
   // The loads of unit u's window into buf.
   auto issue = [&](uint4 (&buf)[WIN], int u, int window) {
-    const int row = 8 * (u / S) + n, first = u % S * PER + window * WIN;
-    const int end = (u % S + 1) * PER < KB ? (u % S + 1) * PER : KB;
+    const int row = 8 * (u / S) + n, first = window_first(u, window), end = slice_end(u);
     const bool valid_row = row < R;
     const uint16_t* src = p.w_gate + static_cast<int64_t>(r0 + (valid_row ? row : 0)) * p.ldwg + 8 * q + 32 * first;
 #pragma unroll
@@ -138,8 +140,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   };
   // The window's 2 WIN mma steps into acc.
   auto consume = [&](const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
-    const int first = u % S * PER + window * WIN;
-    const int end = (u % S + 1) * PER < KB ? (u % S + 1) * PER : KB;
+    const int first = window_first(u, window), end = slice_end(u);
     const uint16_t* xrow = xs + n * LDX + 8 * q + 32 * first;
 #pragma unroll
     for (int i = 0; i < WIN; ++i) {
@@ -232,7 +233,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   __syncthreads();
   const int n_active = active_count;
   // h per active (row, token), a warp per row: Wd's data into L2 first (phase 2 reads it), then Wu_j
-  // once for all the row's tokens (warp_dot_16B's order: lane l sums chunks 8 l + 256 i, then the butterfly).
+  // once for all the row's tokens (warp_dot_16B, the row consumers' dot).
   for (int e = warp; e < n_active; e += WARPS) {
     const int r = active[e], j = r0 + r;
     const uint32_t mask = row_mask[r];
@@ -246,13 +247,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     for (uint32_t left = mask; left != 0; left &= left - 1) {
       const int t = __ffs(left) - 1;
       float h = act[r * XR + t];
-      if constexpr (Config::gated) {
-        const uint16_t* wu = p.w_up + static_cast<int64_t>(j) * p.ldwu;
-        float s = 0.0f;
-        for (int k = lane * 8; k < K; k += 32 * 8)
-          s = dot8<Value>(*reinterpret_cast<const uint4*>(xs + t * LDX + k), *reinterpret_cast<const uint4*>(wu + k), s);
-        h *= warp_sum(s);  // h = a u, as the row consumers
-      }
+      if constexpr (Config::gated) h *= warp_dot_16B<Value, K>(xs + t * LDX, p.w_up + static_cast<int64_t>(j) * p.ldwu, lane);  // h = a u
       if (lane == 0) b.h[static_cast<int64_t>(t) * N + j] = h;
     }
   }
