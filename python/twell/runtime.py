@@ -80,7 +80,7 @@ class PlanOptions:
     dispatch: str = "auto"
     dense_neurons: int = 0
     decode_max_tokens: int = 64
-    decode_fused_max_tokens: int = 16
+    decode_fused_max_tokens: int = 8
     backup_capacity: int = -1
     use_tuning: bool = True
     tuning_workload: str = ""

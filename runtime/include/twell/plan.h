@@ -74,7 +74,7 @@ struct PlanOptions {
   // recomputed. 8: on the H200 it beats the four decode kernels at 1, 2, 4 and 8 tokens, densities
   // 0.5% and 2%, both Wd layouts (bench/README.md v64). Outside 0..8, Context::plan throws Error(InvalidArgument)
   // naming this field.
-  int64_t decode_fused_max_tokens = 16;
+  int64_t decode_fused_max_tokens = 8;
   // The tuning database (twell/tuning.h): with Use, the layout fields the FfnSpec leaves unset (tile_n,
   // slots, gate_cluster_m; the consumer too unless Dispatch::Auto, which times both) come from the
   // tuned entry of this GPU and spec, if there is one, else from the entry a loaded bundle embeds for

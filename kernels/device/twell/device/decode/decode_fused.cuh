@@ -1,4 +1,4 @@
-// decode_fused: the whole FFN of at most 16 token rows in one persistent, cooperative kernel, one CTA per
+// decode_fused: the whole FFN of at most 8 token rows in one persistent, cooperative kernel, one CTA per
 // SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64). At a few rows the FFN is bound by
 // reading Wg, so the kernel is built around streaming it (bench/experiments/decode_stream.cu measured
 // the forms this one keeps):
@@ -11,9 +11,8 @@
 //   n = lane / 4, quad lane q = lane % 4) holds values 8 q .. 8 q + 7 of its row in each k32 block; its
 //   first two words are the B fragment of one mma.m16n8k16 and its last two of another (PTX ISA,
 //   "Matrix Fragments for mma.m16n8k16"), the A fragments being x's row n at the same values (one
-//   16-byte read; calls of 9 to 16 tokens also rows n + 8 in A's other registers, calls of at most 8
-//   leave them zero and x's tiles 8 rows: sm::decode_fused_token_rows): each mma sums 16 of the
-//   block's products, a permutation of the block's k order applied to A and B alike. Each unit's blocks run ascending; the slices' sums are added in slice
+//   16-byte read): each mma sums 16 of the block's products, a permutation of the block's k order
+//   applied to A and B alike. Each unit's blocks run ascending; the slices' sums are added in slice
 //   order. g is rounded to the value type and activated as every twell gate does (numerics.cuh).
 // Then per active row j of the CTA (a warp each): Wd's data for j into L2 (phase 2 reads it), and per
 //   active token h = a (x_t . Wu_j) with the row consumers' warp dot order (non-gated: h = a) into the
@@ -88,7 +87,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   constexpr int COLS = static_cast<int>(sm::kDecodeFusedColumns);
   constexpr int BATCH = static_cast<int>(sm::kDecodeFusedBatch);
   constexpr int RUN = static_cast<int>(sm::kDecodeFusedRun);
-  constexpr int XR = static_cast<int>(sm::kDecodeFusedTokens);  // the most tokens (register arrays)
+  constexpr int XR = static_cast<int>(sm::kDecodeFusedTokens);
   static_assert(Config::threads == sm::kDecodeFusedWarps * 32 && Config::max_tokens == XR && K % 8 == 0, "decode_fused shape");
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
   __shared__ int scan_total[WARPS];
@@ -98,26 +97,24 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   const int m = static_cast<int>(p.m);
   const int P = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
   if (m < 1 || m > XR) __trap();
-  // x's tiles and every per-token array of shared memory: 8 rows (the mma's A rows 0-7) or 16.
-  const int xr = static_cast<int>(sm::decode_fused_token_rows(m));
   const int rows_cap = (N + P - 1) / P;
   const int words = static_cast<int>(sm::decode_fused_words(rows_cap));  // bit words per CTA
   // x's rows are written first: their room is checked before, the whole layout's once Wg is in flight.
-  require_dynamic_smem(static_cast<uint32_t>(xr * LDX * 2));
+  require_dynamic_smem(static_cast<uint32_t>(XR * LDX * 2));
   const int r0 = static_cast<int>(static_cast<int64_t>(c) * N / P);
   const int R = static_cast<int>(static_cast<int64_t>(c + 1) * N / P) - r0;
   const int units = (R + 7) / 8 * S;
 
-  // Phase 1's shared memory (sm::decode_fused_phase1_bytes): x [xr][LDX], the units' sums [units][xr
+  // Phase 1's shared memory (sm::decode_fused_phase1_bytes): x [XR][LDX], the units' sums [units][XR
   // tokens][8 rows], a per (row, token), the rows' token masks, the active rows ascending.
   uint16_t* xs = reinterpret_cast<uint16_t*>(dynamic_smem);
-  float* sums = reinterpret_cast<float*>(xs + xr * LDX);
-  float* act = sums + (rows_cap + 7) / 8 * S * xr * 8;                    // [rows_cap][xr]
-  uint32_t* row_mask = reinterpret_cast<uint32_t*>(act + rows_cap * xr);  // [rows_cap]
+  float* sums = reinterpret_cast<float*>(xs + XR * LDX);
+  float* act = sums + (rows_cap + 7) / 8 * S * XR * 8;                    // [rows_cap][XR]
+  uint32_t* row_mask = reinterpret_cast<uint32_t*>(act + rows_cap * XR);  // [rows_cap]
   int* active = reinterpret_cast<int*>(row_mask + rows_cap);              // [rows_cap]
 
   // x first: rows past the call and values past K are zeros (the padded k32 block multiplies zeros).
-  for (int i = tid; i < xr * (KB * 4); i += THREADS) {
+  for (int i = tid; i < XR * (KB * 4); i += THREADS) {
     const int t = i / (KB * 4), k = i % (KB * 4) * 8;
     const bool valid = t < m && k < K;
     cp_async_16(xs + t * LDX + k, p.x + (valid ? static_cast<int64_t>(t) * p.ldx + k : 0), valid);
@@ -141,10 +138,8 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       buf[i] = valid_row && (EXACT || (first + i < end && 32 * (first + i) + 8 * q < K)) ? load_stream_16(src + 32 * i)
                                                                                       : make_uint4(0u, 0u, 0u, 0u);
   };
-  // The window's 2 WIN mma steps into acc; hi: tokens 8..15 too (A's rows n + 8; else zeros). Called
-  // with a literal hi, so each call site's loop has its own loads (a runtime flag, not a template: a
-  // generic lambda here crashes NVRTC 13.0's front end).
-  auto consume = [&](bool hi, const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
+  // The window's 2 WIN mma steps into acc.
+  auto consume = [&](const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
     const int first = window_first(u, window), end = slice_end(u);
     const uint16_t* xrow = xs + n * LDX + 8 * q + 32 * first;
 #pragma unroll
@@ -152,44 +147,35 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       // Blocks past the slice or KB are skipped, not multiplied by zeros: x's row is not written past
       // block KB (0 * NaN is NaN). Inside KB the last block's values past K are zeros in x and Wg.
       if (!EXACT && first + i >= end) break;
-      // The lane's 8 values of x's rows n (and n + 8) at the same k: A's words in the same places as B's.
+      // The lane's 8 values of x's row n at the same k: A's words in the same places as B's.
       const uint4 xv = *reinterpret_cast<const uint4*>(xrow + 32 * i);
-      const uint4 xh = hi ? *reinterpret_cast<const uint4*>(xrow + 8 * LDX + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
-      const uint32_t a0[4] = {xv.x, xh.x, xv.y, xh.y};
-      const uint32_t a1[4] = {xv.z, xh.z, xv.w, xh.w};
+      const uint32_t a0[4] = {xv.x, 0u, xv.y, 0u};
+      const uint32_t a1[4] = {xv.z, 0u, xv.w, 0u};
       mma_16816<Value>(acc, a0, buf[i].x, buf[i].y);
       mma_16816<Value>(acc, a1, buf[i].z, buf[i].w);
     }
   };
-  auto consume_rows = [&](const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
-    if (xr > 8) consume(true, buf, acc, u, window);
-    else consume(false, buf, acc, u, window);
-  };
-  // The unit's sums: D rows are tokens (lane / 4, and lane / 4 + 8), columns the group's rows 2 q, 2 q + 1.
+  // The unit's sums: D rows are tokens (lane / 4), columns the group's rows 2 q, 2 q + 1.
   auto store = [&](const float (&acc)[4], int u) {
-    sums[(u * xr + n) * 8 + 2 * q] = acc[0];
-    sums[(u * xr + n) * 8 + 2 * q + 1] = acc[1];
-    if (xr > 8) {
-      sums[(u * xr + n + 8) * 8 + 2 * q] = acc[2];
-      sums[(u * xr + n + 8) * 8 + 2 * q + 1] = acc[3];
-    }
+    sums[(u * XR + n) * 8 + 2 * q] = acc[0];
+    sums[(u * XR + n) * 8 + 2 * q + 1] = acc[1];
   };
   unsigned long long seen;  // the barrier's arrivals before this CTA's (thread 0's; fused_barrier)
   {
     // The warp's first unit: its first window requested before x is waited for.
     uint4 buf[WIN];
     if (warp < units) issue(buf, warp, 0);
-    require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr)));
+    require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P)));
     seen = fused_barrier_seen(b.arrivals);
     cp_async_wait<0>();
     __syncthreads();
     if (warp < units) {
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      consume_rows(buf, acc, warp, 0);
+      consume(buf, acc, warp, 0);
 #pragma unroll 1
       for (int window = 1; window < NW; ++window) {
         issue(buf, warp, window);
-        consume_rows(buf, acc, warp, window);
+        consume(buf, acc, warp, window);
       }
       store(acc, warp);
     }
@@ -202,28 +188,28 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
 #pragma unroll 1
     for (int window = 0; window < NW; ++window) {
       issue(buf, u, window);
-      consume_rows(buf, acc, u, window);
+      consume(buf, acc, u, window);
     }
     store(acc, u);
   }
   __syncthreads();
 
-  // g per (row, token): the slices in order, rounded, activated; the rows' token masks (xr lanes per
-  // row: tokens 0..xr - 1).
-  for (int base = 0; base < R * xr; base += THREADS) {  // uniform trip count: the ballot below
-    const int i = base + tid, r = i / xr, t = i % xr;
+  // g per (row, token): the slices in order, rounded, activated; the rows' token masks (8 lanes per
+  // row: tokens 0..7).
+  for (int base = 0; base < R * XR; base += THREADS) {  // uniform trip count: the ballot below
+    const int i = base + tid, r = i / XR, t = i % XR;
     bool on = false;
     if (r < R) {
       float s = 0.0f;
 #pragma unroll
-      for (int sl = 0; sl < S; ++sl) s += sums[((r / 8 * S + sl) * xr + t) * 8 + r % 8];
+      for (int sl = 0; sl < S; ++sl) s += sums[((r / 8 * S + sl) * XR + t) * 8 + r % 8];
       const uint16_t a = activate<Value, Config::activation>(Value::from_float(s));
       on = t < m && is_active<Value, Config::activation>(a, Config::threshold);
-      act[r * xr + t] = Value::to_float(a);
+      act[r * XR + t] = Value::to_float(a);
     }
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
     if (r < R && t == 0) {
-      const uint32_t mask = (ballot >> (lane & ~(xr - 1))) & ((1u << xr) - 1u);
+      const uint32_t mask = (ballot >> (lane & ~(XR - 1))) & ((1u << XR) - 1u);
       row_mask[r] = mask;
       b.token_mask[r0 + r] = mask;
     }
@@ -260,7 +246,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     }
     for (uint32_t left = mask; left != 0; left &= left - 1) {
       const int t = __ffs(left) - 1;
-      float h = act[r * xr + t];
+      float h = act[r * XR + t];
       if constexpr (Config::gated) h *= warp_dot_16B<Value, K>(xs + t * LDX, p.w_up + static_cast<int64_t>(j) * p.ldwu, lane);  // h = a u
       if (lane == 0) b.h[static_cast<int64_t>(t) * N + j] = h;
     }
@@ -273,9 +259,9 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   int* word_start = reinterpret_cast<int*>(word_bits + P * words);                     // [P * words + 1]
   int* ej = word_start + P * words + 1;                                                 // [BATCH]
   uint32_t* em = reinterpret_cast<uint32_t*>(ej + BATCH);                               // [BATCH]
-  float* eh = reinterpret_cast<float*>(em + BATCH);                                     // [BATCH][xr]
-  float* runs = eh + BATCH * xr;                                                        // [BATCH / RUN][xr][COLS]
-  uint16_t* ew = reinterpret_cast<uint16_t*>(runs + BATCH / RUN * xr * COLS);           // [BATCH][COLS]
+  float* eh = reinterpret_cast<float*>(em + BATCH);                                     // [BATCH][XR]
+  float* runs = eh + BATCH * XR;                                                        // [BATCH / RUN][XR][COLS]
+  uint16_t* ew = reinterpret_cast<uint16_t*>(runs + BATCH / RUN * XR * COLS);           // [BATCH][COLS]
   // Round trip 1: every CTA's words (thread-contiguous runs of them), the exclusive scan of their bits.
   const int total_words = P * words;
   const int wper = (total_words + THREADS - 1) / THREADS;
@@ -342,27 +328,26 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
         }
         em[i] = mask;
 #pragma unroll
-        for (int t = 0; t < XR; ++t)
-          if (t < xr) eh[i * xr + t] = h[t];
+        for (int t = 0; t < XR; ++t) eh[i * XR + t] = h[t];
 #pragma unroll
         for (int k = 0; k < COLS; ++k) ew[i * COLS + k] = w[k];
       }
       __syncthreads();
       // Runs of RUN entries: one fmaf chain per (run, token, column).
       const int nruns = (batch + RUN - 1) / RUN;
-      for (int i = tid; i < nruns * xr * COLS; i += THREADS) {
-        const int run = i / (xr * COLS), t = i / COLS % xr, k = i % COLS;
+      for (int i = tid; i < nruns * XR * COLS; i += THREADS) {
+        const int run = i / (XR * COLS), t = i / COLS % XR, k = i % COLS;
         float s = 0.0f;
         if (t < m) {
           const int end = (run + 1) * RUN < batch ? (run + 1) * RUN : batch;
           for (int e = run * RUN; e < end; ++e)
-            if (em[e] >> t & 1u) s = fmaf(eh[e * xr + t], Value::to_float(ew[e * COLS + k]), s);
+            if (em[e] >> t & 1u) s = fmaf(eh[e * XR + t], Value::to_float(ew[e * COLS + k]), s);
         }
         runs[i] = s;
       }
       __syncthreads();
-      if (tok < xr)
-        for (int run = 0; run < nruns; ++run) y += runs[(run * xr + tok) * COLS + col];
+      if (tok < XR)
+        for (int run = 0; run < nruns; ++run) y += runs[(run * XR + tok) * COLS + col];
       __syncthreads();
       if (entries == 0) break;
     }
