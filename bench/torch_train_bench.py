@@ -20,7 +20,11 @@ Memory ("peak MB over inputs"): the most memory the step held beyond its inputs 
 their gradient buffers, allocated before): torch's peak allocation during the step, plus, for twell, the
 device memory its plans hold outside torch's allocator (states, backups, the backward's scratch: the
 device-wide used memory after the variant's warm-up steps less torch's reserved memory, against the same
-before them; "twell auto" may use every twell plan of the case, so it is charged for all of them).
+before them). "twell auto" is measured alone: twell.torch.training.clear() drops the other variants' plans
+first, so it is charged for what auto keeps after its decision (the plan of the path it chose; the other
+twell plan is released, _release_if_unused), as in a model that trains with auto (not the kernel modules
+the other variants loaded into the context's cache: code, KB to a few MB); every variant then runs twice
+more before the timing, so that the plans clear() dropped are made again, backups grown, outside it.
 Inputs: "uniform" (Wg with a shifted first column so relu(g) > 0 with probability --densities, x uniform,
 as python/tests/test_training_gpu.py), and "real" (the paper model's layer 1: its x tiled to M rows and its
 Wg from ../shared/data or $TWELL_DATA_DIR, Wu and Wd random: about 5% dense), and with --patterns, "paper
@@ -190,21 +194,24 @@ def main():
             for h in a.splits:
                 variants[f"twell split {h}"] = functools.partial(split_step, h)
         memory = {}
-        torch.cuda.synchronize()
-        outside0 = used_device_bytes() - torch.cuda.memory_reserved()  # before twell makes anything
         for name, fn in variants.items():  # warm-up (JIT, auto's timing), then the step's memory
             log(f"M={m} {pattern}: warm-up {name}")
+            if name == "twell auto":
+                tt.training.clear()  # auto alone: the other variants' plans dropped (made again below)
             torch.cuda.synchronize()
             before = used_device_bytes() - torch.cuda.memory_reserved()
             fn()
             fn()
             torch.cuda.synchronize()
-            outside = max(0, used_device_bytes() - torch.cuda.memory_reserved() - (outside0 if name == "twell auto" else before))
+            outside = max(0, used_device_bytes() - torch.cuda.memory_reserved() - before)
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
             fn()
             torch.cuda.synchronize()
             memory[name] = (torch.cuda.max_memory_allocated() - base + outside) / 2 ** 20
+        for fn in variants.values():  # the plans clear() dropped, made again (and their backups grown) before the timing
+            fn()
+            fn()
         times = {k: [] for k in variants}
         for _ in range(3):  # interleaved rounds
             for k, fn in variants.items():

@@ -54,7 +54,7 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t d
     // Per power-of-two bucket, and apart for calls the decode kernels or the fused one take (the two
     // cut-offs need not be powers of two): one decision never covers two different TwELL paths.
     const bool decode = p.decode_gate && tokens <= p.decode_max_tokens;
-    const bool fused = decode && p.decode_fused && tokens <= p.decode_fused_max_tokens;
+    const bool fused = takes_fused_decode(p, tokens);
     const int bucket = 3 * std::bit_width(static_cast<uint64_t>(tokens - 1)) + (fused ? 2 : decode ? 1 : 0);
     const std::pair<uint64_t, int> key{decision_key, bucket};
     auto it = p.bucket_path.find(key);

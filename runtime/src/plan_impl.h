@@ -91,6 +91,12 @@ struct TwellBuffers {
 };
 enum class LaunchStages { All, GateOnly, ConsumerOnly };
 
+// Whether a call of `tokens` rows that may take the decode kernels (run(), the row consumer) takes the
+// fused one: both cut-offs (PlanOptions::decode_max_tokens, decode_fused_max_tokens) and the plan holds it.
+inline bool takes_fused_decode(const FfnPlan::Impl& p, int64_t tokens) {
+  return p.decode_gate && p.decode_fused && tokens > 0 && tokens <= p.decode_max_tokens && tokens <= p.decode_fused_max_tokens;
+}
+
 // The launch sequence over the TwELL neurons (t: their slices, checked): memset(overflow counter) ->
 // [transpose Wd] -> gate_twell -> consumer (the row or token-block one, p.use_block), or the decode
 // kernels where allow_decode and the call is small enough. Returns whether decode_fused ran (no TwELL

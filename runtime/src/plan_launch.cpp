@@ -72,11 +72,14 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
   }
   if (!consumer_only) p.matrix_capacity = p.backup_capacity;
   p.last_tokens = tokens;
-  p.last_path = "twell";
+  // The path is set before the launches: a fused call that throws still says "decode", so last_overflow()
+  // does not read the counter whose memset it skipped, and the matrix calls refuse.
+  const bool allow_decode = stages == Stages::All;
+  p.last_path = allow_decode && !p.use_block && takes_fused_decode(p, tokens) ? "decode" : "twell";
   const TwellBuffers matrix{reinterpret_cast<uint32_t*>(p.twell->get()), reinterpret_cast<uint16_t*>(p.backup->get()),
                             p.counter->get(), p.backup_capacity, nullptr};
   const LaunchStages ls = gate_only ? LaunchStages::GateOnly : consumer_only ? LaunchStages::ConsumerOnly : LaunchStages::All;
-  if (launch_twell(p, t, tokens, ls, matrix, /*allow_decode=*/stages == Stages::All, cu, who)) p.last_path = "decode";
+  launch_twell(p, t, tokens, ls, matrix, allow_decode, cu, who);
 }
 
 bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchStages stages, const TwellBuffers& m,
@@ -95,7 +98,7 @@ bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchS
   const bool decode = allow_decode && !p.use_block && p.decode_gate && tokens > 0 && tokens <= p.decode_max_tokens;
   // The fused decode kernel makes no TwELL matrix and counts no overflow (last_overflow() reports none
   // after it without reading the counter): its calls skip the memset, a graph node of ~1.7 us (v64).
-  const bool fused = decode && p.decode_fused && tokens <= p.decode_fused_max_tokens;
+  const bool fused = decode && takes_fused_decode(p, tokens);
   if (!consumer_only && !fused) check(d.cuMemsetD32Async(m.counter, 0, 1, cu), "cuMemsetD32Async(overflow counter)");
   if (tokens == 0) return false;
 
