@@ -99,9 +99,9 @@ inline bool takes_fused_decode(const FfnPlan::Impl& p, int64_t tokens) {
 
 // The launch sequence over the TwELL neurons (t: their slices, checked): memset(overflow counter) ->
 // [transpose Wd] -> gate_twell -> consumer (the row or token-block one, p.use_block), or the decode
-// kernels where allow_decode and the call is small enough. Returns whether decode_fused ran (no TwELL
-// matrix then). `who` names the caller in errors. (plan_launch.cpp)
-bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchStages stages, const TwellBuffers& m,
+// kernels where allow_decode and the call is small enough (decode_fused where takes_fused_decode: no
+// TwELL matrix then). `who` names the caller in errors. (plan_launch.cpp)
+void launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchStages stages, const TwellBuffers& m,
                   bool allow_decode, CUstream cu, const char* who);
 
 // A default-constructed or moved-from plan has no Impl: every use is a clear error, not a crash.

@@ -16,8 +16,8 @@ namespace {
 // The decode kernels (decode.cuh) on `tokens` <= decode_max_tokens rows. The overflow counter is
 // zeroed before (not for decode_fused), as for the D2T. `fused`: the call takes decode_fused (no TwELL
 // matrix then; launch_twell decides it). Else up to 8 rows: decode_gate_small (no ring); else
-// decode_gate, whose ring is sized by the rows it holds (16 or 64; launch.h). Returns `fused`.
-bool launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDownParams& down, int64_t tokens, bool fused,
+// decode_gate, whose ring is sized by the rows it holds (16 or 64; launch.h).
+void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDownParams& down, int64_t tokens, bool fused,
                    CUstream cu) {
   device::DecodeBuffers buffers{};
   buffers.act = reinterpret_cast<uint16_t*>(p.decode_act->get());
@@ -37,13 +37,12 @@ bool launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDown
                                      reinterpret_cast<unsigned long long*>(p.fused_arrivals->get())};
     void* args[2] = {&down, &fused};
     detail::launch(*p.decode_fused, shape, args, cu, "FfnPlan::run");
-    return true;
+    return;
   }
   const LoadedKernel& first = tokens <= p.decode_gate_small->source.cta_m ? *p.decode_gate_small : *p.decode_gate;
   detail::launch(first, shape, gate_args, cu, "FfnPlan::run");
   detail::launch(*p.decode_up, shape, down_args, cu, "FfnPlan::run");
   detail::launch(*p.decode_down, shape, down_args, cu, "FfnPlan::run");
-  return false;
 }
 }  // namespace
 
@@ -72,8 +71,8 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
   }
   if (!consumer_only) p.matrix_capacity = p.backup_capacity;
   p.last_tokens = tokens;
-  // The path is set before the launches: a fused call that throws still says "decode", so last_overflow()
-  // does not read the counter whose memset it skipped, and the matrix calls refuse.
+  // Set before the launches, so that a fused call that throws leaves "decode": last_overflow() then does
+  // not read the counter whose memset that call skipped, and download_twell() / run_consumer() refuse.
   const bool allow_decode = stages == Stages::All;
   p.last_path = allow_decode && !p.use_block && takes_fused_decode(p, tokens) ? "decode" : "twell";
   const TwellBuffers matrix{reinterpret_cast<uint32_t*>(p.twell->get()), reinterpret_cast<uint16_t*>(p.backup->get()),
@@ -82,7 +81,7 @@ void FfnPlan::launch(Stream stream, const FfnTensors& user_tensors, int64_t toke
   launch_twell(p, t, tokens, ls, matrix, allow_decode, cu, who);
 }
 
-bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchStages stages, const TwellBuffers& m,
+void launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchStages stages, const TwellBuffers& m,
                   bool allow_decode, CUstream cu, const char* who) {
   const bool gate_only = stages == LaunchStages::GateOnly;
   const bool consumer_only = stages == LaunchStages::ConsumerOnly;
@@ -100,7 +99,7 @@ bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchS
   // after it without reading the counter): its calls skip the memset, a graph node of ~1.7 us (v64).
   const bool fused = decode && takes_fused_decode(p, tokens);
   if (!consumer_only && !fused) check(d.cuMemsetD32Async(m.counter, 0, 1, cu), "cuMemsetD32Async(overflow counter)");
-  if (tokens == 0) return false;
+  if (tokens == 0) return;
 
   device::GateParams gate{};
   gate.x = u16(t.x);
@@ -132,7 +131,8 @@ bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchS
   down.row_l1 = m.row_l1;
   down.entry_u_after_words = m.entry_u_after_words ? 1u : 0u;
   if (decode) {
-    return launch_decode(p, gate, down, tokens, fused, cu);  // reads w_down as given: no transpose
+    launch_decode(p, gate, down, tokens, fused, cu);  // reads w_down as given: no transpose
+    return;
   }
   if (p.transpose && !gate_only) {
     detail::launch_transpose16(*p.transpose, t.w_down, s.d_model, s.d_ff, down.ldwd, reinterpret_cast<void*>(p.w_down_t->get()),
@@ -160,7 +160,6 @@ bool launch_twell(FfnPlan::Impl& p, const FfnTensors& t, int64_t tokens, LaunchS
     void* args[1] = {&down};
     detail::launch(k, kernels::LaunchShape{tokens, 0, 0}, args, cu, who);
   }
-  return false;
 }
 
 }  // namespace twell
