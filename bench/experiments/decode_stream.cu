@@ -6,7 +6,7 @@
 // columns summed over the active neurons ascending. Timed from a CUDA graph of 20 calls over 4 copies
 // of the weights (> L2), against a kernel that only streams Wg (the floor in the same harness).
 // Not part of the library.
-//   nvcc -arch=sm_90a -O3 -std=c++17 -o decode_stream bench/experiments/decode_stream.cu
+//   nvcc -arch=sm_90a -O3 -std=c++17 -I kernels/device -o decode_stream bench/experiments/decode_stream.cu
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <algorithm>
@@ -17,6 +17,12 @@
 #include <random>
 #include <type_traits>
 #include <vector>
+
+// The library's decode_fused (the L rows below) and the loads its kernels share: load_stream_16 (Wg,
+// no L1 allocation), load_l2_u32 (words other CTAs wrote before the barrier, through L2).
+#include "twell/device/decode/decode_fused.cuh"
+using twell::device::load_l2_u32;
+using twell::device::load_stream_16;
 
 #define CHECK(x)                                                                         \
   do {                                                                                   \
@@ -74,23 +80,6 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b, float s) {
   }
   return s;
 }
-__device__ __forceinline__ uint4 ldg_stream(const uint16_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-__device__ __forceinline__ uint32_t ld_cg(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
-  return v;
-}
-__device__ __forceinline__ float ld_cg_f(const float* p) {
-  float v;
-  asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-  return v;
-}
 __device__ __forceinline__ void grid_barrier(uint32_t* barrier) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -144,7 +133,7 @@ __device__ __forceinline__ void phase1(const Params& p, uint16_t (*xs)[K], Phase
   asm volatile("cp.async.commit_group;" ::: "memory");
   uint4 w[KB];
 #pragma unroll
-  for (int i = 0; i < KB; ++i) w[i] = rl < R ? ldg_stream(wrow + 32 * i) : make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < KB; ++i) w[i] = rl < R ? load_stream_16(wrow + 32 * i) : make_uint4(0, 0, 0, 0);
   asm volatile("cp.async.wait_all;" ::: "memory");
   __syncthreads();
   // The mma's k order is a permutation of K (the lane's 16 bytes are logical k {2q, 2q+1, 2q+8, 2q+9}
@@ -222,7 +211,7 @@ __device__ __forceinline__ void active_h(const Params& p, uint16_t (*xs)[K], Pha
     }
     uint4 wu[KC / 32];
 #pragma unroll
-    for (int q2 = 0; q2 < KC / 32; ++q2) wu[q2] = ldg_stream(p.wu + static_cast<int64_t>(j) * K + (lane + 32 * q2) * 8);
+    for (int q2 = 0; q2 < KC / 32; ++q2) wu[q2] = load_stream_16(p.wu + static_cast<int64_t>(j) * K + (lane + 32 * q2) * 8);
 #pragma unroll
     for (int t = 0; t < T; ++t) {
       if (!(mask >> t & 1u)) {
@@ -271,7 +260,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_stream(Params p) {
 #pragma unroll
   for (int i = 0; i < PER; ++i) {
     const int j = tid * PER + i;
-    mine[i] = j < N ? ld_cg(p.mask + j) : 0u;
+    mine[i] = j < N ? load_l2_u32(p.mask + j) : 0u;
     cnt += mine[i] != 0;
   }
   counts[tid] = cnt;
@@ -309,7 +298,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_stream(Params p) {
   if (entries > kMaxEntries) __trap();
   for (int i = tid; i < entries * T; i += THREADS) {
     const int e = i / T, t = i % T;
-    hv[e][t] = list_mask[e] >> t & 1u ? ld_cg_f(p.h + t * N + list[e]) : 0.0f;
+    hv[e][t] = list_mask[e] >> t & 1u ? __uint_as_float(load_l2_u32(reinterpret_cast<const uint32_t*>(p.h + t * N + list[e]))) : 0.0f;
   }
   if (IN_OUT) {
     for (int i = tid; i < entries * (COLS / 8); i += THREADS) {
@@ -365,11 +354,11 @@ __global__ void __launch_bounds__(THREADS, 1) decode_partials(Params p) {
       const uint32_t mask = sh.active_mask[e];
       uint4 wu[KC / 32];
 #pragma unroll
-      for (int q2 = 0; q2 < KC / 32; ++q2) wu[q2] = ldg_stream(p.wu + static_cast<int64_t>(j) * K + (lane + 32 * q2) * 8);
+      for (int q2 = 0; q2 < KC / 32; ++q2) wu[q2] = load_stream_16(p.wu + static_cast<int64_t>(j) * K + (lane + 32 * q2) * 8);
       if (IN_OUT) {
         uint4 wd[KC / 32];
 #pragma unroll
-        for (int q2 = 0; q2 < KC / 32; ++q2) wd[q2] = ldg_stream(p.wd + static_cast<int64_t>(j) * K + (lane + 32 * q2) * 8);
+        for (int q2 = 0; q2 < KC / 32; ++q2) wd[q2] = load_stream_16(p.wd + static_cast<int64_t>(j) * K + (lane + 32 * q2) * 8);
 #pragma unroll
         for (int q2 = 0; q2 < KC / 32; ++q2) *reinterpret_cast<uint4*>(&wds[warp][(lane + 32 * q2) * 8]) = wd[q2];
       } else {
@@ -420,7 +409,7 @@ __global__ void __launch_bounds__(THREADS, 1) decode_partials(Params p) {
   if (k0 >= K) return;
   float* staged = reinterpret_cast<float*>(smem);  // [P][T][COLS]
   __shared__ uint32_t on[P_MAX];
-  for (int i = tid; i < P; i += THREADS) on[i] = ld_cg(p.flag + i) == epoch;
+  for (int i = tid; i < P; i += THREADS) on[i] = load_l2_u32(p.flag + i) == epoch;
   for (int i = tid; i < P * T * (COLS / 4); i += THREADS) {
     const int cc = i / (T * (COLS / 4)), t = i / (COLS / 4) % T, q4 = i % (COLS / 4);
     float4 v;
@@ -606,8 +595,7 @@ float graph_us_per_call(cudaStream_t s, F calls) {
   return us[us.size() / 2];
 }
 
-// ---- L: the library's decode_fused (kernels/device/twell/device/decode/decode_fused.cuh) in this harness ----
-#include "twell/device/decode/decode_fused.cuh"
+// ---- L: the library's decode_fused (kernels/device/twell/device/decode/decode_fused.cuh, included above) in this harness ----
 template <bool IN_OUT>
 struct ProbeConfig {
   using Value = twell::device::BF16;
