@@ -473,7 +473,7 @@ void PaperLayer1Args(benchmark::internal::Benchmark* b) {
 // Decoding (PERFORMANCE.md, "Small M": the dense FFN reads all 69 MB of weights, 43 us at M = 1; a
 // sparse one must read the 23 MB Wg but only the active rows of Wu and Wd: the target is >= 3x dense
 // at 0.5%). Paths: 0 cuBLASLt (three GEMMs + elementwise), 1 twell with the decode kernels
-// (PlanOptions::decode_max_tokens; the fused decode kernel up to its most, 8 rows), 2 twell
+// (PlanOptions::decode_max_tokens; the fused decode kernel up to its most, 16 rows), 2 twell
 // with the large-M kernels only, 3 the dense path with the fused gated-up kernel, 4 the four decode
 // kernels without the fused one; Wd out_in (nn.Linear) or in_out (in_out 1). Each call reads another of kDecodeLayers copies of the weights (nn.Linear
 // layouts), so the weights come from DRAM as in a model whose layers do not all fit the L2; the calls

@@ -601,7 +601,7 @@ struct ProbeConfig {
   using Value = twell::device::BF16;
   static constexpr int d_model = K, d_ff = N, tile_n = 256, slots = 31, activation = 0;
   static constexpr float threshold = 0.0f;
-  static constexpr int threads = 768, max_tokens = 8, cta_m = 8, slice_n = 32, mma_warps = 2;
+  static constexpr int threads = 768, max_tokens = 16, cta_m = 16, slice_n = 32, mma_warps = 2;
   static constexpr bool gated = true, down_in_out = IN_OUT;
   static constexpr int down_columns_per_lane = IN_OUT ? 2 : 1, gate_mainloop = 2, gate_cta_k = 64;
 };
@@ -617,8 +617,9 @@ struct ProbeCall {
 // kernel's max dynamic shared memory attribute at 225 KiB (the library's), the launch at its need.
 template <bool IN_OUT>
 float time_probe(const std::vector<ProbeCall>& calls, int sms, cudaStream_t s, int mode, uint32_t* scratch) {
+  namespace sm = twell::device::shared_memory;
   const int rows_cap = (N + sms - 1) / sms;
-  const int bytes = static_cast<int>(twell::device::shared_memory::decode_fused_bytes(K, rows_cap, sms));
+  const int bytes = static_cast<int>(sm::decode_fused_bytes(K, rows_cap, sms, sm::decode_fused_token_rows(calls[0].p.m)));
   CHECK(cudaFuncSetAttribute(probe<IN_OUT>, cudaFuncAttributeMaxDynamicSharedMemorySize, mode == 2 ? 230400 : bytes));
   auto one = [&](const ProbeCall& c) {
     if (mode == 1) CHECK(cudaMemsetAsync(scratch, 0, 4, s));
@@ -780,14 +781,12 @@ void run_case(int m, double density, const std::vector<Weights>& W, const std::v
     uint16_t* dxl;
     CHECK(cudaMalloc(&dxl, hx_l.size() * 2));
     CHECK(cudaMemcpy(dxl, hx_l.data(), hx_l.size() * 2, cudaMemcpyHostToDevice));
-    static float* lh;
-    static uint32_t *lmask, *scratch;
-    static unsigned long long *lrows, *larrivals;
-    if (!lh) {
-      CHECK(cudaMalloc(&lh, 8 * N * 4));
-      CHECK(cudaMalloc(&lmask, N * 4));
+    static uint32_t *lcounts, *scratch;
+    static unsigned long long *lpairs, *larrivals;
+    if (!lpairs) {  // the library's DecodeFusedBuffers: 16 tokens' pairs and counts per CTA
+      CHECK(cudaMalloc(&lpairs, 16 * (N + P_MAX) * 8));  // 16 P ceil(N / P) <= 16 (N + P)
+      CHECK(cudaMalloc(&lcounts, 16 * P_MAX * 4));
       CHECK(cudaMalloc(&scratch, 64));
-      CHECK(cudaMalloc(&lrows, P_MAX * 8 * 8));
       CHECK(cudaMalloc(&larrivals, 8));
       CHECK(cudaMemset(larrivals, 0, 8));
     }
@@ -805,7 +804,7 @@ void run_case(int m, double density, const std::vector<Weights>& W, const std::v
       c.p.ldwu = K;
       c.p.ldwd = in_out ? K : N;
       c.p.ldy = K;
-      c.d = twell::device::DecodeFusedBuffers{lh, lmask, lrows, larrivals};
+      c.d = twell::device::DecodeFusedBuffers{lpairs, lcounts, larrivals};
       calls.push_back(c);
     }
     float l[3];

@@ -155,10 +155,12 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
     // The fused kernel where its shared memory holds x and the staging of ceil(d_ff / SMs) rows (on a
     // GPU; a plan without one keeps the kernel for bundles only).
     using D = kernels::DecodeKernelConstraints;
-    if (options.decode_fused_max_tokens > 0 &&
-        (!ctx->gpu || D::fusedFits(spec.d_model, p.sparse_spec.d_ff, ctx->sm_count, ctx->target.sm))) {
+    // On a GPU, at most the tokens whose x tiles fit its shared memory (16 rows, or 8 where only 8 fit).
+    const int64_t fused_fits = ctx->gpu ? D::fusedMaxTokens(spec.d_model, p.sparse_spec.d_ff, ctx->sm_count, ctx->target.sm)
+                                        : D::kFusedMaxTokens;
+    if (options.decode_fused_max_tokens > 0 && fused_fits > 0) {
       p.decode_fused = generated.decode[4];
-      p.decode_fused_max_tokens = options.decode_fused_max_tokens;
+      p.decode_fused_max_tokens = std::min(options.decode_fused_max_tokens, fused_fits);
       p.reports.push_back(p.decode_fused->report);
     }
     p.decode_max_tokens = options.decode_max_tokens;
@@ -201,17 +203,13 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
       detail::check(d.cuMemsetD8(p.twell->get(), 0, size_t(rows * p.layout.words_per_row(sparse_d_ff)) * 4),
                     "Context::plan: cuMemsetD8(TwELL matrix rows of decode calls)");
     }
-    if (p.decode_fused) {  // device::DecodeFusedBuffers
+    if (p.decode_fused) {  // device::DecodeFusedBuffers: every call writes the counts and pairs it reads
       const int64_t ctas = kernels::DecodeKernelConstraints::fusedCtas(ctx->sm_count);
-      const int64_t words = device::shared_memory::decode_fused_words((sparse_d_ff + ctas - 1) / ctas);
-      const size_t h_bytes = size_t(kernels::DecodeKernelConstraints::kFusedMaxTokens * sparse_d_ff) * 4;
-      p.fused_h = std::make_unique<detail::DeviceBuffer>(h_bytes);
-      p.fused_token_mask = std::make_unique<detail::DeviceBuffer>(size_t(sparse_d_ff) * 4);
-      p.fused_rows_on = std::make_unique<detail::DeviceBuffer>(size_t(ctas * words) * 8);
+      const int64_t segments = kernels::DecodeKernelConstraints::kFusedMaxTokens * ctas;
+      p.fused_pairs = std::make_unique<detail::DeviceBuffer>(size_t(segments * ((sparse_d_ff + ctas - 1) / ctas)) * 8);
+      p.fused_counts = std::make_unique<detail::DeviceBuffer>(size_t(segments) * 4);
       p.fused_arrivals = std::make_unique<detail::DeviceBuffer>(8);
       detail::check(detail::Driver::get().cuMemsetD8(p.fused_arrivals->get(), 0, 8), "Context::plan: cuMemsetD8(decode_fused arrivals)");
-      // h is read for every token of an entry (only its active tokens' values are used): defined bytes.
-      detail::check(detail::Driver::get().cuMemsetD8(p.fused_h->get(), 0, h_bytes), "Context::plan: cuMemsetD8(decode_fused h)");
     }
     // cuMemsetD8 runs on the legacy stream, asynchronously: the plan's first call, on any stream (a
     // non-blocking one does not wait for the legacy stream), must find the zeros in place.

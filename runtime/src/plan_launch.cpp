@@ -32,8 +32,8 @@ void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDown
   void* gate_args[2] = {&gate, &buffers};
   void* down_args[2] = {&down, &buffers};
   if (fused) {  // one kernel; it writes no TwELL matrix
-    device::DecodeFusedBuffers fused{reinterpret_cast<float*>(p.fused_h->get()), reinterpret_cast<uint32_t*>(p.fused_token_mask->get()),
-                                     reinterpret_cast<unsigned long long*>(p.fused_rows_on->get()),
+    device::DecodeFusedBuffers fused{reinterpret_cast<unsigned long long*>(p.fused_pairs->get()),
+                                     reinterpret_cast<uint32_t*>(p.fused_counts->get()),
                                      reinterpret_cast<unsigned long long*>(p.fused_arrivals->get())};
     void* args[2] = {&down, &fused};
     detail::launch(*p.decode_fused, shape, args, cu, "FfnPlan::run");

@@ -1216,15 +1216,16 @@ TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
   split.dense_neurons = 256;
   check_decode(make_random_ffn(paper, 12, 0.01, 90), split, "paper shape with 256 dense neurons, 12 tokens");
   // The fused kernel's less travelled paths (on 132 SMs): fp16 with a K tail (d_model 520: its slices
-  // end inside the last k32 block) at 8 tokens; and d_model 2304, d_ff 11264: 86 rows per CTA (two
+  // end inside the last k32 block) at 8 and 13 tokens (x tiles of 8 and 16 rows); and d_model 2304, d_ff 11264: 86 rows per CTA (two
   // bit words each, 44 units for 24 warps) and 144 column chunks for 132 CTAs.
   FfnSpec fp16_tail = odd_spec();
   fp16_tail.dtype = DType::FP16;
-  check_decode(make_random_ffn(fp16_tail, 8, 0.05, 91), sparse(), "fp16 d_model 520, 8 tokens");
+  for (int64_t tokens : {8, 13})
+    check_decode(make_random_ffn(fp16_tail, tokens, 0.05, 91 + tokens), sparse(), fmt::format("fp16 d_model 520, {} tokens", tokens));
   FfnSpec wide;
   wide.d_model = 2304;
   wide.d_ff = 11264;
-  for (int64_t tokens : {1, 8})
+  for (int64_t tokens : {1, 8, 16})
     check_decode(make_random_ffn(wide, tokens, 0.01, 92 + tokens), sparse(), fmt::format("d_model 2304, d_ff 11264, {} tokens", tokens));
 }
 

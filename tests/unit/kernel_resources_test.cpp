@@ -181,7 +181,7 @@ TEST(KernelResources, DecodeKernelsCompileWithoutSpills) {
           EXPECT_EQ(gen.decode[3].kind, compiler::KernelKind::DecodeGateSmall);
           EXPECT_EQ(gen.decode[3].cta_m, 8);
           EXPECT_EQ(gen.decode[4].kind, compiler::KernelKind::DecodeFused);
-          EXPECT_EQ(gen.decode[4].cta_m, 8);
+          EXPECT_EQ(gen.decode[4].cta_m, 16);
           EXPECT_EQ(gen.decode[4].smem_bytes, kernels::DecodeKernelConstraints::fusedSharedBytes(target.sm));
           for (const compiler::KernelSource& k : gen.decode) {
             EXPECT_NE(k.source.find(down == WeightLayout::InOut ? "down_in_out = true" : "down_in_out = false"), std::string::npos);

@@ -92,33 +92,38 @@ constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile
 }
 
 // decode_fused (decode/decode_fused.cuh), one CTA per SM of kDecodeFusedWarps warps, x tiles of
-// kDecodeFusedTokens rows, each group of 8 Wg rows in kDecodeFusedSlices k slices (a warp each), a
-// warp's loads in windows of at most kDecodeFusedWindow k32 blocks (16 loads of 16 bytes per lane in
-// flight: the 80 registers a thread of 768 has; bench/README.md v64).
+// token_rows rows (decode_fused_token_rows: 8, the mma's A rows 0-7, for calls of at most 8 tokens; 16,
+// all its rows, up to kDecodeFusedTokens), each group of 8 Wg rows in kDecodeFusedSlices k slices (a
+// warp each), a warp's loads in windows of at most kDecodeFusedWindow k32 blocks (16 loads of 16 bytes
+// per lane in flight: the 80 registers a thread of 768 has; bench/README.md v64).
 // Phase 1: x's rows (a stride of d_model rounded up to 64, plus 32 values: 16-byte rows, each two
 // start 16 banks apart, so the mma's 16-byte A reads (8 lanes over 2 rows) do not conflict), the (group, slice) units' sums
-// [units][tokens][8] (units: groups x kDecodeFusedSlices), a per (row, token), then the rows' token
-// masks and the active rows. Phase 2 (reusing it): every CTA's bit words and their exclusive scan, then
-// per entry of a batch of kDecodeFusedBatch its row, mask, h per token and kDecodeFusedColumns Wd
-// values, and the sums of runs of kDecodeFusedRun entries.
-constexpr long long kDecodeFusedWarps = 24, kDecodeFusedTokens = 8, kDecodeFusedSlices = 4, kDecodeFusedWindow = 16, kDecodeFusedColumns = 16,
-                    kDecodeFusedBatch = 256, kDecodeFusedRun = 16;
+// [units][token_rows][8] (units: groups x kDecodeFusedSlices), a per (row, token), then the rows' token
+// masks, the active rows and per token its active rows as bits (32 a word). Phase 2 (reusing it): a
+// batch of at most kDecodeFusedBatchPerRow x token_rows (row, token) pairs, each with its
+// kDecodeFusedColumns Wd values and h, then the start of every (token, CTA) segment of the pairs.
+// A call's token_rows sizes its shared memory, so that calls of at most 8 tokens keep the smaller
+// carve-out (more of the SM's L1/shared memory left L1; bench/README.md v64, v65).
+constexpr long long kDecodeFusedWarps = 24, kDecodeFusedTokens = 16, kDecodeFusedSlices = 4, kDecodeFusedWindow = 16, kDecodeFusedColumns = 16,
+                    kDecodeFusedBatchPerRow = 64;
+TWELL_HOST_DEVICE constexpr long long decode_fused_token_rows(long long tokens) { return tokens <= 8 ? 8 : kDecodeFusedTokens; }
 TWELL_HOST_DEVICE constexpr long long decode_fused_x_stride(long long d_model) { return (d_model + 63) / 64 * 64 + 32; }
-// 64-bit words of active-row bits per CTA of at most rows_per_cta rows.
-TWELL_HOST_DEVICE constexpr long long decode_fused_words(long long rows_per_cta) { return (rows_per_cta + 63) / 64; }
-TWELL_HOST_DEVICE constexpr long long decode_fused_phase1_bytes(long long d_model, long long rows_per_cta) {
+// 32-bit words of row bits per CTA of at most rows_per_cta rows.
+TWELL_HOST_DEVICE constexpr long long decode_fused_bit_words(long long rows_per_cta) { return (rows_per_cta + 31) / 32; }
+TWELL_HOST_DEVICE constexpr long long decode_fused_phase1_bytes(long long d_model, long long rows_per_cta, long long token_rows) {
   const long long units = (rows_per_cta + 7) / 8 * kDecodeFusedSlices;
-  return kDecodeFusedTokens * decode_fused_x_stride(d_model) * 2 + units * kDecodeFusedTokens * 8 * 4 +
-         rows_per_cta * kDecodeFusedTokens * 4 + rows_per_cta * 4 * 2;
+  return token_rows * decode_fused_x_stride(d_model) * 2 + units * token_rows * 8 * 4 + rows_per_cta * token_rows * 4 +
+         rows_per_cta * 4 * 2 + token_rows * decode_fused_bit_words(rows_per_cta) * 4;
 }
-TWELL_HOST_DEVICE constexpr long long decode_fused_phase2_bytes(long long rows_per_cta, long long ctas) {
-  const long long words = ctas * decode_fused_words(rows_per_cta);
-  return words * 8 + (words + 1) * 4 + kDecodeFusedBatch * (4 + 4 + 4 * kDecodeFusedTokens + 2 * kDecodeFusedColumns) +
-         kDecodeFusedBatch / kDecodeFusedRun * kDecodeFusedTokens * kDecodeFusedColumns * 4;
+TWELL_HOST_DEVICE constexpr long long decode_fused_phase2_bytes(long long ctas, long long token_rows) {
+  return kDecodeFusedBatchPerRow * token_rows * (2 * kDecodeFusedColumns + 4) + (token_rows * ctas + 1) * 4;
 }
-// A launch's dynamic shared memory: `ctas` CTAs of at most rows_per_cta = ceil(d_ff / ctas) rows each.
-TWELL_HOST_DEVICE constexpr long long decode_fused_bytes(long long d_model, long long rows_per_cta, long long ctas) {
-  const long long a = decode_fused_phase1_bytes(d_model, rows_per_cta), b = decode_fused_phase2_bytes(rows_per_cta, ctas);
+// A launch's dynamic shared memory: `ctas` CTAs of at most rows_per_cta = ceil(d_ff / ctas) rows each,
+// x tiles of token_rows rows.
+TWELL_HOST_DEVICE constexpr long long decode_fused_bytes(long long d_model, long long rows_per_cta, long long ctas,
+                                                         long long token_rows) {
+  const long long a = decode_fused_phase1_bytes(d_model, rows_per_cta, token_rows),
+                  b = decode_fused_phase2_bytes(ctas, token_rows);
   return ((a > b ? a : b) + 15) / 16 * 16;
 }
 

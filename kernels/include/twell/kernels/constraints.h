@@ -445,8 +445,10 @@ struct DecodeKernelConstraints {
   // decode_fused (at most kFusedMaxTokens rows; PlanOptions::decode_fused_max_tokens): one CTA of
   // kFusedThreads per SM (at most kFusedMaxCtas), launched cooperatively. The kernel may take all the
   // shared memory the target allows (fusedSharedBytes, its attribute); a launch passes what its shape
-  // needs (fusedLaunchBytes: x's rows, the CTA's ceil(d_ff / CTAs) rows' staging, phase 2's batches),
-  // no more, so that the rest stays L1 (a larger carve-out slowed the Wg stream, bench/README.md v64).
+  // and token count need (fusedLaunchBytes: x's 8 or 16 rows, the CTA's ceil(d_ff / CTAs) rows'
+  // staging, phase 2's batches), no more, so that the rest stays L1 (a larger carve-out slowed the Wg
+  // stream, bench/README.md v64). fusedMaxTokens: the most tokens whose launch fits the target (16,
+  // 8 where only x tiles of 8 rows fit, 0 where neither does).
   static constexpr int64_t kFusedMaxTokens = smem::kDecodeFusedTokens;
   static constexpr int64_t kFusedThreads = smem::kDecodeFusedWarps * 32;
   static constexpr int64_t kFusedMaxCtas = 256;
@@ -456,12 +458,15 @@ struct DecodeKernelConstraints {
     return GatedDownKernelConstraints::maxDynamicSharedBytes(sm) - kFusedStaticReserve;
   }
   static constexpr int64_t fusedCtas(int64_t smCount) { return smCount < kFusedMaxCtas ? smCount : kFusedMaxCtas; }
-  static constexpr int64_t fusedLaunchBytes(int64_t dModel, int64_t dFF, int64_t ctas) {
-    return smem::decode_fused_bytes(dModel, (dFF + ctas - 1) / ctas, ctas);
+  static constexpr int64_t fusedLaunchBytes(int64_t dModel, int64_t dFF, int64_t ctas, int64_t tokens) {
+    return smem::decode_fused_bytes(dModel, (dFF + ctas - 1) / ctas, ctas, smem::decode_fused_token_rows(tokens));
   }
-  static constexpr bool fusedFits(int64_t dModel, int64_t dFF, int64_t smCount, int sm) {
+  static constexpr int64_t fusedMaxTokens(int64_t dModel, int64_t dFF, int64_t smCount, int sm) {
     const int64_t ctas = fusedCtas(smCount);
-    return ctas >= 1 && fusedLaunchBytes(dModel, dFF, ctas) <= fusedSharedBytes(sm);
+    if (ctas < 1) return 0;
+    for (int64_t tokens : {kFusedMaxTokens, int64_t{8}})
+      if (fusedLaunchBytes(dModel, dFF, ctas, tokens) <= fusedSharedBytes(sm)) return tokens;
+    return 0;
   }
   // Also: decode_gate's shared memory at 64 rows must fit the target (not on the 99 KiB parts:
   // sm_86, sm_89, sm_120, sm_121), and not beside the token-block consumer, which rounds h to the

@@ -105,7 +105,7 @@ constexpr LaunchConfig launch_config(const KernelSource& k, const LaunchShape& s
       break;
     case KernelKind::DecodeFused:
       c.grid_x = static_cast<uint32_t>(D::fusedCtas(o.sm_count));
-      c.shared_bytes = static_cast<uint32_t>(D::fusedLaunchBytes(k.d_model, k.d_ff, c.grid_x));
+      c.shared_bytes = static_cast<uint32_t>(D::fusedLaunchBytes(k.d_model, k.d_ff, c.grid_x, shape.tokens));
       c.cooperative = true;
       break;
     case KernelKind::DecodeDown: {

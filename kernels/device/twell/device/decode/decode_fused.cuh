@@ -1,4 +1,4 @@
-// decode_fused: the whole FFN of at most 8 token rows in one persistent, cooperative kernel, one CTA per
+// decode_fused: the whole FFN of at most 16 token rows in one persistent, cooperative kernel, one CTA per
 // SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64). At a few rows the FFN is bound by
 // reading Wg, so the kernel is built around streaming it (bench/experiments/decode_stream.cu measured
 // the forms this one keeps):
@@ -11,24 +11,31 @@
 //   n = lane / 4, quad lane q = lane % 4) holds values 8 q .. 8 q + 7 of its row in each k32 block; its
 //   first two words are the B fragment of one mma.m16n8k16 and its last two of another (PTX ISA,
 //   "Matrix Fragments for mma.m16n8k16"), the A fragments being x's row n at the same values (one
-//   16-byte read): each mma sums 16 of the block's products, a permutation of the block's k order
-//   applied to A and B alike. Each unit's blocks run ascending; the slices' sums are added in slice
+//   16-byte read; calls of 9 to 16 tokens also rows n + 8 in A's other registers, calls of at most 8
+//   leave them zero and x's tiles 8 rows: sm::decode_fused_token_rows): each mma sums 16 of the
+//   block's products, a permutation of the block's k order applied to A and B alike. Each unit's blocks run ascending; the slices' sums are added in slice
 //   order. g is rounded to the value type and activated as every twell gate does (numerics.cuh).
-// Then per active row j of the CTA (a warp each): Wd's data for j into L2 (phase 2 reads it), and per
-//   active token h = a (x_t . Wu_j) with the row consumers' warp dot order (non-gated: h = a) into the
-//   workspace; the token masks of every row and the CTA's active rows as bits are written too.
+// Then per token t of the call (a warp each): its active rows of the CTA as bits and their count into
+//   the workspace (b.counts[t][c]); per active row j (a warp each): Wd's data for j into L2 (phase 2
+//   reads it), and per token t that activates j, h = a (x_t . Wu_j) with the row consumers' warp dot
+//   order (non-gated: h = a), written as the pair (j, h) at t's rank of j among the CTA's rows
+//   (b.pairs[t][c][rank]): Wu_j is read once for all the call's tokens that need it.
 // The grid barrier: one release add per CTA on a 64-bit arrival count and acquire polls of it.
-// Phase 2, per CTA: kDecodeFusedColumns (16) output columns: the active rows of the whole layer,
-//   ascending, from the CTAs' bit words (one round trip of P words), then their masks, h and Wd
-//   columns (a second), in batches of kDecodeFusedBatch; y of (token, column) is the sum over runs of
-//   kDecodeFusedRun consecutive entries, each run one fmaf chain from +0, the runs added in order.
+// Phase 2, per CTA: kDecodeFusedColumns (16) output columns of every token. The pairs of the whole call
+//   in one order, token-major and rows ascending (segment t P + c: CTA c's pairs of token t): the
+//   m P counts in one round trip and their exclusive scan; then batches of kDecodeFusedBatchPerRow
+//   pairs per token row, a thread per pair (its (j, h), then its 16 Wd values of the columns: two
+//   16-byte loads in_out, 16 scalar ones out_in; Wd's rows are read once per pair, so the bytes are
+//   the sum over tokens of their active rows, of which only Wd's 32 bytes per pair and CTA). A thread
+//   per (token, column) then sums its token's pairs: y is one fmaf chain from +0 over the token's
+//   active rows ascending, across batches.
 //
 // Rounding and determinism: the gate's g is the dot of the large-M gates in another order (k slices of
-// d_model, each in k16 steps over a permuted k, then the slices), y's sum over the entries another
-// grouping (runs of kDecodeFusedRun), so a value may differ from the large-M
-// path's in its last bits, and a neuron within that of the threshold may be active on one path and
-// not the other; y is then within the documented tolerance (1e-2 relative) of the large-M path's, not
-// its bits. Every order is fixed by the shape and the launch's CTA count, so y is the same bits on
+// d_model, each in k16 steps over a permuted k, then the slices), y's sum over the active rows one
+// fmaf chain in row order (the large-M down projection adds per tile), so a value may differ from the
+// large-M path's in its last bits, and a neuron within that of the threshold may be active on one path
+// and not the other; y is then within the documented tolerance (1e-2 relative) of the large-M path's,
+// not its bits. Every order is fixed by the shape and the launch's CTA count, so y is the same bits on
 // every run. No TwELL matrix is written (FfnPlan::download_twell says so after such a call).
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
@@ -85,9 +92,8 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   constexpr bool EXACT = K % 32 == 0 && KB % S == 0 && PER % WIN == 0;  // every window's loads inside its slice and K
   constexpr int LDX = static_cast<int>(sm::decode_fused_x_stride(K));
   constexpr int COLS = static_cast<int>(sm::kDecodeFusedColumns);
-  constexpr int BATCH = static_cast<int>(sm::kDecodeFusedBatch);
-  constexpr int RUN = static_cast<int>(sm::kDecodeFusedRun);
-  constexpr int XR = static_cast<int>(sm::kDecodeFusedTokens);
+  constexpr int BATCH_PER_ROW = static_cast<int>(sm::kDecodeFusedBatchPerRow);
+  constexpr int XR = static_cast<int>(sm::kDecodeFusedTokens);  // the most tokens (register arrays)
   static_assert(Config::threads == sm::kDecodeFusedWarps * 32 && Config::max_tokens == XR && K % 8 == 0, "decode_fused shape");
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
   __shared__ int scan_total[WARPS];
@@ -97,24 +103,27 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   const int m = static_cast<int>(p.m);
   const int P = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
   if (m < 1 || m > XR) __trap();
+  // x's tiles and every per-token array of shared memory: 8 rows (the mma's A rows 0-7) or 16.
+  const int xr = static_cast<int>(sm::decode_fused_token_rows(m));
   const int rows_cap = (N + P - 1) / P;
-  const int words = static_cast<int>(sm::decode_fused_words(rows_cap));  // bit words per CTA
+  const int bit_words = static_cast<int>(sm::decode_fused_bit_words(rows_cap));  // 32-row words per CTA
   // x's rows are written first: their room is checked before, the whole layout's once Wg is in flight.
-  require_dynamic_smem(static_cast<uint32_t>(XR * LDX * 2));
+  require_dynamic_smem(static_cast<uint32_t>(xr * LDX * 2));
   const int r0 = static_cast<int>(static_cast<int64_t>(c) * N / P);
   const int R = static_cast<int>(static_cast<int64_t>(c + 1) * N / P) - r0;
   const int units = (R + 7) / 8 * S;
 
-  // Phase 1's shared memory (sm::decode_fused_phase1_bytes): x [XR][LDX], the units' sums [units][XR
+  // Phase 1's shared memory (sm::decode_fused_phase1_bytes): x [xr][LDX], the units' sums [units][xr
   // tokens][8 rows], a per (row, token), the rows' token masks, the active rows ascending.
   uint16_t* xs = reinterpret_cast<uint16_t*>(dynamic_smem);
-  float* sums = reinterpret_cast<float*>(xs + XR * LDX);
-  float* act = sums + (rows_cap + 7) / 8 * S * XR * 8;                    // [rows_cap][XR]
-  uint32_t* row_mask = reinterpret_cast<uint32_t*>(act + rows_cap * XR);  // [rows_cap]
+  float* sums = reinterpret_cast<float*>(xs + xr * LDX);
+  float* act = sums + (rows_cap + 7) / 8 * S * xr * 8;                    // [rows_cap][xr]
+  uint32_t* row_mask = reinterpret_cast<uint32_t*>(act + rows_cap * xr);  // [rows_cap]
   int* active = reinterpret_cast<int*>(row_mask + rows_cap);              // [rows_cap]
+  uint32_t* tok_bits = reinterpret_cast<uint32_t*>(active + rows_cap);    // [xr][bit_words]
 
   // x first: rows past the call and values past K are zeros (the padded k32 block multiplies zeros).
-  for (int i = tid; i < XR * (KB * 4); i += THREADS) {
+  for (int i = tid; i < xr * (KB * 4); i += THREADS) {
     const int t = i / (KB * 4), k = i % (KB * 4) * 8;
     const bool valid = t < m && k < K;
     cp_async_16(xs + t * LDX + k, p.x + (valid ? static_cast<int64_t>(t) * p.ldx + k : 0), valid);
@@ -138,8 +147,10 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       buf[i] = valid_row && (EXACT || (first + i < end && 32 * (first + i) + 8 * q < K)) ? load_stream_16(src + 32 * i)
                                                                                       : make_uint4(0u, 0u, 0u, 0u);
   };
-  // The window's 2 WIN mma steps into acc.
-  auto consume = [&](const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
+  // The window's 2 WIN mma steps into acc; hi: tokens 8..15 too (A's rows n + 8; else zeros). Called
+  // with a literal hi, so each call site's loop has its own loads (a runtime flag, not a template: a
+  // generic lambda here crashes NVRTC 13.0's front end).
+  auto consume = [&](bool hi, const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
     const int first = window_first(u, window), end = slice_end(u);
     const uint16_t* xrow = xs + n * LDX + 8 * q + 32 * first;
 #pragma unroll
@@ -147,35 +158,44 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       // Blocks past the slice or KB are skipped, not multiplied by zeros: x's row is not written past
       // block KB (0 * NaN is NaN). Inside KB the last block's values past K are zeros in x and Wg.
       if (!EXACT && first + i >= end) break;
-      // The lane's 8 values of x's row n at the same k: A's words in the same places as B's.
+      // The lane's 8 values of x's rows n (and n + 8) at the same k: A's words in the same places as B's.
       const uint4 xv = *reinterpret_cast<const uint4*>(xrow + 32 * i);
-      const uint32_t a0[4] = {xv.x, 0u, xv.y, 0u};
-      const uint32_t a1[4] = {xv.z, 0u, xv.w, 0u};
+      const uint4 xh = hi ? *reinterpret_cast<const uint4*>(xrow + 8 * LDX + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
+      const uint32_t a0[4] = {xv.x, xh.x, xv.y, xh.y};
+      const uint32_t a1[4] = {xv.z, xh.z, xv.w, xh.w};
       mma_16816<Value>(acc, a0, buf[i].x, buf[i].y);
       mma_16816<Value>(acc, a1, buf[i].z, buf[i].w);
     }
   };
-  // The unit's sums: D rows are tokens (lane / 4), columns the group's rows 2 q, 2 q + 1.
+  auto consume_rows = [&](const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
+    if (xr > 8) consume(true, buf, acc, u, window);
+    else consume(false, buf, acc, u, window);
+  };
+  // The unit's sums: D rows are tokens (lane / 4, and lane / 4 + 8), columns the group's rows 2 q, 2 q + 1.
   auto store = [&](const float (&acc)[4], int u) {
-    sums[(u * XR + n) * 8 + 2 * q] = acc[0];
-    sums[(u * XR + n) * 8 + 2 * q + 1] = acc[1];
+    sums[(u * xr + n) * 8 + 2 * q] = acc[0];
+    sums[(u * xr + n) * 8 + 2 * q + 1] = acc[1];
+    if (xr > 8) {
+      sums[(u * xr + n + 8) * 8 + 2 * q] = acc[2];
+      sums[(u * xr + n + 8) * 8 + 2 * q + 1] = acc[3];
+    }
   };
   unsigned long long seen;  // the barrier's arrivals before this CTA's (thread 0's; fused_barrier)
   {
     // The warp's first unit: its first window requested before x is waited for.
     uint4 buf[WIN];
     if (warp < units) issue(buf, warp, 0);
-    require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P)));
+    require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr)));
     seen = fused_barrier_seen(b.arrivals);
     cp_async_wait<0>();
     __syncthreads();
     if (warp < units) {
       float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      consume(buf, acc, warp, 0);
+      consume_rows(buf, acc, warp, 0);
 #pragma unroll 1
       for (int window = 1; window < NW; ++window) {
         issue(buf, warp, window);
-        consume(buf, acc, warp, window);
+        consume_rows(buf, acc, warp, window);
       }
       store(acc, warp);
     }
@@ -188,52 +208,56 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
 #pragma unroll 1
     for (int window = 0; window < NW; ++window) {
       issue(buf, u, window);
-      consume(buf, acc, u, window);
+      consume_rows(buf, acc, u, window);
     }
     store(acc, u);
   }
   __syncthreads();
 
-  // g per (row, token): the slices in order, rounded, activated; the rows' token masks (8 lanes per
-  // row: tokens 0..7).
-  for (int base = 0; base < R * XR; base += THREADS) {  // uniform trip count: the ballot below
-    const int i = base + tid, r = i / XR, t = i % XR;
+  // g per (row, token): the slices in order, rounded, activated; the rows' token masks (xr lanes per
+  // row: tokens 0..xr - 1).
+  for (int base = 0; base < R * xr; base += THREADS) {  // uniform trip count: the ballot below
+    const int i = base + tid, r = i / xr, t = i % xr;
     bool on = false;
     if (r < R) {
       float s = 0.0f;
 #pragma unroll
-      for (int sl = 0; sl < S; ++sl) s += sums[((r / 8 * S + sl) * XR + t) * 8 + r % 8];
+      for (int sl = 0; sl < S; ++sl) s += sums[((r / 8 * S + sl) * xr + t) * 8 + r % 8];
       const uint16_t a = activate<Value, Config::activation>(Value::from_float(s));
       on = t < m && is_active<Value, Config::activation>(a, Config::threshold);
-      act[r * XR + t] = Value::to_float(a);
+      act[r * xr + t] = Value::to_float(a);
     }
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
-    if (r < R && t == 0) {
-      const uint32_t mask = (ballot >> (lane & ~(XR - 1))) & ((1u << XR) - 1u);
-      row_mask[r] = mask;
-      b.token_mask[r0 + r] = mask;
-    }
+    if (r < R && t == 0) row_mask[r] = (ballot >> (lane & ~(xr - 1))) & ((1u << xr) - 1u);
   }
   __syncthreads();
-  // The active rows ascending, and the CTA's bit words (warp 0, 32 rows per ballot).
-  if (warp == 0) {
+  // Per token t < m, a warp each: its active rows of the CTA as bits (tok_bits[t][w], 32 rows a word:
+  // the pairs' ranks below) and their count into the workspace (b.counts[t][c]); warp 0 also the
+  // CTA's active rows ascending.
+  for (int t = warp; t < m; t += WARPS) {
     int count = 0;
-    for (int base = 0; base < words * 64; base += 32) {
-      const bool on = base + lane < R && row_mask[base + lane] != 0;
-      const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
-      if (on) active[count + __popc(ballot & lanemask_lt())] = base + lane;
-      count += __popc(ballot);
-      if (lane == 0) {
-        if (base % 64 == 0) b.rows_on[static_cast<int64_t>(c) * words + base / 64] = ballot;
-        else b.rows_on[static_cast<int64_t>(c) * words + base / 64] |= static_cast<unsigned long long>(ballot) << 32;
+    for (int base = 0; base < R; base += 32) {
+      const uint32_t mask = base + lane < R ? row_mask[base + lane] : 0u;
+      const uint32_t bits = __ballot_sync(0xFFFFFFFFu, mask >> t & 1u);
+      if (lane == 0) tok_bits[t * bit_words + base / 32] = bits;
+      if (t == 0) {  // warp 0
+        const uint32_t any = __ballot_sync(0xFFFFFFFFu, mask != 0u);
+        if (mask != 0u) active[count + __popc(any & lanemask_lt())] = base + lane;
+        count += __popc(any);
       }
     }
-    if (lane == 0) active_count = count;
+    if (lane == 0) {
+      int n_t = 0;
+      for (int w = 0; w * 32 < R; ++w) n_t += __popc(tok_bits[t * bit_words + w]);
+      b.counts[t * P + c] = static_cast<uint32_t>(n_t);
+    }
+    if (t == 0 && lane == 0) active_count = count;
   }
   __syncthreads();
   const int n_active = active_count;
   // h per active (row, token), a warp per row: Wd's data into L2 first (phase 2 reads it), then Wu_j
-  // once for all the row's tokens (warp_dot_16B, the row consumers' dot).
+  // once for all the row's tokens (warp_dot_16B, the row consumers' dot); each (j, h) into its pair
+  // slot: token t's rank-th active row of the CTA (ascending rows).
   for (int e = warp; e < n_active; e += WARPS) {
     const int r = active[e], j = r0 + r;
     const uint32_t mask = row_mask[r];
@@ -246,31 +270,34 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     }
     for (uint32_t left = mask; left != 0; left &= left - 1) {
       const int t = __ffs(left) - 1;
-      float h = act[r * XR + t];
+      float h = act[r * xr + t];
       if constexpr (Config::gated) h *= warp_dot_16B<Value, K>(xs + t * LDX, p.w_up + static_cast<int64_t>(j) * p.ldwu, lane);  // h = a u
-      if (lane == 0) b.h[static_cast<int64_t>(t) * N + j] = h;
+      if (lane == 0) {
+        int rank = __popc(tok_bits[t * bit_words + r / 32] & ((1u << (r % 32)) - 1u));
+        for (int w = 0; w < r / 32; ++w) rank += __popc(tok_bits[t * bit_words + w]);
+        b.pairs[(static_cast<int64_t>(t) * P + c) * rows_cap + rank] =
+            static_cast<unsigned long long>(__float_as_uint(h)) << 32 | static_cast<uint32_t>(j);
+      }
     }
   }
 
   fused_barrier(b.arrivals, seen);
 
   // ---- phase 2 (its shared memory from the start again: sm::decode_fused_phase2_bytes) ----
-  unsigned long long* word_bits = reinterpret_cast<unsigned long long*>(dynamic_smem);  // [P * words]
-  int* word_start = reinterpret_cast<int*>(word_bits + P * words);                     // [P * words + 1]
-  int* ej = word_start + P * words + 1;                                                 // [BATCH]
-  uint32_t* em = reinterpret_cast<uint32_t*>(ej + BATCH);                               // [BATCH]
-  float* eh = reinterpret_cast<float*>(em + BATCH);                                     // [BATCH][XR]
-  float* runs = eh + BATCH * XR;                                                        // [BATCH / RUN][XR][COLS]
-  uint16_t* ew = reinterpret_cast<uint16_t*>(runs + BATCH / RUN * XR * COLS);           // [BATCH][COLS]
-  // Round trip 1: every CTA's words (thread-contiguous runs of them), the exclusive scan of their bits.
-  const int total_words = P * words;
-  const int wper = (total_words + THREADS - 1) / THREADS;
+  // The call's pairs in one order, token-major: segment s = t P + c holds CTA c's pairs of token t
+  // (rows ascending), so token t's pairs are [seg_start[t P], seg_start[(t + 1) P]), rows ascending.
+  const int segs = m * P;
+  const int batch_cap = BATCH_PER_ROW * xr;
+  uint16_t* ew = reinterpret_cast<uint16_t*>(dynamic_smem);      // [batch_cap][COLS] the batch's Wd values
+  float* ph = reinterpret_cast<float*>(ew + batch_cap * COLS);   // [batch_cap] their h
+  int* seg_start = reinterpret_cast<int*>(ph + batch_cap);       // [segs + 1]
+  // Round trip 1: the counts (thread-contiguous runs of them) and their exclusive scan.
+  const int per = (segs + THREADS - 1) / THREADS;
   int mine = 0;
-  for (int i = tid * wper; i < (tid + 1) * wper && i < total_words; ++i) {
-    unsigned long long v;
-    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(b.rows_on + i) : "memory");
-    word_bits[i] = v;
-    mine += __popcll(v);
+  for (int s = tid * per; s < (tid + 1) * per && s < segs; ++s) {
+    const int n_s = static_cast<int>(load_l2_u32(b.counts + s));
+    seg_start[s] = n_s;
+    mine += n_s;
   }
   int incl = mine;
 #pragma unroll
@@ -282,74 +309,58 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   __syncthreads();
   int before = incl - mine;
   for (int w = 0; w < warp; ++w) before += scan_total[w];
-  for (int i = tid * wper; i < (tid + 1) * wper && i < total_words; ++i) {
-    word_start[i] = before;
-    before += __popcll(word_bits[i]);
+  for (int s = tid * per; s < (tid + 1) * per && s < segs; ++s) {
+    const int n_s = seg_start[s];
+    seg_start[s] = before;
+    before += n_s;
   }
-  if (tid == THREADS - 1) word_start[total_words] = before;
+  if (tid == THREADS - 1) seg_start[segs] = before;
   __syncthreads();
-  const int entries = word_start[total_words];
-  const int col = tid % COLS, tok = tid / COLS;  // y's (token, column) of threads below XR * COLS
+  const int pairs = seg_start[segs];
+  const int col = tid % COLS, tok = tid / COLS;  // y's (token, column) of threads below m COLS
+  const int tok_first = tok < m ? seg_start[tok * P] : 0, tok_end = tok < m ? seg_start[(tok + 1) * P] : 0;
   for (int chunk = c; chunk * COLS < K; chunk += P) {
     const int k0 = chunk * COLS;
     float y = 0.0f;
-    for (int e0 = 0; e0 < entries || e0 == 0; e0 += BATCH) {
-      const int batch = entries - e0 < BATCH ? entries - e0 : BATCH;
-      // The batch's rows: a thread per word meeting it, its bits in order.
-      for (int i = tid; i < total_words; i += THREADS)
-        if (word_start[i] < e0 + batch && word_start[i + 1] > e0) {
-          const int row0 = static_cast<int>(static_cast<int64_t>(i / words) * N / P) + 64 * (i % words);
-          int at = word_start[i];
-          for (unsigned long long v = word_bits[i]; v != 0; v &= v - 1, ++at)
-            if (at >= e0 && at < e0 + batch) ej[at - e0] = row0 + __ffsll(static_cast<long long>(v)) - 1;
-        }
-      __syncthreads();
-      // Round trip 2: a thread per entry issues all its loads (mask, h of the call's tokens, the
-      // COLS Wd values) before storing any.
-      for (int i = tid; i < batch; i += THREADS) {
-        const int j = ej[i];
-        const uint32_t mask = load_l2_u32(b.token_mask + j);
-        float h[XR];
+    for (int e0 = 0; e0 < pairs; e0 += batch_cap) {
+      const int batch = pairs - e0 < batch_cap ? pairs - e0 : batch_cap;
+      // Round trips 2 and 3, a thread per pair: its segment (a binary search of seg_start), its (j, h),
+      // then its COLS Wd values.
 #pragma unroll
-        for (int t = 0; t < XR; ++t) h[t] = t < m ? __uint_as_float(load_l2_u32(reinterpret_cast<const uint32_t*>(b.h + static_cast<int64_t>(t) * N + j))) : 0.0f;
-        uint16_t w[COLS];
-        if constexpr (Config::down_in_out) {
-#pragma unroll
-          for (int h8 = 0; h8 < COLS / 8; ++h8) {
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (k0 + 8 * h8 < K) v = *reinterpret_cast<const uint4*>(p.w_down + static_cast<int64_t>(j) * p.ldwd + k0 + 8 * h8);
-            const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) w[8 * h8 + 2 * e] = static_cast<uint16_t>(vw[e]), w[8 * h8 + 2 * e + 1] = static_cast<uint16_t>(vw[e] >> 16);
+      for (int it = 0; it < (BATCH_PER_ROW * XR + THREADS - 1) / THREADS; ++it) {
+        const int i = tid + it * THREADS;
+        if (i < batch) {
+          const int g = e0 + i;
+          int lo = 0, hi = segs;  // the last segment starting at or before g: seg_start[lo] <= g < seg_start[lo + 1]
+          while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if (seg_start[mid] <= g) lo = mid;
+            else hi = mid;
           }
-        } else {
+          const uint2 pair = load_l2_pair(reinterpret_cast<const uint32_t*>(b.pairs + static_cast<int64_t>(lo) * rows_cap + (g - seg_start[lo])));
+          const int j = static_cast<int>(pair.x);
+          ph[i] = __uint_as_float(pair.y);
+          if constexpr (Config::down_in_out) {
 #pragma unroll
-          for (int k = 0; k < COLS; ++k) w[k] = k0 + k < K ? p.w_down[static_cast<int64_t>(k0 + k) * p.ldwd + j] : uint16_t{0};
+            for (int h8 = 0; h8 < COLS / 8; ++h8) {
+              uint4 v = make_uint4(0u, 0u, 0u, 0u);
+              if (k0 + 8 * h8 < K) v = *reinterpret_cast<const uint4*>(p.w_down + static_cast<int64_t>(j) * p.ldwd + k0 + 8 * h8);
+              *reinterpret_cast<uint4*>(ew + i * COLS + 8 * h8) = v;
+            }
+          } else {
+            uint16_t w[COLS];
+#pragma unroll
+            for (int k = 0; k < COLS; ++k) w[k] = k0 + k < K ? p.w_down[static_cast<int64_t>(k0 + k) * p.ldwd + j] : uint16_t{0};
+#pragma unroll
+            for (int k = 0; k < COLS; ++k) ew[i * COLS + k] = w[k];
+          }
         }
-        em[i] = mask;
-#pragma unroll
-        for (int t = 0; t < XR; ++t) eh[i * XR + t] = h[t];
-#pragma unroll
-        for (int k = 0; k < COLS; ++k) ew[i * COLS + k] = w[k];
       }
       __syncthreads();
-      // Runs of RUN entries: one fmaf chain per (run, token, column).
-      const int nruns = (batch + RUN - 1) / RUN;
-      for (int i = tid; i < nruns * XR * COLS; i += THREADS) {
-        const int run = i / (XR * COLS), t = i / COLS % XR, k = i % COLS;
-        float s = 0.0f;
-        if (t < m) {
-          const int end = (run + 1) * RUN < batch ? (run + 1) * RUN : batch;
-          for (int e = run * RUN; e < end; ++e)
-            if (em[e] >> t & 1u) s = fmaf(eh[e * XR + t], Value::to_float(ew[e * COLS + k]), s);
-        }
-        runs[i] = s;
-      }
+      // y of (token, column): one fmaf chain over the token's pairs, rows ascending, across batches.
+      const int from = tok_first > e0 ? tok_first : e0, to = tok_end < e0 + batch ? tok_end : e0 + batch;
+      for (int e = from; e < to; ++e) y = fmaf(ph[e - e0], Value::to_float(ew[(e - e0) * COLS + col]), y);
       __syncthreads();
-      if (tok < XR)
-        for (int run = 0; run < nruns; ++run) y += runs[(run * XR + tok) * COLS + col];
-      __syncthreads();
-      if (entries == 0) break;
     }
     if (tok < m && k0 + col < K) p.y[static_cast<int64_t>(tok) * p.ldy + k0 + col] = Value::from_float(y);
   }
