@@ -65,9 +65,9 @@ def test_invalid_spec_names_the_field():
         ctx.plan(twell.FfnSpec(512, 1408), 256, twell.PlanOptions(dense_neurons=100))
     with pytest.raises(ValueError, match="decode_max_tokens"):
         ctx.plan(twell.FfnSpec(512, 1408), 256, twell.PlanOptions(decode_max_tokens=65))
-    # The fused decode kernel's cut-off crosses the C API and is checked by the library (0..8).
-    with pytest.raises(twell.InvalidArgumentError, match="decode_fused_max_tokens: expected 0..16"):
-        ctx.plan(twell.FfnSpec(512, 1408), 256, twell.PlanOptions(decode_fused_max_tokens=17))
+    # The fused decode kernel's cut-off crosses the C API and is checked by the library (0..32).
+    with pytest.raises(twell.InvalidArgumentError, match="decode_fused_max_tokens: expected 0..32"):
+        ctx.plan(twell.FfnSpec(512, 1408), 256, twell.PlanOptions(decode_fused_max_tokens=33))
     with pytest.raises(twell.InvalidArgumentError, match="decode_fused_max_tokens"):
         twell.PlanOptions(decode_fused_max_tokens=-1)
     # The context keeps working after errors.

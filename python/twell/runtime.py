@@ -73,14 +73,14 @@ class FfnSpec:
 class PlanOptions:
     """twell/plan.h PlanOptions: dispatch "auto" | "sparse" | "dense"; dense_neurons: the hot/cold
     split (a multiple of 64 below d_ff); decode_max_tokens: 0..64, the decode kernels' cut-off;
-    decode_fused_max_tokens: 0..16, the cut-off of the one fused decode kernel (0: never);
+    decode_fused_max_tokens: 0..32, the cut-off of the one fused decode kernel (0: never);
     backup_capacity: -1 for the default; use_tuning: layouts from the tuning database (Context.tune)
     where the spec leaves them unset, tuning_workload: which tuned workload ("": the newest),
     tuning_dir: the database ("": $TWELL_TUNING_DIR, else beside the kernel cache)."""
     dispatch: str = "auto"
     dense_neurons: int = 0
     decode_max_tokens: int = 64
-    decode_fused_max_tokens: int = 16
+    decode_fused_max_tokens: int = 32
     backup_capacity: int = -1
     use_tuning: bool = True
     tuning_workload: str = ""

@@ -55,10 +55,10 @@ int main(void) {
   spec.d_ff = 1408;
   twell_plan_options plan_options;
   twell_plan_options_init(&plan_options);
-  EXPECT(plan_options.decode_fused_max_tokens == 16, "decode_fused_max_tokens defaults to PlanOptions' 16");
-  plan_options.decode_fused_max_tokens = 17;
+  EXPECT(plan_options.decode_fused_max_tokens == 32, "decode_fused_max_tokens defaults to PlanOptions' 32");
+  plan_options.decode_fused_max_tokens = 33;
   EXPECT(twell_plan_create(context, &spec, 256, &plan_options, &plan) == TWELL_ERROR_INVALID_ARGUMENT && plan == NULL,
-         "decode_fused_max_tokens 17 (past the fused kernel's 16 rows)");
+         "decode_fused_max_tokens 33 (past the fused kernel's 32 rows)");
   EXPECT(strstr(twell_last_error(), "decode_fused_max_tokens") != NULL, "the message names decode_fused_max_tokens");
   twell_dense_t dense = NULL;
   EXPECT(twell_dense_create(context, &spec, 256, (twell_dense_kernels_t)(TWELL_DENSE_CUBLASLT_TUNED + 1), &dense) ==

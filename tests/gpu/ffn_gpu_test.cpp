@@ -1172,13 +1172,14 @@ TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
   FfnSpec paper;
   paper.d_model = 2048;
   paper.d_ff = 5632;
-  for (int64_t tokens : {1, 7, 16, 17, 40, 64})
+  for (int64_t tokens : {1, 7, 16, 17, 32, 40, 64})
     check_decode(make_random_ffn(paper, tokens, 0.005, 40 + tokens), sparse(), fmt::format("paper shape 0.5%, {} tokens", tokens));
-  check_decode(make_random_ffn(paper, 33, 0.05, 50), sparse(), "paper shape 5%, 33 tokens");
+  for (int64_t tokens : {32, 33})  // 32: the fused kernel's two m16 tiles and several pair batches
+    check_decode(make_random_ffn(paper, tokens, 0.05, 50 + tokens), sparse(), fmt::format("paper shape 5%, {} tokens", tokens));
   for (uint32_t capacity : {0u, 100000u}) {
     PlanOptions o = sparse();
     o.backup_capacity = capacity;
-    for (int64_t tokens : {3, 64})
+    for (int64_t tokens : {3, 20, 64})
       check_decode(make_random_ffn(odd_spec(), tokens, 0.2, 60 + tokens), o,
                    fmt::format("d_model 520, d_ff 1408, 20% (overflowing tile-rows), backup capacity {}, {} tokens", capacity, tokens));
   }
@@ -1191,7 +1192,7 @@ TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
   silu.tile_n = 64;
   silu.slots = 7;
   silu.down_layout = WeightLayout::InOut;
-  for (int64_t tokens : {2, 50})
+  for (int64_t tokens : {2, 24, 50})
     check_decode(make_random_ffn(silu, tokens, 0.03, 70 + tokens), sparse(), fmt::format("SiLU fp16 tile_n 64 in_out, {} tokens", tokens));
   FfnSpec wide_tile;  // tile_n 1024 (the most packing staging), d_ff % 8 != 0 (act rows padded)
   wide_tile.d_model = 256;

@@ -1,7 +1,7 @@
 // The fused decode kernel (KernelKind::DecodeFused, decode/decode_fused.cuh) without a GPU: the
 // generator's description passes its contract (validate.h) on sm_90a and sm_80 and a broken one names
 // the field; its launch geometry (launch.h): one CTA per SM (at most kFusedMaxCtas), cooperative, the
-// shared memory its CTAs' rows and x tiles of 8 or 16 rows need; up to how many tokens plans take it
+// shared memory its CTAs' rows and x tiles of 8, 16 or 32 rows need; up to how many tokens plans take it
 // (fusedMaxTokens).
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -39,7 +39,7 @@ TEST(DecodeFusedContract, TheGeneratedKernelPassesAndABrokenOneIsNamed) {
       const std::string what = fmt::format("{} on {}", k.name, target.arch());
       EXPECT_EQ(kernels::validate_kernel(k, target), "") << what;
       EXPECT_EQ(k.threads, 768) << what;
-      EXPECT_EQ(k.cta_m, 16) << what;
+      EXPECT_EQ(k.cta_m, 32) << what;
       EXPECT_EQ(k.smem_bytes, D::fusedSharedBytes(target.sm)) << what;
       EXPECT_FALSE(k.dependent_launch) << what << ": it does not wait with griddepcontrol.wait";
       EXPECT_EQ(k.down_in_out, down == WeightLayout::InOut) << what;
@@ -48,8 +48,8 @@ TEST(DecodeFusedContract, TheGeneratedKernelPassesAndABrokenOneIsNamed) {
       EXPECT_NE(kernels::validate_kernel(k, other).find("smem_bytes: expected"), std::string::npos) << what;
       for (auto [field, breaks] : std::initializer_list<std::pair<const char*, void (*)(compiler::KernelSource&)>>{
                {"threads: expected 768", [](compiler::KernelSource& b) { b.threads = 256; }},
-               {"cta_m: expected 16", [](compiler::KernelSource& b) { b.cta_m = 64; }},
-               {"cta_m: expected 16", [](compiler::KernelSource& b) { b.cta_m = 8; }},
+               {"cta_m: expected 32", [](compiler::KernelSource& b) { b.cta_m = 64; }},
+               {"cta_m: expected 32", [](compiler::KernelSource& b) { b.cta_m = 16; }},
                {"smem_bytes: expected", [](compiler::KernelSource& b) { b.smem_bytes = 0; }},
                {"smem_bytes: expected", [](compiler::KernelSource& b) { b.smem_bytes += 2048; }},
                {"dependent_launch", [](compiler::KernelSource& b) { b.dependent_launch = true; }},
@@ -67,7 +67,7 @@ TEST(DecodeFusedContract, TheGeneratedKernelPassesAndABrokenOneIsNamed) {
 TEST(DecodeFusedContract, OneCooperativeCtaPerSmWhateverTheTokens) {
   const compiler::KernelSource k = fused_kernel(2048, 5632, WeightLayout::OutIn, Target{90, true});
   for (auto [sms, ctas] : {std::pair{132, 132u}, std::pair{108, 108u}, std::pair{1, 1u}, std::pair{256, 256u}, std::pair{300, 256u}})
-    for (int64_t tokens : {1, 4, 8, 9, 16}) {
+    for (int64_t tokens : {1, 4, 8, 9, 16, 17, 32}) {
       const kernels::LaunchConfig c = kernels::launch_config(k, kernels::LaunchShape{tokens, 0, 0}, kernels::Occupancy{sms, 1, 0});
       const std::string what = fmt::format("{} SMs, {} tokens: {}", sms, tokens, c.describe());
       EXPECT_EQ(c.grid_x, ctas) << what;
@@ -93,35 +93,43 @@ TEST(DecodeFusedContract, OneCooperativeCtaPerSmWhateverTheTokens) {
 
 // Where a plan takes it: a launch's shared memory (phase 1's x rows, unit sums and row staging, or
 // phase 2's pair batch and segment starts, whichever is larger) within fusedSharedBytes, for x tiles
-// of 16 rows (calls of 9-16 tokens) or of 8 (values worked out by hand from shared_memory.h).
+// of 32 rows (calls of 17-32 tokens), 16 (9-16) or 8 (values worked out by hand from shared_memory.h).
 TEST(DecodeFusedContract, FitsWhereItsCtasRowsFit) {
   namespace sm = device::shared_memory;
   EXPECT_EQ(D::fusedSharedBytes(90), 230400);
   EXPECT_EQ(D::fusedSharedBytes(80), 164864);
   EXPECT_EQ(D::fusedCtas(132), 132);
   EXPECT_EQ(D::fusedCtas(1000), 256);
-  EXPECT_EQ(D::kFusedMaxTokens, 16);
-  for (auto [tokens, rows] : {std::pair{1, 8}, std::pair{8, 8}, std::pair{9, 16}, std::pair{16, 16}})
+  EXPECT_EQ(D::kFusedMaxTokens, 32);
+  for (auto [tokens, rows] : {std::pair{1, 8}, std::pair{8, 8}, std::pair{9, 16}, std::pair{16, 16}, std::pair{17, 32}, std::pair{32, 32}})
     EXPECT_EQ(sm::decode_fused_token_rows(tokens), rows) << tokens;
   // The paper's layer on an H200: 43 rows per CTA, 6 groups, 24 units. Phase 1 at 8 token rows: x 8 x
   // 2080 x 2 = 33280, sums 24 x 8 x 8 x 4 = 6144, a 43 x 8 x 4 = 1376, masks and rows 43 x 8 = 344,
-  // the tokens' row bits 8 x 2 x 4 = 64: 41208; at 16: 66560 + 12288 + 2752 + 344 + 128 = 82072.
+  // the tokens' row bits 8 x 2 x 4 = 64: 41208; at 16: 66560 + 12288 + 2752 + 344 + 128 = 82072; at
+  // 32: 133120 + 24576 + 5504 + 344 + 256 = 163800.
   // Phase 2 at 8: a batch of 512 pairs x (32 + 4) = 18432 and 8 x 132 + 1 segment starts (4228): 22660;
-  // at 16: 1024 x 36 + 2113 x 4 = 45316.
+  // at 16: 1024 x 36 + 2113 x 4 = 45316; at 32: 2048 x 36 + 4225 x 4 = 90628.
   EXPECT_EQ(sm::decode_fused_x_stride(2048), 2080);
   EXPECT_EQ(sm::decode_fused_phase1_bytes(2048, 43, 8), 41208);
   EXPECT_EQ(sm::decode_fused_phase2_bytes(132, 8), 22660);
   EXPECT_EQ(sm::decode_fused_phase1_bytes(2048, 43, 16), 82072);
   EXPECT_EQ(sm::decode_fused_phase2_bytes(132, 16), 45316);
+  EXPECT_EQ(sm::decode_fused_phase1_bytes(2048, 43, 32), 163800);
+  EXPECT_EQ(sm::decode_fused_phase2_bytes(132, 32), 90628);
   EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 1), 41216);
   EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 8), 41216);
   EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 9), 82080);
   EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 16), 82080);
+  EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 17), 163808);
+  EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 32), 163808);
   // d_model 520, d_ff 1400: 11 rows per CTA, phase 2 the larger (16 rows: x 16 x 608 x 2 = 19456 and
-  // 8 units' sums 4096 against phase 2's 45316).
+  // 8 units' sums 4096 against phase 2's 45316; 32 rows: 90628).
   EXPECT_EQ(D::fusedLaunchBytes(520, 1400, 132, 8), 22672);
   EXPECT_EQ(D::fusedLaunchBytes(520, 1400, 132, 16), 45328);
-  EXPECT_EQ(D::fusedMaxTokens(2048, 5632, 132, 90), 16);
+  EXPECT_EQ(D::fusedLaunchBytes(520, 1400, 132, 32), 90640);
+  EXPECT_EQ(D::fusedMaxTokens(2048, 5632, 132, 90), 32);
+  // The paper's layer on an A100 (108 SMs, sm_80's 161 KiB): 53 rows per CTA; 32 token rows need
+  // 133120 + 28 units' 28672 + 6784 + 424 + 256 = 169256 (over): calls of at most 16 tokens.
   EXPECT_EQ(D::fusedMaxTokens(2048, 5632, 108, 80), 16);
   // d_model 4096, d_ff 16384 on sm_80's 161 KiB: 152 rows per CTA; 16 token rows need 132096 for x
   // and 38912 for 76 units' sums (over), 8 rows 91744: calls of at most 8 tokens.
@@ -134,7 +142,7 @@ TEST(DecodeFusedContract, FitsWhereItsCtasRowsFit) {
   // The paper's layer on one SM: all 5632 rows' staging in one CTA does not fit.
   EXPECT_EQ(D::fusedMaxTokens(2048, 5632, 1, 90), 0);
   // Fewer rows than SMs: CTAs with no row still fit.
-  EXPECT_EQ(D::fusedMaxTokens(512, 64, 132, 90), 16);
+  EXPECT_EQ(D::fusedMaxTokens(512, 64, 132, 90), 32);
   // No SM (a context without a GPU reports 0): never.
   EXPECT_EQ(D::fusedMaxTokens(512, 1408, 0, 90), 0);
 }

@@ -181,7 +181,7 @@ TEST(KernelResources, DecodeKernelsCompileWithoutSpills) {
           EXPECT_EQ(gen.decode[3].kind, compiler::KernelKind::DecodeGateSmall);
           EXPECT_EQ(gen.decode[3].cta_m, 8);
           EXPECT_EQ(gen.decode[4].kind, compiler::KernelKind::DecodeFused);
-          EXPECT_EQ(gen.decode[4].cta_m, 16);
+          EXPECT_EQ(gen.decode[4].cta_m, 32);
           EXPECT_EQ(gen.decode[4].smem_bytes, kernels::DecodeKernelConstraints::fusedSharedBytes(target.sm));
           for (const compiler::KernelSource& k : gen.decode) {
             EXPECT_NE(k.source.find(down == WeightLayout::InOut ? "down_in_out = true" : "down_in_out = false"), std::string::npos);
@@ -189,9 +189,10 @@ TEST(KernelResources, DecodeKernelsCompileWithoutSpills) {
                                                  to_string(dtype));
             // decode_fused holds 16 loads of 16 bytes per lane in flight (64 of the 80 registers its 768
             // threads allow: every byte of the CTA's Wg share requested at once, bench/README.md v64), and
-            // ptxas spills a few scalars beside them (32 bytes on sm_90a, 68 on sm_80 at d_model 2048,
-            // stored and loaded once, outside the mma chain). Measured at that; at most 128 allowed.
-            expect_compiles_without_spills(k, target.arch(), what, k.kind == compiler::KernelKind::DecodeFused ? 128 : 0);
+            // ptxas spills a few scalars beside them (72 bytes stored, 192 loaded on sm_90a and sm_80 at
+            // d_model 2048 with x's second m16 tile, v68: calls of at most 16 tokens timed within
+            // ~0.5 us of v67's 56 / 64). Measured at that; at most 256 allowed.
+            expect_compiles_without_spills(k, target.arch(), what, k.kind == compiler::KernelKind::DecodeFused ? 256 : 0);
           }
         }
   FfnSpec fma;

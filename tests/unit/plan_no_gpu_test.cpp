@@ -147,13 +147,13 @@ TEST(PlanLimits, DecodeMaxTokensIsCheckedAndMakesTheDecodeKernels) {
   }
 }
 
-// PlanOptions::decode_fused_max_tokens: 0..16 (the fused kernel's rows), named when outside, whatever
+// PlanOptions::decode_fused_max_tokens: 0..32 (the fused kernel's rows), named when outside, whatever
 // decode_max_tokens says; every value inside is accepted (with or without a GPU).
 TEST(PlanLimits, DecodeFusedMaxTokensIsChecked) {
   Context ctx = twell::testing::context_without_disk_cache();
   const FfnSpec s = twell::testing::spec_512x1408();
   for (int64_t decode_max_tokens : {int64_t{0}, int64_t{64}})
-    for (int64_t bad : {int64_t{-1}, int64_t{17}, int64_t{64}, std::numeric_limits<int64_t>::min()}) {
+    for (int64_t bad : {int64_t{-1}, int64_t{33}, int64_t{64}, std::numeric_limits<int64_t>::min()}) {
       PlanOptions options;
       options.decode_max_tokens = decode_max_tokens;
       options.decode_fused_max_tokens = bad;
@@ -162,11 +162,11 @@ TEST(PlanLimits, DecodeFusedMaxTokensIsChecked) {
         ADD_FAILURE() << "decode_fused_max_tokens " << bad << " accepted (decode_max_tokens " << decode_max_tokens << ")";
       } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::InvalidArgument) << e.what();
-        EXPECT_NE(std::string(e.what()).find("PlanOptions::decode_fused_max_tokens: expected 0..16"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("PlanOptions::decode_fused_max_tokens: expected 0..32"), std::string::npos) << e.what();
         EXPECT_NE(std::string(e.what()).find(fmt::format("got {}", bad)), std::string::npos) << e.what();
       }
     }
-  for (int64_t good : {int64_t{0}, int64_t{1}, int64_t{8}, int64_t{9}, int64_t{16}}) {
+  for (int64_t good : {int64_t{0}, int64_t{1}, int64_t{8}, int64_t{9}, int64_t{16}, int64_t{17}, int64_t{32}}) {
     PlanOptions options;
     options.decode_fused_max_tokens = good;
     EXPECT_NO_THROW(ctx.plan(s, 16, options)) << good;

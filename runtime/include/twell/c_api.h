@@ -118,9 +118,9 @@ typedef struct twell_plan_options {
                                   (twell/tuning.h) where it holds this GPU's and spec's entry; 0: ignore it */
   const char* tuning_workload; /* NULL or "" (default): the most recently tuned workload; else e.g. "density:0.5%" */
   const char* tuning_dir;      /* NULL or "" (default): $TWELL_TUNING_DIR, else <kernel cache>/tuning */
-  int64_t decode_fused_max_tokens; /* calls of at most this many tokens (0..16) take the one fused decode kernel
+  int64_t decode_fused_max_tokens; /* calls of at most this many tokens (0..32) take the one fused decode kernel
                                       where it fits (PlanOptions::decode_fused_max_tokens): y within 1e-2 of the other kernels',
-                                      not their bits; no TwELL matrix. Default 16; 0: never */
+                                      not their bits; no TwELL matrix. Default 32; 0: never */
 } twell_plan_options;
 
 /* FfnTensors (twell/plan.h): device pointers of spec.dtype; row strides in elements (0: dense rows). */

@@ -61,19 +61,19 @@ struct PlanOptions {
   // Error(InvalidArgument) naming this field. It is only the cut-off: any value above 0 compiles the
   // same five kernels (decode_gate for up to 64 rows, decode_gate_small for up to 8, decode_up,
   // decode_down; decode_fused below), and sizes their workspace: about min(max_tokens,
-  // decode_max_tokens) x d_ff x 10 bytes, and about 128 d_ff bytes plus 64 per SM for decode_fused (its
-  // (row, h) pairs of up to 16 tokens).
+  // decode_max_tokens) x d_ff x 10 bytes, and about 256 d_ff bytes plus 128 per SM for decode_fused (its
+  // (row, h) pairs of up to 32 tokens).
   int64_t decode_max_tokens = 64;
-  // Decode calls of at most this many tokens (0..16, and at most decode_max_tokens to matter) take
+  // Decode calls of at most this many tokens (0..32, and at most decode_max_tokens to matter) take
   // instead the fused decode kernel (decode/decode_fused.cuh): the whole FFN in one persistent,
   // cooperative kernel, one CTA per SM, which streams Wg once and writes no TwELL matrix (download_twell
   // and run_consumer refuse after such a call; last_path() says "decode"). Its gate dot and its down
   // sums (one chain per token over its active rows) run in other orders than the large-M kernels', so y is within 1e-2
   // (relative) of theirs, not their bits, and the same bits on every run. It is made where its shared memory holds x and the
-  // staging of ceil(d_ff / SMs) rows (every paper shape on sm_80 and sm_90), for up to 16 tokens where
-  // 16 rows of x fit, else up to 8. last_overflow() after such a call reports nothing recomputed. 16:
-  // bench/README.md v67. Outside 0..16, Context::plan throws Error(InvalidArgument) naming this field.
-  int64_t decode_fused_max_tokens = 16;
+  // staging of ceil(d_ff / SMs) rows (every paper shape on sm_80 and sm_90), for up to 32 tokens where
+  // 32 rows of x fit, else 16 or 8. last_overflow() after such a call reports nothing recomputed. 32:
+  // bench/README.md v67, v68. Outside 0..32, Context::plan throws Error(InvalidArgument) naming this field.
+  int64_t decode_fused_max_tokens = 32;
   // The tuning database (twell/tuning.h): with Use, the layout fields the FfnSpec leaves unset (tile_n,
   // slots, gate_cluster_m; the consumer too unless Dispatch::Auto, which times both) come from the
   // tuned entry of this GPU and spec, if there is one, else from the entry a loaded bundle embeds for

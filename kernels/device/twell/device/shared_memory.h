@@ -93,7 +93,7 @@ constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile
 
 // decode_fused (decode/decode_fused.cuh), one CTA per SM of kDecodeFusedWarps warps, x tiles of
 // token_rows rows (decode_fused_token_rows: 8, the mma's A rows 0-7, for calls of at most 8 tokens; 16,
-// all its rows, up to kDecodeFusedTokens), each group of 8 Wg rows in kDecodeFusedSlices k slices (a
+// all its rows, up to 16; 32, two m16 tiles, up to kDecodeFusedTokens), each group of 8 Wg rows in kDecodeFusedSlices k slices (a
 // warp each), a warp's loads in windows of at most kDecodeFusedWindow k32 blocks (16 loads of 16 bytes
 // per lane in flight: the 80 registers a thread of 768 has; bench/README.md v64).
 // Phase 1: x's rows (a stride of d_model rounded up to 64, plus 32 values: 16-byte rows, each two
@@ -104,9 +104,9 @@ constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile
 // kDecodeFusedColumns Wd values and h, then the start of every (token, CTA) segment of the pairs.
 // A call's token_rows sizes its shared memory, so that calls of at most 8 tokens keep the smaller
 // carve-out (more of the SM's L1/shared memory left L1; bench/README.md v64, v65).
-constexpr long long kDecodeFusedWarps = 24, kDecodeFusedTokens = 16, kDecodeFusedSlices = 4, kDecodeFusedWindow = 16, kDecodeFusedColumns = 16,
+constexpr long long kDecodeFusedWarps = 24, kDecodeFusedTokens = 32, kDecodeFusedSlices = 4, kDecodeFusedWindow = 16, kDecodeFusedColumns = 16,
                     kDecodeFusedBatchPerRow = 64;
-TWELL_HOST_DEVICE constexpr long long decode_fused_token_rows(long long tokens) { return tokens <= 8 ? 8 : kDecodeFusedTokens; }
+TWELL_HOST_DEVICE constexpr long long decode_fused_token_rows(long long tokens) { return tokens <= 8 ? 8 : tokens <= 16 ? 16 : 32; }
 TWELL_HOST_DEVICE constexpr long long decode_fused_x_stride(long long d_model) { return (d_model + 63) / 64 * 64 + 32; }
 // 32-bit words of row bits per CTA of at most rows_per_cta rows.
 TWELL_HOST_DEVICE constexpr long long decode_fused_bit_words(long long rows_per_cta) { return (rows_per_cta + 31) / 32; }

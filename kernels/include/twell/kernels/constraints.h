@@ -445,10 +445,10 @@ struct DecodeKernelConstraints {
   // decode_fused (at most kFusedMaxTokens rows; PlanOptions::decode_fused_max_tokens): one CTA of
   // kFusedThreads per SM (at most kFusedMaxCtas), launched cooperatively. The kernel may take all the
   // shared memory the target allows (fusedSharedBytes, its attribute); a launch passes what its shape
-  // and token count need (fusedLaunchBytes: x's 8 or 16 rows, the CTA's ceil(d_ff / CTAs) rows'
+  // and token count need (fusedLaunchBytes: x's 8, 16 or 32 rows, the CTA's ceil(d_ff / CTAs) rows'
   // staging, phase 2's batches), no more, so that the rest stays L1 (a larger carve-out slowed the Wg
-  // stream, bench/README.md v64). fusedMaxTokens: the most tokens whose launch fits the target (16,
-  // 8 where only x tiles of 8 rows fit, 0 where neither does).
+  // stream, bench/README.md v64). fusedMaxTokens: the most tokens whose launch fits the target (32,
+  // else 16 or 8 where only x tiles of that many rows fit, 0 where none does).
   static constexpr int64_t kFusedMaxTokens = smem::kDecodeFusedTokens;
   static constexpr int64_t kFusedThreads = smem::kDecodeFusedWarps * 32;
   static constexpr int64_t kFusedMaxCtas = 256;
@@ -464,7 +464,7 @@ struct DecodeKernelConstraints {
   static constexpr int64_t fusedMaxTokens(int64_t dModel, int64_t dFF, int64_t smCount, int sm) {
     const int64_t ctas = fusedCtas(smCount);
     if (ctas < 1) return 0;
-    for (int64_t tokens : {kFusedMaxTokens, int64_t{8}})
+    for (int64_t tokens : {kFusedMaxTokens, int64_t{16}, int64_t{8}})
       if (fusedLaunchBytes(dModel, dFF, ctas, tokens) <= fusedSharedBytes(sm)) return tokens;
     return 0;
   }

@@ -1,4 +1,4 @@
-// decode_fused: the whole FFN of at most 16 token rows in one persistent, cooperative kernel, one CTA per
+// decode_fused: the whole FFN of at most 32 token rows in one persistent, cooperative kernel, one CTA per
 // SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64). At a few rows the FFN is bound by
 // reading Wg, so the kernel is built around streaming it (bench/experiments/decode_stream.cu measured
 // the forms this one keeps):
@@ -12,7 +12,8 @@
 //   first two words are the B fragment of one mma.m16n8k16 and its last two of another (PTX ISA,
 //   "Matrix Fragments for mma.m16n8k16"), the A fragments being x's row n at the same values (one
 //   16-byte read; calls of 9 to 16 tokens also rows n + 8 in A's other registers, calls of at most 8
-//   leave them zero and x's tiles 8 rows: sm::decode_fused_token_rows): each mma sums 16 of the
+//   leave them zero and x's tiles 8 rows: sm::decode_fused_token_rows; calls of 17 to 32 tokens a second
+//   m16 tile of x, rows 16 + n and 24 + n, on the same B fragments): each mma sums 16 of the
 //   block's products, a permutation of the block's k order applied to A and B alike. Each unit's blocks run ascending; the slices' sums are added in slice
 //   order. g is rounded to the value type and activated as every twell gate does (numerics.cuh).
 // Then per token t of the call (a warp each): its active rows of the CTA as bits and their count into
@@ -94,7 +95,9 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   constexpr int COLS = static_cast<int>(sm::kDecodeFusedColumns);
   constexpr int BATCH_PER_ROW = static_cast<int>(sm::kDecodeFusedBatchPerRow);
   constexpr int XR = static_cast<int>(sm::kDecodeFusedTokens);  // the most tokens (register arrays)
+  constexpr int TILES = (XR + 15) / 16;                          // m16 tiles of x at the most tokens
   static_assert(Config::threads == sm::kDecodeFusedWarps * 32 && Config::max_tokens == XR && K % 8 == 0, "decode_fused shape");
+  static_assert(XR <= 32 && THREADS % 32 == 0 && THREADS >= 16 * XR, "a token mask is 32 bits; a thread per (token, column)");
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
   __shared__ int scan_total[WARPS];
   __shared__ int active_count;
@@ -103,7 +106,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   const int m = static_cast<int>(p.m);
   const int P = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
   if (m < 1 || m > XR) __trap();
-  // x's tiles and every per-token array of shared memory: 8 rows (the mma's A rows 0-7) or 16.
+  // x's tiles and every per-token array of shared memory: 8 rows (the mma's A rows 0-7), 16 or 32 (two m16 tiles).
   const int xr = static_cast<int>(sm::decode_fused_token_rows(m));
   const int rows_cap = (N + P - 1) / P;
   const int bit_words = static_cast<int>(sm::decode_fused_bit_words(rows_cap));  // 32-row words per CTA
@@ -147,10 +150,11 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       buf[i] = valid_row && (EXACT || (first + i < end && 32 * (first + i) + 8 * q < K)) ? load_stream_16(src + 32 * i)
                                                                                       : make_uint4(0u, 0u, 0u, 0u);
   };
-  // The window's 2 WIN mma steps into acc; hi: tokens 8..15 too (A's rows n + 8; else zeros). Called
-  // with a literal hi, so each call site's loop has its own loads (a runtime flag, not a template: a
-  // generic lambda here crashes NVRTC 13.0's front end).
-  auto consume = [&](bool hi, const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
+  // The window's 2 WIN mma steps per m16 tile of x into the tile's accumulators; hi: tokens 8..15 too
+  // (A's rows n + 8; else zeros); two: the second tile too (tokens 16..31), on the same B fragments, so
+  // that each block's registers are free after it. Called with literal flags, so each call site's loop
+  // has its own loads (runtime flags, not a template: a generic lambda here crashes NVRTC 13.0's front end).
+  auto consume = [&](bool hi, bool two, const uint4 (&buf)[WIN], float (&acc)[TILES][4], int u, int window) {
     const int first = window_first(u, window), end = slice_end(u);
     const uint16_t* xrow = xs + n * LDX + 8 * q + 32 * first;
 #pragma unroll
@@ -158,26 +162,37 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       // Blocks past the slice or KB are skipped, not multiplied by zeros: x's row is not written past
       // block KB (0 * NaN is NaN). Inside KB the last block's values past K are zeros in x and Wg.
       if (!EXACT && first + i >= end) break;
-      // The lane's 8 values of x's rows n (and n + 8) at the same k: A's words in the same places as B's.
-      const uint4 xv = *reinterpret_cast<const uint4*>(xrow + 32 * i);
-      const uint4 xh = hi ? *reinterpret_cast<const uint4*>(xrow + 8 * LDX + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
-      const uint32_t a0[4] = {xv.x, xh.x, xv.y, xh.y};
-      const uint32_t a1[4] = {xv.z, xh.z, xv.w, xh.w};
-      mma_16816<Value>(acc, a0, buf[i].x, buf[i].y);
-      mma_16816<Value>(acc, a1, buf[i].z, buf[i].w);
+#pragma unroll
+      for (int tile = 0; tile < TILES; ++tile) {
+        if (tile > 0 && !two) break;
+        // The lane's 8 values of x's rows 16 tile + n (and + 8) at the same k: A's words in the same places as B's.
+        const uint16_t* xt = xrow + 16 * tile * LDX + 32 * i;
+        const uint4 xv = *reinterpret_cast<const uint4*>(xt);
+        const uint4 xh = hi ? *reinterpret_cast<const uint4*>(xt + 8 * LDX) : make_uint4(0u, 0u, 0u, 0u);
+        const uint32_t a0[4] = {xv.x, xh.x, xv.y, xh.y};
+        const uint32_t a1[4] = {xv.z, xh.z, xv.w, xh.w};
+        mma_16816<Value>(acc[tile], a0, buf[i].x, buf[i].y);
+        mma_16816<Value>(acc[tile], a1, buf[i].z, buf[i].w);
+      }
     }
   };
-  auto consume_rows = [&](const uint4 (&buf)[WIN], float (&acc)[4], int u, int window) {
-    if (xr > 8) consume(true, buf, acc, u, window);
-    else consume(false, buf, acc, u, window);
+  auto consume_rows = [&](const uint4 (&buf)[WIN], float (&acc)[TILES][4], int u, int window) {
+    if (xr > 16) consume(true, true, buf, acc, u, window);
+    else if (xr > 8) consume(true, false, buf, acc, u, window);
+    else consume(false, false, buf, acc, u, window);
   };
-  // The unit's sums: D rows are tokens (lane / 4, and lane / 4 + 8), columns the group's rows 2 q, 2 q + 1.
-  auto store = [&](const float (&acc)[4], int u) {
-    sums[(u * xr + n) * 8 + 2 * q] = acc[0];
-    sums[(u * xr + n) * 8 + 2 * q + 1] = acc[1];
-    if (xr > 8) {
-      sums[(u * xr + n + 8) * 8 + 2 * q] = acc[2];
-      sums[(u * xr + n + 8) * 8 + 2 * q + 1] = acc[3];
+  // The unit's sums: D rows are tokens (16 tile + lane / 4, and + 8), columns the group's rows 2 q, 2 q + 1.
+  auto store = [&](const float (&acc)[TILES][4], int u) {
+#pragma unroll
+    for (int tile = 0; tile < TILES; ++tile) {
+      if (16 * tile >= xr) break;
+      const int t = 16 * tile + n;
+      sums[(u * xr + t) * 8 + 2 * q] = acc[tile][0];
+      sums[(u * xr + t) * 8 + 2 * q + 1] = acc[tile][1];
+      if (xr > 8) {
+        sums[(u * xr + t + 8) * 8 + 2 * q] = acc[tile][2];
+        sums[(u * xr + t + 8) * 8 + 2 * q + 1] = acc[tile][3];
+      }
     }
   };
   unsigned long long seen;  // the barrier's arrivals before this CTA's (thread 0's; fused_barrier)
@@ -190,7 +205,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     cp_async_wait<0>();
     __syncthreads();
     if (warp < units) {
-      float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float acc[TILES][4] = {};
       consume_rows(buf, acc, warp, 0);
 #pragma unroll 1
       for (int window = 1; window < NW; ++window) {
@@ -204,7 +219,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
 #pragma unroll 1
   for (int u = warp + WARPS; u < units; u += WARPS) {
     uint4 buf[WIN];
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[TILES][4] = {};
 #pragma unroll 1
     for (int window = 0; window < NW; ++window) {
       issue(buf, u, window);
@@ -228,7 +243,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       act[r * xr + t] = Value::to_float(a);
     }
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
-    if (r < R && t == 0) row_mask[r] = (ballot >> (lane & ~(xr - 1))) & ((1u << xr) - 1u);
+    if (r < R && t == 0) row_mask[r] = (ballot >> (lane & ~(xr - 1))) & (xr == 32 ? ~0u : (1u << xr) - 1u);
   }
   __syncthreads();
   // Per token t < m, a warp each: its active rows of the CTA as bits (tok_bits[t][w], 32 rows a word:
