@@ -20,6 +20,7 @@
 #include "twell/dense.h"
 #include "twell/device_memory.h"
 #include "twell/format.h"
+#include "twell/half.h"
 #include "twell/kernels/constraints.h"
 #include "twell/layer_data.h"
 #include "twell/neuron_order.h"
@@ -473,13 +474,65 @@ void PaperLayer1Args(benchmark::internal::Benchmark* b) {
 // Decoding (PERFORMANCE.md, "Small M": the dense FFN reads all 69 MB of weights, 43 us at M = 1; a
 // sparse one must read the 23 MB Wg but only the active rows of Wu and Wd: the target is >= 3x dense
 // at 0.5%). Paths: 0 cuBLASLt (three GEMMs + elementwise), 1 twell with the decode kernels
-// (PlanOptions::decode_max_tokens; the fused decode kernel up to its most, 16 rows), 2 twell
-// with the large-M kernels only, 3 the dense path with the fused gated-up kernel, 4 the four decode
+// (PlanOptions::decode_max_tokens; the fused decode kernel up to its most, 32 rows), 2 twell
+// with the large-M kernels only, 3 the dense path a plan runs (DenseKernels::FusedGatedUp: cuBLASLt at these token counts since v69), 4 the four decode
 // kernels without the fused one; Wd out_in (nn.Linear) or in_out (in_out 1). Each call reads another of kDecodeLayers copies of the weights (nn.Linear
 // layouts), so the weights come from DRAM as in a model whose layers do not all fit the L2; the calls
 // run from a CUDA graph (time_graph_on_stream), so the host's launch overhead is not timed: what a
 // serving loop that captures its decode step sees.
 constexpr int kDecodeLayers = 4;
+
+// The device copy bandwidth this machine's H200 measured (PERFORMANCE.md: about 4.3 TB/s): a decode
+// call's floor is the bytes it must read over it.
+constexpr double kCopyBytesPerSecond = 4.3e12;
+
+// kDecodeLayers copies of one layer's weights on the device (the same values), Wd [d_model, d_ff] as
+// given (nn.Linear, out_in) or transposed to [d_ff, d_model] (in_out): copy l is entries 3 l .. 3 l + 2.
+std::vector<std::unique_ptr<DeviceMemory>> decode_weight_copies(Context& ctx, int64_t d_model, int64_t d_ff, const std::vector<uint16_t>& w_gate,
+                                                                const std::vector<uint16_t>& w_up, const std::vector<uint16_t>& w_down,
+                                                                bool in_out) {
+  std::vector<uint16_t> wd = w_down;
+  if (in_out)
+    for (int64_t i = 0; i < d_model; ++i)
+      for (int64_t j = 0; j < d_ff; ++j) wd[j * d_model + i] = w_down[i * d_ff + j];
+  std::vector<std::unique_ptr<DeviceMemory>> copies;
+  for (int l = 0; l < kDecodeLayers; ++l)
+    for (const std::vector<uint16_t>* w : {&w_gate, &w_up, static_cast<const std::vector<uint16_t>*>(&wd)}) {
+      copies.push_back(std::make_unique<DeviceMemory>(ctx, w->size() * 2));
+      copies.back()->upload(*w);
+    }
+  return copies;
+}
+
+// A decode benchmark's timed calls: each call on the next copy of the weights (base's x and y), from a
+// CUDA graph of 5 kDecodeLayers calls; the median per call. A plan runs every copy once first (Auto
+// times its paths, the backup is sized), outside the capture.
+void time_decode(benchmark::State& state, Stream stream, const std::vector<std::unique_ptr<DeviceMemory>>& copies, const FfnTensors& base,
+                 int64_t tokens, FfnPlan* plan, DenseFfn* dense) {
+  auto tensors = [&](int l) {
+    FfnTensors t = base;
+    t.w_gate = copies[3 * l]->data();
+    t.w_up = copies[3 * l + 1]->data();
+    t.w_down = copies[3 * l + 2]->data();
+    return t;
+  };
+  if (plan) {
+    for (int l = 0; l < kDecodeLayers; ++l) plan->run(stream, tensors(l), tokens);
+    if (plan->last_path() == "twell")  // the fused decode kernel and the dense path make no TwELL matrix
+      plan->last_overflow(stream);     // the backup's size for these inputs: no recompute in the timed calls
+    plan->run(stream, tensors(0), tokens);  // grows the backup now, not inside the capture
+  }
+  int layer = 0;
+  auto call = [&] {
+    const FfnTensors t = tensors(layer);
+    layer = (layer + 1) % kDecodeLayers;
+    plan ? plan->run(stream, t, tokens) : dense->run(stream, t, tokens);
+  };
+  for (auto _ : state) {
+    const auto ms = time_graph_on_stream(stream, call, 5 * kDecodeLayers, 5);
+    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
+  }
+}
 
 void BM_Decode(benchmark::State& state) {
   if (!gpu_or_skip(state)) return;
@@ -491,27 +544,9 @@ void BM_Decode(benchmark::State& state) {
   FfnSpec spec = p.host.spec;
   spec.down_layout = in_out ? WeightLayout::InOut : WeightLayout::OutIn;
   StreamHandle stream(ctx);
-  // The weights of kDecodeLayers layers (the same values), Wd in the benchmark's layout.
   static std::map<std::tuple<int64_t, int64_t, bool>, std::vector<std::unique_ptr<DeviceMemory>>> copies;
   auto& layers = copies[{tokens, state.range(1), in_out}];
-  if (layers.empty()) {
-    std::vector<uint16_t> w_down = p.host.w_down;  // [d_model, d_ff]
-    if (in_out)
-      for (int64_t i = 0; i < kDModel; ++i)
-        for (int64_t j = 0; j < kDff; ++j) w_down[j * kDModel + i] = p.host.w_down[i * kDff + j];
-    for (int l = 0; l < kDecodeLayers; ++l)
-      for (const auto* w : {&p.host.w_gate, &p.host.w_up, &w_down}) {
-        layers.push_back(std::make_unique<DeviceMemory>(ctx, w->size() * 2));
-        layers.back()->upload(*w);
-      }
-  }
-  auto tensors = [&](int l) {
-    FfnTensors t = p.tensors();
-    t.w_gate = layers[3 * l]->data();
-    t.w_up = layers[3 * l + 1]->data();
-    t.w_down = layers[3 * l + 2]->data();
-    return t;
-  };
+  if (layers.empty()) layers = decode_weight_copies(ctx, kDModel, kDff, p.host.w_gate, p.host.w_up, p.host.w_down, in_out);
   std::unique_ptr<FfnPlan> plan;
   std::unique_ptr<DenseFfn> dense;
   if (path == 0 || path == 3) {
@@ -522,24 +557,91 @@ void BM_Decode(benchmark::State& state) {
     o.decode_max_tokens = path == 1 || path == 4 ? 64 : 0;
     o.decode_fused_max_tokens = path == 4 ? 0 : kernels::DecodeKernelConstraints::kFusedMaxTokens;
     plan = std::make_unique<FfnPlan>(ctx.plan(spec, tokens, o));
-    for (int l = 0; l < kDecodeLayers; ++l) plan->run(stream.get(), tensors(l), tokens);
-    if (plan->last_path() != "decode")  // the fused decode kernel makes no TwELL matrix
-      plan->last_overflow(stream.get());  // the backup's size for these inputs: no recompute in the timed calls
-    plan->run(stream.get(), tensors(0), tokens);  // grows the backup now, not inside the capture
   }
-  int layer = 0;
-  auto call = [&] {
-    const FfnTensors t = tensors(layer);
-    layer = (layer + 1) % kDecodeLayers;
-    plan ? plan->run(stream.get(), t, tokens) : dense->run(stream.get(), t, tokens);
-  };
-  for (auto _ : state) {
-    const auto ms = time_graph_on_stream(stream.get(), call, 5 * kDecodeLayers, 5);
-    state.SetIterationTime(ms[ms.size() / 2] / 1e3);
-  }
+  time_decode(state, stream.get(), layers, p.tensors(), tokens, plan.get(), dense.get());
   // The bytes a call must read: dense, all three weights; sparse, Wg and the active rows of Wu and Wd.
   const double weight_bytes = 3.0 * kDModel * kDff * 2;
   state.counters["GB/s(dense bytes)"] = benchmark::Counter(weight_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Decoding on paper layer 1's real x and gate weight (../shared/data paper_l1_*; random Wu, Wd: the
+// files hold none): the first M of its 1024 real tokens, so the active neurons are the real ones (5%
+// of d_ff per token on average, with hot neurons: the union over 64 tokens is far below 64 times it).
+// Paths: 0 cuBLASLt, 1 twell's decode kernels (Sparse: the fused one up to its most, the four beyond),
+// 5 PlanOptions' defaults (Dispatch::Auto: what a user gets; the label says what it picked); Wd out_in
+// or in_out. Counters: the active neurons per token and their union (the gate on the host in fp32,
+// so a neuron within rounding of 0 may count otherwise), the bytes a sparse call must read (Wg, and
+// the union's Wu and Wd rows), its floor at kCopyBytesPerSecond and the bytes per second achieved.
+void BM_DecodeRealLayer1(benchmark::State& state) {
+  if (!gpu_or_skip(state)) return;
+  const auto dir = testing::shared_data_dir();
+  for (const char* n : {"paper_l1_gate_a.safetensors", "paper_l1_gate_b.safetensors", "paper_l1_x.safetensors"})
+    if (!std::filesystem::exists(dir / n)) {
+      state.SkipWithError(("missing " + (dir / n).string()).c_str());
+      return;
+    }
+  static std::optional<LayerData> d;
+  static std::vector<std::vector<int64_t>> active;  // per real token, its active neurons (the first 64 tokens)
+  if (!d) {
+    d = load_layer({SafeTensors::read(dir / "paper_l1_gate_a.safetensors"), SafeTensors::read(dir / "paper_l1_gate_b.safetensors"),
+                    SafeTensors::read(dir / "paper_l1_x.safetensors")},
+                   1, true);
+    for (int64_t r = 0; r < 64; ++r) {
+      std::vector<float> xr(d->d_model);
+      for (int64_t k = 0; k < d->d_model; ++k) xr[k] = bf16_to_float(d->x[r * d->d_model + k]);
+      active.emplace_back();
+      for (int64_t j = 0; j < d->d_ff; ++j) {
+        float g = 0.0f;
+        for (int64_t k = 0; k < d->d_model; ++k) g += xr[k] * bf16_to_float(d->w_gate[j * d->d_model + k]);
+        if (g > 0.0f) active.back().push_back(j);
+      }
+    }
+  }
+  Context& ctx = context();
+  const int64_t tokens = state.range(0);
+  const int path = static_cast<int>(state.range(1));
+  const bool in_out = state.range(2) != 0;
+  FfnSpec spec;
+  spec.d_model = d->d_model;
+  spec.d_ff = d->d_ff;
+  spec.down_layout = in_out ? WeightLayout::InOut : WeightLayout::OutIn;
+  static std::map<bool, std::vector<std::unique_ptr<DeviceMemory>>> copies;
+  auto& layers = copies[in_out];
+  if (layers.empty()) layers = decode_weight_copies(ctx, d->d_model, d->d_ff, d->w_gate, d->w_up, d->w_down, in_out);
+  DeviceMemory x(ctx, tokens * d->d_model * 2), y(ctx, tokens * d->d_model * 2);
+  x.upload(std::vector<uint16_t>(d->x.begin(), d->x.begin() + tokens * d->d_model));
+  const FfnTensors base{x.data(), nullptr, nullptr, nullptr, y.data()};
+  StreamHandle stream(ctx);
+  std::unique_ptr<FfnPlan> plan;
+  std::unique_ptr<DenseFfn> dense;
+  if (path == 0) {
+    dense = std::make_unique<DenseFfn>(ctx, spec, tokens, DenseKernels::CuBlasLt);
+  } else {
+    PlanOptions o;
+    if (path == 1) o.dispatch = Dispatch::Sparse;
+    plan = std::make_unique<FfnPlan>(ctx.plan(spec, tokens, o));
+  }
+  time_decode(state, stream.get(), layers, base, tokens, plan.get(), dense.get());
+  if (plan) state.SetLabel("ran " + plan->last_path());
+  std::vector<bool> in_union(d->d_ff, false);
+  int64_t per_token = 0, union_rows = 0;
+  for (int64_t r = 0; r < tokens; ++r)
+    for (int64_t j : active[r]) {
+      ++per_token;
+      if (!in_union[j]) ++union_rows, in_union[j] = true;
+    }
+  const double must_read = 2.0 * d->d_model * d->d_ff + union_rows * 4.0 * d->d_model;
+  state.counters["active/token"] = static_cast<double>(per_token) / tokens;
+  state.counters["union"] = static_cast<double>(union_rows);
+  state.counters["floor us"] = must_read / kCopyBytesPerSecond * 1e6;
+  state.counters["GB/s(must read)"] = benchmark::Counter(must_read / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void DecodeRealLayer1Args(benchmark::internal::Benchmark* b) {
+  for (int64_t m : {1, 2, 4, 8, 16, 32, 64})
+    for (int path : {0, 1, 5})
+      for (int in_out : {0, 1}) b->Args({m, path, in_out});
+  b->ArgNames({"M", "path", "in_out"})->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(5);
 }
 
 void DecodeArgs(benchmark::internal::Benchmark* b) {
@@ -603,6 +705,7 @@ BENCHMARK(BM_ConsumerRealPattern)->Apply(RealPatternArgs);
 BENCHMARK(BM_RealLayerSplit)->Apply(RealLayerSplitArgs);
 BENCHMARK(BM_PaperLayer1)->Apply(PaperLayer1Args);
 BENCHMARK(BM_Decode)->Apply(DecodeArgs);
+BENCHMARK(BM_DecodeRealLayer1)->Apply(DecodeRealLayer1Args);
 BENCHMARK(BM_JitColdCompile)->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK(BM_JitWarmHit)->Unit(benchmark::kMicrosecond);
 

@@ -151,11 +151,18 @@ void DenseFfn::run_gate(Stream stream, const FfnTensors& t, int64_t tokens) {
 }
 
 namespace {
-// Whether run() takes the fused gated-up kernel for these GEMMs (ffn_gemms): it is built, and TMA can
-// read x, Wg and Wu (16-byte aligned, strides multiples of 8 elements).
+// Calls of at most this many tokens take the cuBLASLt kernels even where the fused gated-up kernel is
+// built: its 128-row CTA tiles are mostly padding there, and on the H200 at the paper's shape it took
+// 38-42 us per call at 1-64 rows against cuBLASLt's 29-34 (under a CUDA graph; the two were even at
+// 256 rows: bench/README.md v69).
+constexpr int64_t kFusedGatedUpMinTokens = 65;
+
+// Whether run() takes the fused gated-up kernel for these GEMMs (ffn_gemms): it is built, the call has
+// kFusedGatedUpMinTokens rows or more, and TMA can read x, Wg and Wu (16-byte aligned, strides
+// multiples of 8 elements).
 bool takes_fused(const DenseFfn::Impl& p, const std::vector<Gemm>& gemms) {
-  return p.fused && operand_aligned(gemms[0].a, gemms[0].lda, 8) && operand_aligned(gemms[0].b, gemms[0].ldb, 8) &&
-         operand_aligned(gemms[1].b, gemms[1].ldb, 8);
+  return p.fused && gemms[0].m >= kFusedGatedUpMinTokens && operand_aligned(gemms[0].a, gemms[0].lda, 8) &&
+         operand_aligned(gemms[0].b, gemms[0].ldb, 8) && operand_aligned(gemms[1].b, gemms[1].ldb, 8);
 }
 }  // namespace
 

@@ -639,7 +639,7 @@ TEST(GpuFfn, DenseNeuronsSplitStridedAndPartial) {
 // The dense path's fused gated-up kernel (DenseKernels::FusedGatedUp) against the CPU reference and the
 // cuBLASLt path: token counts that leave partial 128-row blocks and odd cluster pairs, d_ff that is not
 // a multiple of its 128-column tile, both dtypes, SiLU with a threshold, accumulate onto y, bit-identical
-// runs, poisoned outputs; unaligned operands take the cuBLASLt kernels.
+// runs, poisoned outputs; unaligned operands and calls of at most 64 tokens take the cuBLASLt kernels.
 TEST(GpuFfn, DenseFusedGatedUp) {
   struct Case {
     int64_t d_model, d_ff, m;
@@ -648,7 +648,8 @@ TEST(GpuFfn, DenseFusedGatedUp) {
   };
   Context& ctx = context();
   StreamHandle stream(ctx);
-  for (const Case c : {Case{512, 1408, 1, DType::BF16, Activation::ReLU}, Case{512, 1400, 300, DType::BF16, Activation::ReLU},
+  for (const Case c : {Case{512, 1408, 1, DType::BF16, Activation::ReLU}, Case{512, 1408, 65, DType::BF16, Activation::ReLU},
+                       Case{512, 1400, 300, DType::BF16, Activation::ReLU},
                        Case{2048, 5632, 1000, DType::BF16, Activation::ReLU}, Case{512, 1408, 777, DType::FP16, Activation::ReLU},
                        Case{1024, 2816, 513, DType::BF16, Activation::SiLU},
                        // d_ff 192: the second half-box of each 128-column weight tile (rank 1's) lies

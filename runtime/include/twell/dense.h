@@ -23,9 +23,10 @@ enum class DenseKernels {
   // weight tiles in each ring stage, h = act(g) * u in the epilogue with the same roundings), so x is
   // read once and g and u never reach memory. Where it applies: a gated spec on sm_90a, d_model % 64
   // == 0, d_ff % 8 == 0, and per call 16-byte aligned x, w_gate, w_up with row strides that are
-  // multiples of 8 elements; elsewhere run() takes the CuBlasLt kernels (also when the GPU cannot build
-  // or hold the fused kernel: fused() is then false). What FfnPlan's dense path and its dense neurons
-  // (PlanOptions::dense_neurons) use.
+  // multiples of 8 elements, and calls of more than 64 tokens (at 1-64 its 128-row tiles are mostly
+  // padding: slower than cuBLASLt by 7-13 us on the H200, bench/README.md v69); elsewhere run() takes
+  // the CuBlasLt kernels (also when the GPU cannot build or hold the fused kernel: fused() is then
+  // false). What FfnPlan's dense path and its dense neurons (PlanOptions::dense_neurons) use.
   FusedGatedUp,
   // The GEMMs as PyTorch's F.linear runs them (at::cuda::blas::gemm: cublasGemmEx, fp32 compute,
   // CUBLAS_GEMM_DEFAULT_TENSOR_OP, a 32 MiB workspace) and the elementwise kernel: the baseline that
