@@ -388,23 +388,32 @@ void RealLayerSplitArgs(benchmark::internal::Benchmark* b) {
 // order and the split (cost model), then one FfnPlan::run with the split (Sparse), without it, with
 // Dispatch::Auto over the split plan, and cuBLASLt's dense FFN; argument 1: 0 dense, 1 TwELL without
 // split, 2 split, 3 Auto over the split.
-void BM_PaperLayer1(benchmark::State& state) {
-  if (!gpu_or_skip(state)) return;
+// Paper layer 1's real x (1024 tokens) and gate weight (../shared/data paper_l1_*) with random Wu, Wd
+// (the files hold none), read once; nullptr (the state skipped, naming the file) where a file is missing.
+const LayerData* paper_layer1(benchmark::State& state) {
   const auto dir = testing::shared_data_dir();
   for (const char* n : {"paper_l1_gate_a.safetensors", "paper_l1_gate_b.safetensors", "paper_l1_x.safetensors"})
     if (!std::filesystem::exists(dir / n)) {
       state.SkipWithError(("missing " + (dir / n).string()).c_str());
-      return;
+      return nullptr;
     }
+  static const LayerData d = load_layer({SafeTensors::read(dir / "paper_l1_gate_a.safetensors"),
+                                         SafeTensors::read(dir / "paper_l1_gate_b.safetensors"), SafeTensors::read(dir / "paper_l1_x.safetensors")},
+                                        1, true);
+  return &d;
+}
+
+void BM_PaperLayer1(benchmark::State& state) {
+  if (!gpu_or_skip(state)) return;
+  const LayerData* layer = paper_layer1(state);
+  if (!layer) return;
   static std::unique_ptr<testing::RandomFfn> f;  // permuted hot-first, x repeated to 16384 rows
   static int64_t split = 0;
   Context& ctx = context();
   StreamHandle stream(ctx);
   const int64_t tokens = state.range(0);
   if (!f || f->tokens != tokens) {
-    const LayerData d = load_layer({SafeTensors::read(dir / "paper_l1_gate_a.safetensors"),
-                                    SafeTensors::read(dir / "paper_l1_gate_b.safetensors"), SafeTensors::read(dir / "paper_l1_x.safetensors")},
-                                   1, true);
+    const LayerData& d = *layer;
     f = std::make_unique<testing::RandomFfn>();
     f->spec.d_model = d.d_model;
     f->spec.d_ff = d.d_ff;
@@ -574,18 +583,10 @@ void BM_Decode(benchmark::State& state) {
 // the union's Wu and Wd rows), its floor at kCopyBytesPerSecond and the bytes per second achieved.
 void BM_DecodeRealLayer1(benchmark::State& state) {
   if (!gpu_or_skip(state)) return;
-  const auto dir = testing::shared_data_dir();
-  for (const char* n : {"paper_l1_gate_a.safetensors", "paper_l1_gate_b.safetensors", "paper_l1_x.safetensors"})
-    if (!std::filesystem::exists(dir / n)) {
-      state.SkipWithError(("missing " + (dir / n).string()).c_str());
-      return;
-    }
-  static std::optional<LayerData> d;
+  const LayerData* d = paper_layer1(state);
+  if (!d) return;
   static std::vector<std::vector<int64_t>> active;  // per real token, its active neurons (the first 64 tokens)
-  if (!d) {
-    d = load_layer({SafeTensors::read(dir / "paper_l1_gate_a.safetensors"), SafeTensors::read(dir / "paper_l1_gate_b.safetensors"),
-                    SafeTensors::read(dir / "paper_l1_x.safetensors")},
-                   1, true);
+  if (active.empty()) {
     for (int64_t r = 0; r < 64; ++r) {
       std::vector<float> xr(d->d_model);
       for (int64_t k = 0; k < d->d_model; ++k) xr[k] = bf16_to_float(d->x[r * d->d_model + k]);
