@@ -601,7 +601,7 @@ struct ProbeConfig {
   using Value = twell::device::BF16;
   static constexpr int d_model = K, d_ff = N, tile_n = 256, slots = 31, activation = 0;
   static constexpr float threshold = 0.0f;
-  static constexpr int threads = 768, max_tokens = 16, cta_m = 16, slice_n = 32, mma_warps = 2;
+  static constexpr int threads = 768, max_tokens = 32, cta_m = 32, slice_n = 32, mma_warps = 2;
   static constexpr bool gated = true, down_in_out = IN_OUT;
   static constexpr int down_columns_per_lane = IN_OUT ? 2 : 1, gate_mainloop = 2, gate_cta_k = 64;
 };
@@ -783,9 +783,9 @@ void run_case(int m, double density, const std::vector<Weights>& W, const std::v
     CHECK(cudaMemcpy(dxl, hx_l.data(), hx_l.size() * 2, cudaMemcpyHostToDevice));
     static uint32_t *lcounts, *scratch;
     static unsigned long long *lpairs, *larrivals;
-    if (!lpairs) {  // the library's DecodeFusedBuffers: 16 tokens' pairs and counts per CTA
-      CHECK(cudaMalloc(&lpairs, 16 * (N + P_MAX) * 8));  // 16 P ceil(N / P) <= 16 (N + P)
-      CHECK(cudaMalloc(&lcounts, 16 * P_MAX * 4));
+    if (!lpairs) {  // the library's DecodeFusedBuffers: 32 tokens' pairs and counts per CTA
+      CHECK(cudaMalloc(&lpairs, 32 * (N + P_MAX) * 8));  // 32 P ceil(N / P) <= 32 (N + P)
+      CHECK(cudaMalloc(&lcounts, 32 * P_MAX * 4));
       CHECK(cudaMalloc(&scratch, 64));
       CHECK(cudaMalloc(&larrivals, 8));
       CHECK(cudaMemset(larrivals, 0, 8));

@@ -211,7 +211,8 @@ class Context:
         return Plan(self, spec, max_tokens, options)
 
     def dense(self, spec: FfnSpec, max_tokens: int, kernels: str = "cublaslt") -> "DenseFfn":
-        """The dense path (twell/dense.h): "cublaslt" GEMMs, "fused_gated_up", or "cublas" (cublasGemmEx
+        """The dense path (twell/dense.h): "cublaslt" GEMMs, "fused_gated_up" (calls of more
+        than 64 tokens; cuBLASLt at fewer), or "cublas" (cublasGemmEx
         as PyTorch's F.linear calls it), or "cublaslt_tuned" (cuBLASLt, its first 8 algorithms timed per
         GEMM at the first run: the fastest dense baseline)."""
         return DenseFfn(self, spec, max_tokens, kernels)
@@ -308,7 +309,7 @@ class Plan:
 
 
 class DenseFfn:
-    """twell::DenseFfn: the same FFN through cuBLASLt (or the fused gate + up kernel)."""
+    """twell::DenseFfn: the same FFN through cuBLASLt (or the fused gate + up kernel above 64 tokens)."""
 
     def __init__(self, context: Context, spec: FfnSpec, max_tokens: int, kernels: str):
         handle = ctypes.c_void_p()

@@ -155,7 +155,7 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
     // The fused kernel where its shared memory holds x and the staging of ceil(d_ff / SMs) rows (on a
     // GPU; a plan without one keeps the kernel for bundles only).
     using D = kernels::DecodeKernelConstraints;
-    // On a GPU, at most the tokens whose x tiles fit its shared memory (16 rows, or 8 where only 8 fit).
+    // On a GPU, at most the tokens whose x tiles fit its shared memory (32 rows, else 16 or 8 where only those fit).
     const int64_t fused_fits = ctx->gpu ? D::fusedMaxTokens(spec.d_model, p.sparse_spec.d_ff, ctx->sm_count, ctx->target.sm)
                                         : D::kFusedMaxTokens;
     if (options.decode_fused_max_tokens > 0 && fused_fits > 0) {

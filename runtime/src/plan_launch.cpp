@@ -1,6 +1,7 @@
 // FfnPlan's launch sequences, all on the caller's stream with no host synchronization:
 //   memset(overflow counter) -> [transpose Wd] -> gate_twell (D2T) -> gated_down
 //   or, for a call of at most decode_max_tokens rows: decode_gate[_small] -> decode_up -> decode_down
+//   or, for a call of at most decode_fused_max_tokens rows where it was made: decode_fused alone
 // The dense neurons (PlanOptions::dense_neurons) are added by plan_dispatch.cpp after these.
 #include <fmt/format.h>
 

@@ -131,7 +131,7 @@ PlanOptions sparse_options(int64_t decode_max_tokens, int64_t dense_neurons = 0)
 }
 
 std::string describe(const TunedConfig& c) {
-  if (c.path == TunedConfig::Path::Dense) return "dense (fused gate+up, cuBLASLt down)";
+  if (c.path == TunedConfig::Path::Dense) return "dense (fused gate+up above 64 tokens, cuBLASLt GEMMs below; cuBLASLt down)";
   if (c.path == TunedConfig::Path::Heuristic) return "the heuristic's plan (untuned)";
   return fmt::format("tile_n {} slots {} cluster {} {}{}{}", c.tile_n, c.slots, c.cluster_m, to_string(c.consumer),
                      c.decode_max_tokens > 0 ? fmt::format(" decode<= {}", c.decode_max_tokens) : std::string(),

@@ -14,6 +14,7 @@
 #include "twell/dense.h"
 #include "twell/device_memory.h"
 #include "twell/error.h"
+#include "twell/kernels/constraints.h"
 #include "twell/layer_data.h"
 #include "twell/neuron_order.h"
 
@@ -714,11 +715,12 @@ TEST(GpuFfn, DenseFusedGatedUp) {
     std::fprintf(stderr, "[ fused ] %s: rel. error fused %.3e, cuBLASLt %.3e\n", what.c_str(), relative_error(y_fused, ref),
                  relative_error(y_plain, ref));
   }
-  // x 2-byte aligned only: the cuBLASLt kernels take it (the fused one needs 16 bytes), same function.
+  // x 2-byte aligned only: the cuBLASLt kernels take it (the fused one needs 16 bytes), same function;
+  // 96 tokens, past the 64 that take cuBLASLt anyway.
   FfnSpec s;
   s.d_model = 512;
   s.d_ff = 1408;
-  const RandomFfn f = make_random_ffn(s, 64, 0.3, 53);
+  const RandomFfn f = make_random_ffn(s, 96, 0.3, 53);
   std::vector<uint16_t> shifted(f.x.size() + 1);
   std::copy(f.x.begin(), f.x.end(), shifted.begin() + 1);
   DeviceMemory xs(ctx, shifted.size() * 2);
@@ -726,11 +728,11 @@ TEST(GpuFfn, DenseFusedGatedUp) {
   DeviceFfn dev(ctx, f);
   FfnTensors t = dev.tensors();
   t.x = static_cast<const uint16_t*>(xs.data()) + 1;
-  DenseFfn fused(ctx, s, 64, DenseKernels::FusedGatedUp);
+  DenseFfn fused(ctx, s, 96, DenseKernels::FusedGatedUp);
   dev.y.fill(0xFF);
-  fused.run(stream.get(), t, 64);
+  fused.run(stream.get(), t, 96);
   stream.synchronize();
-  EXPECT_LT(relative_error(to_float(DType::BF16, dev.y.download_vector<uint16_t>(64 * 512)),
+  EXPECT_LT(relative_error(to_float(DType::BF16, dev.y.download_vector<uint16_t>(96 * 512)),
                            reference_gated_ffn(s, f.x, f.tokens, f.weights())), 1e-2);
 }
 
@@ -1079,9 +1081,12 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
   ASSERT_TRUE(std::any_of(reports.begin(), reports.end(), [](const KernelReport& k) { return k.kind == "decode_gate"; }))
       << what << ": the plan made no decode kernels";
   // Where the fused kernel fits (every shape here on an H200) it takes the calls of at most
-  // decode_fused_max_tokens rows and writes no TwELL matrix: y is compared, and the matrix calls must
-  // refuse with a clear error.
-  const bool fused = f.tokens <= options.decode_fused_max_tokens &&
+  // decode_fused_max_tokens rows, and of at most the rows whose x tiles fit this GPU (fusedMaxTokens:
+  // 16 at the paper's shape on an A100), and writes no TwELL matrix: y is compared, and the matrix
+  // calls must refuse with a clear error.
+  const int64_t fused_fits = kernels::DecodeKernelConstraints::fusedMaxTokens(
+      f.spec.d_model, f.spec.d_ff - options.dense_neurons, ctx.sm_count(), ctx.target().sm);
+  const bool fused = f.tokens <= std::min(options.decode_fused_max_tokens, fused_fits) &&
                      std::any_of(reports.begin(), reports.end(), [](const KernelReport& k) { return k.kind == "decode_fused"; });
   DeviceFfn dev(ctx, f);
   std::vector<uint16_t> xs(f.tokens * ld, from_float(f.spec.dtype, std::nanf("")));
@@ -1218,16 +1223,17 @@ TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
   split.dense_neurons = 256;
   check_decode(make_random_ffn(paper, 12, 0.01, 90), split, "paper shape with 256 dense neurons, 12 tokens");
   // The fused kernel's less travelled paths (on 132 SMs): fp16 with a K tail (d_model 520: its slices
-  // end inside the last k32 block) at 8 and 13 tokens (x tiles of 8 and 16 rows); and d_model 2304, d_ff 11264: 86 rows per CTA (two
-  // bit words each, 44 units for 24 warps) and 144 column chunks for 132 CTAs.
+  // end inside the last k32 block) at 8, 13 and 29 tokens (x tiles of 8, 16 and 32 rows); and d_model
+  // 2304, d_ff 11264: 86 rows per CTA (three 32-row bit words each, 44 units for 24 warps; 207 KB of
+  // shared memory at 32 tokens) and 144 column chunks for 132 CTAs.
   FfnSpec fp16_tail = odd_spec();
   fp16_tail.dtype = DType::FP16;
-  for (int64_t tokens : {8, 13})
+  for (int64_t tokens : {8, 13, 29})
     check_decode(make_random_ffn(fp16_tail, tokens, 0.05, 91 + tokens), sparse(), fmt::format("fp16 d_model 520, {} tokens", tokens));
   FfnSpec wide;
   wide.d_model = 2304;
   wide.d_ff = 11264;
-  for (int64_t tokens : {1, 8, 16})
+  for (int64_t tokens : {1, 8, 16, 32})
     check_decode(make_random_ffn(wide, tokens, 0.01, 92 + tokens), sparse(), fmt::format("d_model 2304, d_ff 11264, {} tokens", tokens));
 }
 

@@ -143,6 +143,10 @@ TEST(DecodeFusedContract, FitsWhereItsCtasRowsFit) {
   EXPECT_EQ(D::fusedMaxTokens(2048, 5632, 1, 90), 0);
   // Fewer rows than SMs: CTAs with no row still fit.
   EXPECT_EQ(D::fusedMaxTokens(512, 64, 132, 90), 32);
+  // d_model 2304, d_ff 11264 on 132 SMs (the GPU test's wide shape): 86 rows per CTA; 32 token rows:
+  // x 32 x 2336 x 2 = 149504, 44 units' sums 45056, a 11008, masks and rows 688, bits 384: 206640.
+  EXPECT_EQ(sm::decode_fused_phase1_bytes(2304, 86, 32), 206640);
+  EXPECT_EQ(D::fusedMaxTokens(2304, 11264, 132, 90), 32);
   // No SM (a context without a GPU reports 0): never.
   EXPECT_EQ(D::fusedMaxTokens(512, 1408, 0, 90), 0);
 }

@@ -63,7 +63,8 @@ typedef enum twell_activation { TWELL_RELU = 0, TWELL_SILU = 1 } twell_activatio
 typedef enum twell_weight_layout { TWELL_OUT_IN = 0, TWELL_IN_OUT = 1 } twell_weight_layout_t;
 typedef enum twell_consumer { TWELL_CONSUMER_DEFAULT = -1, TWELL_ROW_GATHER = 0, TWELL_TOKEN_BLOCK = 1 } twell_consumer_t;
 typedef enum twell_dispatch { TWELL_DISPATCH_AUTO = 0, TWELL_DISPATCH_SPARSE = 1, TWELL_DISPATCH_DENSE = 2 } twell_dispatch_t;
-/* twell::DenseKernels (twell/dense.h): cuBLASLt's first algorithm; the fused gated-up kernel; cublasGemmEx as
+/* twell::DenseKernels (twell/dense.h): cuBLASLt's first algorithm; the fused gated-up kernel (calls of more than
+ * 64 tokens; cuBLASLt at fewer); cublasGemmEx as
  * PyTorch calls it; cuBLASLt with its first 8 algorithms timed at the first run (the fastest baseline). */
 typedef enum twell_dense_kernels {
   TWELL_DENSE_CUBLASLT = 0,

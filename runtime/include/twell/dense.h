@@ -3,7 +3,8 @@
 // sparsity predicate, so it computes the function the TwELL path computes); or, with
 // DenseKernels::FusedGatedUp, the gate and up GEMMs and the elementwise step in one twell kernel. The
 // cuBLASLt kernels are the reference on the GPU of twellc, the tests and the benchmarks; the fused
-// ones are the path FfnPlan dispatches when sparse would be slower, and its dense neurons.
+// ones (above 64 tokens; cuBLASLt's at fewer) are the path FfnPlan dispatches when sparse would be
+// slower, and its dense neurons.
 #pragma once
 #include <memory>
 

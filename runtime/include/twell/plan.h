@@ -61,7 +61,7 @@ struct PlanOptions {
   // Error(InvalidArgument) naming this field. It is only the cut-off: any value above 0 compiles the
   // same five kernels (decode_gate for up to 64 rows, decode_gate_small for up to 8, decode_up,
   // decode_down; decode_fused below), and sizes their workspace: about min(max_tokens,
-  // decode_max_tokens) x d_ff x 10 bytes, and about 256 d_ff bytes plus 128 per SM for decode_fused (its
+  // decode_max_tokens) x d_ff x 10 bytes, and up to 256 d_ff bytes plus 384 per SM for decode_fused (its
   // (row, h) pairs of up to 32 tokens).
   int64_t decode_max_tokens = 64;
   // Decode calls of at most this many tokens (0..32, and at most decode_max_tokens to matter) take

@@ -67,6 +67,7 @@ constexpr uint32_t persistent_grid_x(const KernelSource& k, int64_t tokens, cons
 //   DecodeUp         tokens x tiles CTAs (one per row and tile)
 //   DecodeDown       tokens x ceil(d_model / downColumns) single-warp CTAs
 //   DecodeFused      one CTA per SM (at most kFusedMaxCtas), cooperative; shared memory for the CTAs' rows
+//                    and the call's x tiles of 8, 16 or 32 rows
 //   WeightTranspose  32 x 32 tiles of [rows, cols]: (ceil(cols / 32), ceil(rows / 32)), blocks of 32 x 8
 //   NeuronPermute    min(ceil(rows * cols / threads), 16 per SM) CTAs (grid-stride loop)
 //   DenseGatedMul    min(ceil(rows * cols / threads), 65535) CTAs (grid-stride loop)

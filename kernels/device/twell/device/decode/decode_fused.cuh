@@ -1,5 +1,5 @@
 // decode_fused: the whole FFN of at most 32 token rows in one persistent, cooperative kernel, one CTA per
-// SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64). At a few rows the FFN is bound by
+// SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64, v67, v68). At a few rows the FFN is bound by
 // reading Wg, so the kernel is built around streaming it (bench/experiments/decode_stream.cu measured
 // the forms this one keeps):
 //
