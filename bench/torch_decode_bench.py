@@ -6,12 +6,14 @@ Each graph holds --calls calls that cycle over --layers copies of the layer's we
 come from DRAM, as in a model whose layers do not all fit the L2: 4 x 69 MB at the paper's shape), and
 is replayed --reps times between CUDA events after a warm-up replay; a row is the median per call.
 Variants:
-  torch dense          F.linear(h, Wd) with h = where(g > t, g, 0) * F.linear(x, Wu), g = F.linear(x, Wg):
-                       cuBLAS, PyTorch's default (the same function as twell's thresholded ReLU)
+  torch dense          F.linear(relu(F.linear(x, Wg)) * F.linear(x, Wu), Wd): cuBLAS, PyTorch's default
   torch dense (Lt)     the same with torch.backends.cuda.preferred_blas_library("cublaslt")
   twell auto / sparse  twell.torch.sparse_gated_ffn with dispatch "auto" (the default: the decode
                        kernels or dense per token bucket, timed at its first call) or "sparse"
-Weights are random with a gate threshold giving --density active neurons per token (uniform); Wd is
+Weights are random; x's first value is 1 and Wg's first column -z |w_j| (z the normal's 1 - --density
+quantile), so relu(x Wg^T) keeps --density of the neurons per token (uniform) with threshold 0, as the
+GPU tests' make_random_ffn: a neuron that rounding flips contributes ~0 (a threshold above 0 would make
+each flip a jump of threshold x u, and the paths' roundings do flip a few per token). Wd is
 nn.Linear's [d_model, d_ff] (out_in), as a PyTorch model holds it. Columns: us per call, torch dense
 over this, the bytes a call must read over its time (dense: all three weights; twell: Wg and the union
 of the call's active neurons' Wu and Wd rows, counted on the GPU), and that floor at 4.3 TB/s (the
@@ -78,18 +80,21 @@ def main():
     dense_bytes = 3 * K * N * 2
     results = []
     for density in a.density:
-        # x ~ N(0, 1) and Wg rows of norm ~1: g ~ N(0, 1), so this threshold keeps `density` of it.
-        thr = float(torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - density)))
+        # x ~ N(0, 1) past its first value (1): g_j ~ N(-z |w_j|, |w_j|^2), active with probability `density`.
+        z = float(torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - density)))
+        thr = 0.0
+        for wg, _, _ in layers:
+            wg[:, 0] = (-z * wg[:, 1:].float().norm(dim=1)).to(dt)
         for m in a.tokens:
             x = torch.randn(m, K, device=dev, dtype=dt)
+            x[:, 0] = 1.0
 
             def torch_dense(i, lt=False):
                 wg, wu, wd = layers[i % a.layers]
                 if lt:
                     torch.backends.cuda.preferred_blas_library("cublaslt")
                 try:
-                    g = F.linear(x, wg)
-                    return F.linear(torch.where(g > thr, g, torch.zeros_like(g)) * F.linear(x, wu), wd)
+                    return F.linear(F.relu(F.linear(x, wg)) * F.linear(x, wu), wd)
                 finally:
                     if lt:
                         torch.backends.cuda.preferred_blas_library("cublas")
