@@ -205,9 +205,9 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
     }
     if (p.decode_fused) {  // device::DecodeFusedBuffers: every call writes the counts and pairs it reads
       const int64_t ctas = kernels::DecodeKernelConstraints::fusedCtas(ctx->sm_count);
-      const int64_t segments = kernels::DecodeKernelConstraints::kFusedMaxTokens * ctas;
-      p.fused_pairs = std::make_unique<detail::DeviceBuffer>(size_t(segments * ((sparse_d_ff + ctas - 1) / ctas)) * 8);
-      p.fused_counts = std::make_unique<detail::DeviceBuffer>(size_t(segments) * 4);
+      namespace sm = device::shared_memory;
+      p.fused_pairs = std::make_unique<detail::DeviceBuffer>(size_t(sm::decode_fused_pair_slots(sparse_d_ff, ctas)) * 8);
+      p.fused_counts = std::make_unique<detail::DeviceBuffer>(size_t(sm::decode_fused_segments(ctas)) * 4);
       p.fused_arrivals = std::make_unique<detail::DeviceBuffer>(8);
       detail::check(detail::Driver::get().cuMemsetD8(p.fused_arrivals->get(), 0, 8), "Context::plan: cuMemsetD8(decode_fused arrivals)");
     }

@@ -147,6 +147,9 @@ TEST(DecodeFusedContract, FitsWhereItsCtasRowsFit) {
   // x 32 x 2336 x 2 = 149504, 44 units' sums 45056, a 11008, masks and rows 688, bits 384: 206640.
   EXPECT_EQ(sm::decode_fused_phase1_bytes(2304, 86, 32), 206640);
   EXPECT_EQ(D::fusedMaxTokens(2304, 11264, 132, 90), 32);
+  // The workspace: 32 tokens x 132 CTAs segments, each with room for 43 pairs at the paper's shape.
+  EXPECT_EQ(sm::decode_fused_segments(132), 4224);
+  EXPECT_EQ(sm::decode_fused_pair_slots(5632, 132), 4224 * 43);
   // No SM (a context without a GPU reports 0): never.
   EXPECT_EQ(D::fusedMaxTokens(512, 1408, 0, 90), 0);
 }

@@ -126,6 +126,12 @@ TWELL_HOST_DEVICE constexpr long long decode_fused_bytes(long long d_model, long
                   b = decode_fused_phase2_bytes(ctas, token_rows);
   return ((a > b ? a : b) + 15) / 16 * 16;
 }
+// Its global workspace (params.h DecodeFusedBuffers) for `ctas` CTAs: a segment per (token, CTA) of
+// up to kDecodeFusedTokens tokens, each a count and room for the CTA's ceil(d_ff / ctas) rows' pairs.
+TWELL_HOST_DEVICE constexpr long long decode_fused_segments(long long ctas) { return kDecodeFusedTokens * ctas; }
+TWELL_HOST_DEVICE constexpr long long decode_fused_pair_slots(long long d_ff, long long ctas) {
+  return decode_fused_segments(ctas) * ((d_ff + ctas - 1) / ctas);
+}
 
 // The training weight gradients (train/weight_grad.cuh): a CTA of kTrainWeightGradWarps warps, one per
 // SM (at most kTrainWeightGradMaxCtas, cooperative); each phase-4 warp sums kTrainWeightGradColumns
