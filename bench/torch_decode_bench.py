@@ -79,7 +79,7 @@ def main():
                (torch.randn(K, N, device=dev) / N ** 0.5).to(dt)) for _ in range(a.layers)]
     dense_bytes = 3 * K * N * 2
     results = []
-    for density in a.density:
+    for d_index, density in enumerate(a.density):
         # x ~ N(0, 1) past its first value (1): g_j ~ N(-z |w_j|, |w_j|^2), active with probability `density`.
         z = float(torch.distributions.Normal(0, 1).icdf(torch.tensor(1 - density)))
         thr = 0.0
@@ -101,7 +101,10 @@ def main():
 
             def twell_call(i, dispatch):
                 wg, wu, wd = layers[i % a.layers]
-                return tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, dispatch, max_tokens=64, decision_key=i % a.layers)
+                # One decision key per (density, layer copy): the copies are other layers of a model, and a
+                # density's Wg is another layer again (a key shared across densities kept the first's choice).
+                key = d_index * a.layers + i % a.layers
+                return tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, dispatch, max_tokens=64, decision_key=key)
 
             variants = {
                 "torch dense": torch_dense,

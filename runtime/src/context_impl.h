@@ -53,6 +53,7 @@ struct Context::Impl {
   std::string device_name = "none";
   int sm_count = 0;
   int device_sm = 0;  // compute capability of the device, major * 10 + minor
+  int l2_bytes = 0;   // the device's L2 cache (CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE); 0 without a GPU
   CUdevice device = 0;
   CUcontext context = nullptr;
   detail::KernelCache cache;

@@ -103,16 +103,21 @@ struct StreamHold {
 };
 }  // namespace
 
-std::vector<double> time_on_stream(Stream stream, const std::function<void()>& fn, int warmup, int reps) {
+std::vector<double> time_on_stream(Stream stream, const std::function<void()>& fn, int warmup, int reps,
+                                   const std::function<void()>& before_each) {
   const detail::Driver& d = detail::Driver::get();
   auto s = reinterpret_cast<CUstream>(stream);
-  for (int i = 0; i < warmup; ++i) fn();
+  for (int i = 0; i < warmup; ++i) {
+    if (before_each) before_each();
+    fn();
+  }
   std::vector<CUevent> events(2 * static_cast<size_t>(reps));
   for (auto& e : events) detail::check(d.cuEventCreate(&e, CU_EVENT_DEFAULT), "cuEventCreate");
   StreamHold hold;  // outlives the synchronization below, which waits for its host function
   try {
     detail::check(d.cuLaunchHostFunc(s, &StreamHold::wait, &hold), "time_on_stream: cuLaunchHostFunc");
     for (int i = 0; i < reps; ++i) {
+      if (before_each) before_each();
       detail::check(d.cuEventRecord(events[2 * i], s), "cuEventRecord");
       fn();
       detail::check(d.cuEventRecord(events[2 * i + 1], s), "cuEventRecord");

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "l2_eviction.h"
 #include "plan_impl.h"
 #include "twell/error.h"
 
@@ -59,13 +60,26 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t d
     const std::pair<uint64_t, int> key{decision_key, bucket};
     auto it = p.bucket_path.find(key);
     if (it == p.bucket_path.end()) {
-      // Calibrate on these inputs: median of 3 timed calls of each path after one warm-up.
+      // Calibrate on these inputs: median of 3 timed calls of each path after one warm-up, each call
+      // after L2 was filled with other data (l2_eviction.h, untimed). A layer of a model meets its weights
+      // in DRAM: the other layers' weights went through L2 since its last call. Timed back to back
+      // instead, the weights (69 MB at the paper's shape against the H200's 60 MB L2) stay partly in L2,
+      // and at 16 tokens the fused decode kernel tied with dense there while it was 1.25x slower from DRAM
+      // (bench/README.md v71). Without memory or cuBLASLt for the eviction, the calls are timed back to back.
+      std::unique_ptr<detail::L2Eviction> eviction;
+      try {
+        if (p.context->l2_bytes > 0) eviction = std::make_unique<detail::L2Eviction>(p.context->l2_bytes, reinterpret_cast<CUstream>(stream));
+      } catch (const Error&) {
+      }
+      const auto evict_l2 = [&] {
+        if (eviction) eviction->enqueue(reinterpret_cast<CUstream>(stream));
+      };
       double best = 0;
       Path fastest = Path::Rows;
       for (Path c : candidates) {
         p.use_block = c == Path::Block;
-        const auto ms = c == Path::Dense ? time_on_stream(stream, [&] { p.dense->run(stream, t, tokens); }, 1, 3)
-                                         : time_on_stream(stream, run_twell, 1, 3);
+        const auto ms = c == Path::Dense ? time_on_stream(stream, [&] { p.dense->run(stream, t, tokens); }, 1, 3, evict_l2)
+                                         : time_on_stream(stream, run_twell, 1, 3, evict_l2);
         if (c == Path::Rows || ms[1] < best) {
           best = ms[1];
           fastest = c;

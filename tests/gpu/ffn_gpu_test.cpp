@@ -267,6 +267,25 @@ TEST(GpuFfn, PortableFeatureSetOnThisDevice) {
   EXPECT_LT(relative_error(out, reference_gated_ffn(f.spec, f.x, f.tokens, f.weights())), 1e-2);
 }
 
+// time_on_stream's before_each (Dispatch::Auto's L2 eviction) comes before every call, warm-up
+// included, in the order the calls are enqueued; the times are one per timed call.
+TEST(GpuFfn, TimeOnStreamRunsBeforeEachBeforeEveryCall) {
+  Context& ctx = context();
+  StreamHandle stream(ctx);
+  DeviceMemory scratch(ctx, 1 << 20);
+  std::string order;
+  const auto ms = time_on_stream(stream.get(), [&] { order += 'f'; }, 2, 3, [&] {
+    order += 'b';
+    scratch.fill(0x5A);  // real device work between the calls
+  });
+  EXPECT_EQ(order, "bfbfbfbfbf");
+  ASSERT_EQ(ms.size(), 3u);
+  EXPECT_TRUE(std::is_sorted(ms.begin(), ms.end()));
+  order.clear();
+  time_on_stream(stream.get(), [&] { order += 'f'; }, 1, 2);  // without one: the calls alone
+  EXPECT_EQ(order, "fff");
+}
+
 TEST(GpuFfn, DispatchAutoAndDenseComputeTheSameFunction) {
   const auto f = make_random_ffn(odd_spec(), 300, 0.02, 23);
   const auto ref = reference_gated_ffn(f.spec, f.x, f.tokens, f.weights());

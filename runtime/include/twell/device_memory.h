@@ -65,7 +65,11 @@ class StreamHandle {
 // timed ones, each between its own pair of events, the stream held (a host function, at most 200 ms)
 // until all are enqueued: the times are the GPU's, without the host's launch overhead between calls
 // (what a CUDA-graph replay sees). Returns every time in milliseconds, sorted. Not during capture.
-std::vector<double> time_on_stream(Stream stream, const std::function<void()>& fn, int warmup, int reps);
+// before_each (optional) enqueues untimed work on `stream` before every call of fn, warm-up included,
+// outside the events: FfnPlan's calibration fills L2 with other data with it, so weights come from DRAM as they do
+// for a layer of a model whose weights exceed L2.
+std::vector<double> time_on_stream(Stream stream, const std::function<void()>& fn, int warmup, int reps,
+                                   const std::function<void()>& before_each = {});
 
 // Times fn without the host's launch overhead: `calls` calls of fn (which must enqueue only
 // capturable work on `stream`: no synchronization) are captured into one CUDA graph, which is launched

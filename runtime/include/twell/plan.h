@@ -20,8 +20,10 @@ using Stream = CUstream_st*;  // a CUstream / cudaStream_t; nullptr = the legacy
 enum class Dispatch {
   // Per token-count bucket (powers of two), the first run() times the TwELL path (with each consumer
   // variant the plan holds, FfnSpec::consumer) and the dense path (Dense below) on its inputs (a few calls
-  // each, one stream synchronization) and keeps the fastest for later runs of that bucket: never
-  // slower than dense beyond the timing noise, on inputs like the first. Later runs do not synchronize.
+  // each, one stream synchronization; before each call a cuBLASLt GEMV reads a scratch of twice the L2
+  // size, freed after, so that the weights come from DRAM as in a model whose weights exceed L2) and keeps
+  // the fastest for later runs of that bucket: never slower than dense beyond the timing noise, on
+  // inputs like the first. Later runs do not synchronize.
   Auto,
   // Always the TwELL kernels, with the consumer FfnSpec::consumer names (RowGather when unset).
   Sparse,

@@ -1,0 +1,31 @@
+#include "l2_eviction.h"
+
+namespace twell::detail {
+
+L2Eviction::L2Eviction(int l2_bytes, CUstream stream) {
+  const int64_t rows = (2 * static_cast<int64_t>(l2_bytes) + kColumns * 2 - 1) / (kColumns * 2);
+  scratch_ = DeviceBuffer(static_cast<size_t>(rows * kColumns * 2));
+  a_ = DeviceBuffer(kColumns * 2);
+  c_ = DeviceBuffer(static_cast<size_t>(rows * 2));
+  // Zeros: finite operands (the products are never read). The memset's dirty lines leave L2 during
+  // the first read, before anything is timed.
+  const Driver& d = Driver::get();
+  check(d.cuMemsetD8Async(scratch_.get(), 0, scratch_.bytes(), stream), "L2Eviction: cuMemsetD8Async(scratch)");
+  check(d.cuMemsetD8Async(a_.get(), 0, a_.bytes(), stream), "L2Eviction: cuMemsetD8Async(a)");
+  gemv_.a = reinterpret_cast<const void*>(a_.get());
+  gemv_.lda = kColumns;
+  gemv_.b = reinterpret_cast<const void*>(scratch_.get());
+  gemv_.ldb = kColumns;
+  gemv_.b_is_n_by_k = true;
+  gemv_.c = reinterpret_cast<void*>(c_.get());
+  gemv_.ldc = rows;
+  gemv_.m = 1;
+  gemv_.n = rows;
+  gemv_.k = kColumns;
+  lt_ = std::make_unique<LtGemms>(DType::BF16, /*tuned=*/false, "FfnPlan calibration (L2 eviction)");
+  lt_->prepare(gemv_);
+}
+
+void L2Eviction::enqueue(CUstream stream) { lt_->run(stream, gemv_); }
+
+}  // namespace twell::detail

@@ -1,0 +1,33 @@
+// Evicts the GPU's L2 cache between timed calls, so that a timed call reads its weights from DRAM as a
+// layer of a model does (the other layers' weights went through L2 since its last call). Dispatch::Auto's
+// calibration (plan_dispatch.cpp) uses it before every call it times.
+#pragma once
+#include <cuda.h>
+
+#include <memory>
+
+#include "driver.h"
+#include "lt_gemm.h"
+
+namespace twell::detail {
+
+class L2Eviction {
+ public:
+  // A scratch of twice `l2_bytes` (CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE), zeroed once, and a cuBLASLt GEMV
+  // that reads it. Needs the context current. Throws Error(Cuda) when the memory or cuBLASLt is not there
+  // (callers then time without eviction).
+  L2Eviction(int l2_bytes, CUstream stream);
+  // Enqueues the read of the whole scratch on `stream`: every L2 line then holds scratch data, clean.
+  // Reads, not writes: a memset leaves L2 full of dirty lines, whose write-back then lands inside the next
+  // timed call (about 6-7 us per call at the paper's decode shape on the H200, bench/README.md v71).
+  void enqueue(CUstream stream);
+
+ private:
+  // The scratch as a [n, kColumns] bf16 matrix B; the GEMV computes c[1, n] = a[1, kColumns] B^T.
+  static constexpr int64_t kColumns = 4096;
+  DeviceBuffer scratch_, a_, c_;
+  LtGemm gemv_;
+  std::unique_ptr<LtGemms> lt_;
+};
+
+}  // namespace twell::detail
