@@ -133,7 +133,8 @@ struct KernelSource {
   // TrainRowBackward, and TrainWeightGrad (false: no dWu).
   bool gated = true;
   // Programmatic dependent launch (sm_90+): the kernel waits for the one before it with
-  // griddepcontrol.wait, so the launcher lets it start while that one runs (decode_up, decode_down).
+  // griddepcontrol.wait, so the launcher lets it start while that one runs (decode_up, decode_down,
+  // decode_fused).
   bool dependent_launch = false;
 };
 

@@ -27,6 +27,7 @@
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
 #include "twell/device/gate/twell_epilogue.cuh"
+#include "twell/device/primitives/dependent_launch.cuh"  // wait_for_previous_kernel, allow_next_kernel
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #include "twell/device/primitives/hopper_primitives.cuh"
 #endif
@@ -39,22 +40,6 @@ __device__ __forceinline__ uint4 load_l2_16(const void* ptr) {
   uint4 v;
   asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
   return v;
-}
-
-// Programmatic dependent launch (PTX ISA "griddepcontrol", sm_90): the launcher starts decode_up and
-// decode_down with the programmatic stream serialization attribute, so their CTAs become resident
-// while the kernel before them still runs; griddepcontrol.wait then blocks until that kernel has
-// completed and its writes are visible. launch_dependents lets the next kernel start launching early.
-// Below sm_90 the launcher does not set the attribute and both are no-ops.
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void allow_next_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
 }
 
 // Both decode gates, for each active (row, neuron j) they find: j's Wu row and (in_out) Wd^T row into L2

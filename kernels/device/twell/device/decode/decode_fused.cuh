@@ -7,7 +7,7 @@
 //   rows (an n8 mma tile), each group's d_model split into k slices, one warp per (group, slice) unit.
 //   Every lane requests its 16-byte pieces of Wg with plain loads into registers before anything waits
 //   (one window of up to kDecodeFusedWindow k32 blocks: at the paper's shape all ~174 KB of the CTA's
-//   share at once), x having gone first by cp.async so that it does not queue behind Wg. A lane (row
+//   share at once), then (sm_90: after griddepcontrol.wait, the previous kernel done) x by cp.async. A lane (row
 //   n = lane / 4, quad lane q = lane % 4) holds values 8 q .. 8 q + 7 of its row in each k32 block; its
 //   first two words are the B fragment of one mma.m16n8k16 and its last two of another (PTX ISA,
 //   "Matrix Fragments for mma.m16n8k16"), the A fragments being x's row n at the same values (one
@@ -40,6 +40,7 @@
 // every run. No TwELL matrix is written (FfnPlan::download_twell says so after such a call).
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
+#include "twell/device/primitives/dependent_launch.cuh"
 #include "twell/device/primitives/grid_sync.cuh"  // load_l2_u32
 
 namespace twell::device {
@@ -125,14 +126,6 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   int* active = reinterpret_cast<int*>(row_mask + rows_cap);              // [rows_cap]
   uint32_t* tok_bits = reinterpret_cast<uint32_t*>(active + rows_cap);    // [xr][bit_words]
 
-  // x first: rows past the call and values past K are zeros (the padded k32 block multiplies zeros).
-  for (int i = tid; i < xr * (KB * 4); i += THREADS) {
-    const int t = i / (KB * 4), k = i % (KB * 4) * 8;
-    const bool valid = t < m && k < K;
-    cp_async_16(xs + t * LDX + k, p.x + (valid ? static_cast<int64_t>(t) * p.ldx + k : 0), valid);
-  }
-  cp_async_commit();
-
   // The warp's units u = warp, warp + WARPS, ... (group u / S, slice u % S: k32 blocks [slice * PER,
   // min(KB, (slice + 1) * PER))), each in NW windows of WIN blocks: at the paper's shape one window
   // per warp, all its loads in flight at once (a shape with more windows waits for each).
@@ -200,6 +193,20 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     // The warp's first unit: its first window requested before x is waited for.
     uint4 buf[WIN];
     if (warp < units) issue(buf, warp, 0);
+    // Launched as a programmatic dependent (sm_90: dependent_launch.cuh), this CTA may start while the
+    // kernel before it still runs, e.g. the previous call of this plan: Wg is read before waiting for it
+    // (no kernel writes weights), x, the workspace (its counts, pairs and arrival count) and y after.
+    // The next kernel may then launch at once: its CTAs take this one's SMs as they leave, and stream
+    // their weights while the last CTAs of this call finish (bench/README.md v72).
+    wait_for_previous_kernel();
+    allow_next_kernel();
+    // x: rows past the call and values past K are zeros (the padded k32 block multiplies zeros).
+    for (int i = tid; i < xr * (KB * 4); i += THREADS) {
+      const int t = i / (KB * 4), k = i % (KB * 4) * 8;
+      const bool valid = t < m && k < K;
+      cp_async_16(xs + t * LDX + k, p.x + (valid ? static_cast<int64_t>(t) * p.ldx + k : 0), valid);
+    }
+    cp_async_commit();
     require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr)));
     seen = fused_barrier_seen(b.arrivals);
     cp_async_wait<0>();
