@@ -10,6 +10,8 @@ Variants:
   torch dense (Lt)     the same with torch.backends.cuda.preferred_blas_library("cublaslt")
   twell auto / sparse  twell.torch.sparse_gated_ffn with dispatch "auto" (the default: the decode
                        kernels or dense per token bucket, timed at its first call) or "sparse"
+  ... Wd in_out        the same with Wd's columns contiguous (wd.t().contiguous().t(): the same
+                       [d_model, d_ff] tensor, as SparseGatedMLP.set_down_layout_("in_out") stores it)
 Weights are random; x's first value is 1 and Wg's first column -z |w_j| (z the normal's 1 - --density
 quantile), so relu(x Wg^T) keeps --density of the neurons per token (uniform) with threshold 0, as the
 GPU tests' make_random_ffn: a neuron that rounding flips contributes ~0 (a threshold above 0 would make
@@ -77,6 +79,7 @@ def main():
     K, N = a.d_model, a.d_ff
     layers = [((torch.randn(N, K, device=dev) / K ** 0.5).to(dt), (torch.randn(N, K, device=dev) / K ** 0.5).to(dt),
                (torch.randn(K, N, device=dev) / N ** 0.5).to(dt)) for _ in range(a.layers)]
+    wd_in_out = [wd.t().contiguous().t() for _, _, wd in layers]  # the same values, contiguous columns
     dense_bytes = 3 * K * N * 2
     results = []
     for d_index, density in enumerate(a.density):
@@ -99,11 +102,13 @@ def main():
                     if lt:
                         torch.backends.cuda.preferred_blas_library("cublas")
 
-            def twell_call(i, dispatch):
+            def twell_call(i, dispatch, in_out=False):
                 wg, wu, wd = layers[i % a.layers]
-                # One decision key per (density, layer copy): the copies are other layers of a model, and a
-                # density's Wg is another layer again (a key shared across densities kept the first's choice).
-                key = d_index * a.layers + i % a.layers
+                if in_out:
+                    wd = wd_in_out[i % a.layers]
+                # One decision key per (density, layout, layer copy): the copies are other layers of a model,
+                # and a density's Wg is another layer again (a key shared across densities kept the first's choice).
+                key = (2 * d_index + in_out) * a.layers + i % a.layers
                 return tt.sparse_gated_ffn(x, wg, wu, wd, "relu", thr, dispatch, max_tokens=64, decision_key=key)
 
             variants = {
@@ -111,6 +116,8 @@ def main():
                 "torch dense (Lt)": lambda i: torch_dense(i, lt=True),
                 "twell auto": lambda i: twell_call(i, "auto"),
                 "twell sparse": lambda i: twell_call(i, "sparse"),
+                "twell auto in_out": lambda i: twell_call(i, "auto", True),
+                "twell sparse in_out": lambda i: twell_call(i, "sparse", True),
             }
             # The union of the call's active neurons (layer 0), and twell's y against the dense function.
             wg0 = layers[0][0]
@@ -118,7 +125,7 @@ def main():
             union = int(active.any(0).sum())
             must_read = K * N * 2 + union * 2 * K * 2
             ref = torch_dense(0).float()
-            for name in ("twell auto", "twell sparse"):
+            for name in ("twell auto", "twell sparse", "twell auto in_out", "twell sparse in_out"):
                 err = float((variants[name](0).float() - ref).norm() / ref.norm().clamp_min(1e-30))
                 if not err < 1e-2:
                     raise SystemExit(f"{name} at M = {m}, density {density}: relative error {err:.3e} against the dense function")
@@ -132,9 +139,9 @@ def main():
             for r in results:
                 if r["tokens"] == m and r["density"] == density:
                     r["vs_torch_dense"] = base / r["us"]
-    print(f"\n{'M':>3} | {'density':>7} | {'variant':17} | {'us/call':>8} | torch dense / this | {'GB/s':>6} | union | floor us")
+    print(f"\n{'M':>3} | {'density':>7} | {'variant':19} | {'us/call':>8} | torch dense / this | {'GB/s':>6} | union | floor us")
     for r in results:
-        print(f"{r['tokens']:>3} | {r['density']:7.3%} | {r['variant']:17} | {r['us']:8.2f} | {r['vs_torch_dense']:17.2f}x | "
+        print(f"{r['tokens']:>3} | {r['density']:7.3%} | {r['variant']:19} | {r['us']:8.2f} | {r['vs_torch_dense']:17.2f}x | "
               f"{r['GB/s']:6.0f} | {r['union']:5d} | {r['floor_us']:.1f}")
     if a.json:
         with open(a.json, "w") as f:

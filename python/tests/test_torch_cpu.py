@@ -425,8 +425,10 @@ def test_prepare_checks_its_arguments(monkeypatch):
         training.prepare(*fp32, tokens=8)
     with pytest.raises(twell.InvalidArgumentError, match="w_gate: expected a CUDA tensor.*got a tensor on meta"):
         training.prepare(*fp32, tokens=8, dtype=torch.bfloat16)  # (past every check of the call's)
-    with pytest.raises(twell.InvalidArgumentError, match="w_down: expected contiguous rows"):
-        training.prepare(wg, wu, wd.t().contiguous().t(), tokens=8)  # (the call takes it as it is)
+    with pytest.raises(twell.InvalidArgumentError, match="w_gate: expected a CUDA tensor"):
+        training.prepare(wg, wu, wd.t().contiguous().t(), tokens=8)  # (in_out: the call copies it to rows; accepted)
+    with pytest.raises(twell.InvalidArgumentError, match="w_down: expected contiguous rows .* or contiguous columns"):
+        training.prepare(wg, wu, torch.empty(256, 128, dtype=torch.bfloat16, device="meta").t()[::2], tokens=8)  # strides (2, 128)
     gapped = torch.empty(64, 512, dtype=torch.float32, device="meta")[:, ::2]  # its cast is contiguous: accepted
     with pytest.raises(twell.InvalidArgumentError, match="w_gate: expected a CUDA tensor"):
         training.prepare(fp32[0], fp32[1], gapped, tokens=8, dtype=torch.bfloat16)

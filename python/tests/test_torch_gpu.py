@@ -93,6 +93,62 @@ def test_strided_rows_decode_sizes_and_chunks(cuda):
     assert tt.sparse_gated_ffn(xs[:0], wg, wu, wd).shape == (0, 512)
 
 
+def test_in_out_down_layout_at_every_size(cuda):
+    # w_down with contiguous columns (ops.down_layout_of: twell's in_out) through every path: the fused decode
+    # kernel (1-32 rows), the four decode kernels (33-64), the large-M kernels, dense and auto; y against the
+    # fp32 reference and bit-equal to the out_in call's where both take the same kernels' order (dense: cuBLAS
+    # reads the transposed operand, so only close).
+    wg, wu, wd, _ = layer(512, 1408, cuda)
+    wd_cols = wd.t().contiguous().t()
+    assert wd_cols.stride() == (1, 512) and torch.equal(wd_cols, wd)
+    assert ops.down_layout_of(wd_cols) == ("in_out", 512) and ops.down_layout_of(wd) == ("out_in", 1408)
+    for tokens in (1, 5, 16, 32, 33, 64, 300):
+        x = torch.randn(tokens, 512, device=cuda, dtype=torch.bfloat16)
+        for dispatch in ("sparse", "dense", "auto"):
+            y = tt.sparse_gated_ffn(x, wg, wu, wd_cols, "relu", 0.0, dispatch)
+            assert_as_close_as_dense(y, x, wg, wu, wd, "relu", 0.0)
+    # A column stride above d_model (a slice of a wider [d_ff, 1024] matrix, transposed).
+    wide = torch.randn(1408, 1024, device=cuda, dtype=torch.bfloat16) / 1408 ** 0.5
+    wd_strided = wide[:, :512].t()
+    assert ops.down_layout_of(wd_strided) == ("in_out", 1024)
+    x = torch.randn(9, 512, device=cuda, dtype=torch.bfloat16)
+    assert_as_close_as_dense(tt.sparse_gated_ffn(x, wg, wu, wd_strided, "relu", 0.0, "sparse"), x, wg, wu, wd_strided)
+    # Neither rows nor columns contiguous: refused by name.
+    with pytest.raises(ValueError, match="w_down: expected contiguous rows .* or contiguous columns"):
+        tt.sparse_gated_ffn(x, wg, wu, wide.t()[::2])  # [512, 1408], strides (2, 1024)
+
+
+def test_module_set_down_layout_keeps_the_function_and_trains(cuda):
+    wg, wu, wd, _ = layer(512, 1408, cuda)
+    mlp = _mlp(wg, wu, wd, dispatch="sparse")
+    x = torch.randn(4, 512, device=cuda, dtype=torch.bfloat16)
+    with torch.no_grad():
+        y_rows = mlp(x)
+    param = mlp.down_proj.weight
+    assert mlp.set_down_layout_("in_out") is mlp and mlp.down_proj.weight is param
+    assert param.stride() == (1, 512) and torch.equal(param, wd)
+    with torch.no_grad():
+        y_cols = mlp(x)
+    assert_as_close_as_dense(y_cols, x, wg, wu, wd)
+    assert (y_cols.float() - y_rows.float()).abs().max().item() <= 1e-2 * y_rows.float().abs().max().item()
+    assert set(mlp.state_dict()) == {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}
+    # Training with an in_out weight: the gradient of the same function as out_in's.
+    xt = torch.randn(64, 512, device=cuda, dtype=torch.bfloat16)
+    grads = []
+    for layout in ("in_out", "out_in"):
+        mlp.set_down_layout_(layout)
+        mlp.zero_grad()
+        mlp(xt).float().square().sum().backward()
+        grads.append(mlp.down_proj.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1], rtol=2e-2, atol=2e-2 * grads[1].abs().max().item())
+    assert param.stride() == (1408, 1)
+    with pytest.raises(ValueError, match="set_down_layout_: layout: expected 'in_out' or 'out_in', got 'rows'"):
+        mlp.set_down_layout_("rows")
+    with pytest.raises(ValueError, match="down_layout: expected None, 'in_out' or 'out_in'"):
+        _mlp(wg, wu, wd, down_layout="columns")
+    assert _mlp(wg, wu, wd, down_layout="in_out").down_proj.weight.stride() == (1, 512)
+
+
 def test_gpu_argument_errors_keep_the_process_working(cuda):
     wg, wu, wd, thr = layer(512, 1408, cuda)
     x = torch.randn(8, 512, device=cuda, dtype=torch.bfloat16)

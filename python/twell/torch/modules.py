@@ -40,6 +40,8 @@ class SparseGatedMLP(nn.Module):
       dense_neurons      the hot/cold split: the first dense_neurons neurons run dense; set it with
                          calibrate_split(), which also orders the neurons hot-first
       max_tokens  the largest plan workspace (rows); longer inputs run in chunks
+      down_layout "in_out": store down_proj.weight with contiguous columns (set_down_layout_; faster
+                  decoding), "out_in": contiguous rows (nn.Linear's), None (default): leave it as it is
     Layers of one shape share a plan (twell.torch._plans); each layer keeps its own dispatch
     decisions (decision_key).
     Training (eager, grad enabled) runs twell.torch.sparse_ffn_train (with dense_neurons: its training
@@ -55,8 +57,11 @@ class SparseGatedMLP(nn.Module):
 
     def __init__(self, gate_proj: nn.Linear, up_proj: nn.Linear | None, down_proj: nn.Linear, *,
                  activation: str = "relu", threshold: float = 0.0, dispatch: str = "auto", decode_max_tokens: int = 64,
-                 dense_neurons: int = 0, max_tokens: int = ops.DEFAULT_MAX_TOKENS):
+                 dense_neurons: int = 0, max_tokens: int = ops.DEFAULT_MAX_TOKENS, down_layout: str | None = None):
         super().__init__()
+        if down_layout not in (None, "in_out", "out_in"):
+            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP: down_layout: expected None, 'in_out' or 'out_in', "
+                                       f"got {down_layout!r}")
         for name, linear in (("gate_proj", gate_proj), ("up_proj", up_proj), ("down_proj", down_proj)):
             if linear is None and name == "up_proj":
                 continue
@@ -84,6 +89,24 @@ class SparseGatedMLP(nn.Module):
         self.paths: dict[tuple, str] = {}
         self.path_times: dict[tuple, dict[str, float]] = {}
         self.l1: Tensor | None = None  # the last training call's L1 term (see the class documentation)
+        if down_layout is not None:
+            self.set_down_layout_(down_layout)
+
+    @torch.no_grad()
+    def set_down_layout_(self, layout: str) -> "SparseGatedMLP":
+        """Stores down_proj.weight [d_model, d_ff] in place with contiguous columns ("in_out": each neuron's
+        d_model values one contiguous run, which the decode kernels read in 16-byte pieces; at 1-16 tokens
+        up to 1.9x faster than "out_in", bench/README.md v73) or contiguous rows ("out_in", nn.Linear's).
+        The same Parameter, shape and values: the state_dict, F.linear (dispatch "auto"'s PyTorch path) and
+        optimizers see the same tensor; training copies an in_out weight to rows per call, so train in
+        out_in. The new storage replaces the old one (both exist during the call). Returns self."""
+        if layout not in ("in_out", "out_in"):
+            raise InvalidArgumentError(f"twell.torch.SparseGatedMLP.set_down_layout_: layout: expected 'in_out' or "
+                                       f"'out_in', got {layout!r}")
+        w = self.down_proj.weight
+        if ops.down_layout_of(w)[0] != layout:
+            w.data = w.data.t().contiguous().t() if layout == "in_out" else w.data.contiguous()
+        return self
 
     @classmethod
     def from_mlp(cls, mlp: nn.Module, *, threshold: float | None = None, **options) -> "SparseGatedMLP":
@@ -194,8 +217,9 @@ class SparseGatedMLP(nn.Module):
         if x.device.type != "cuda":
             raise InvalidArgumentError(f"twell.torch.SparseGatedMLP.neuron_activity: x: expected a CUDA tensor, got one on {x.device}")
         x2 = x.reshape(-1, self.d_model)[: self.max_tokens].contiguous()
+        down_layout, ld_down = ops.down_layout_of(w_down)
         spec = runtime.FfnSpec(self.d_model, self.d_ff, gated=w_up is not None, activation=self.activation,
-                               threshold=self.threshold, dtype=ops.DTYPES[x.dtype])
+                               threshold=self.threshold, dtype=ops.DTYPES[x.dtype], down_layout=down_layout)
         options = runtime.PlanOptions(dispatch="sparse", decode_max_tokens=0)
         plan = _plans.context(x.device).plan(spec, max(1, x2.shape[0]), options)
         y = torch.empty_like(x2)
@@ -203,7 +227,7 @@ class SparseGatedMLP(nn.Module):
         for _ in range(2):
             plan.run(stream, x=x2.data_ptr(), w_gate=w_gate.data_ptr(), w_up=w_up.data_ptr() if w_up is not None else None,
                      w_down=w_down.data_ptr(), y=y.data_ptr(), tokens=x2.shape[0], ld_gate=w_gate.stride(0),
-                     ld_up=w_up.stride(0) if w_up is not None else 0, ld_down=w_down.stride(0))
+                     ld_up=w_up.stride(0) if w_up is not None else 0, ld_down=ld_down)
             # A tile-row that found the backup full has unknown nonzeros: last_overflow sizes the backup
             # and the second run holds every tile-row.
             if not plan.last_overflow(stream)["recomputed"]:

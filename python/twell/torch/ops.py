@@ -5,7 +5,9 @@
 
 x [..., d_model] (any leading dims; the last dim contiguous, the leading ones collapsible into rows
 with one row stride); w_gate, w_up [d_ff, d_model] and w_down [d_model, d_ff] (nn.Linear's weights;
-each row contiguous); all bf16 or all fp16, on one CUDA device. y [..., d_model], contiguous, x's
+each row contiguous; w_down's columns may be contiguous instead, the transpose of a contiguous [d_ff,
+d_model]: twell's in_out layout, which the decode kernels read faster, see down_layout_of); all bf16 or
+all fp16, on one CUDA device. y [..., d_model], contiguous, x's
 dtype. act: "relu" (active iff relu(g) > threshold, threshold >= 0) or "silu" (|silu(g)| > threshold,
 threshold > 0); the inactive neurons are exactly zero (twell/spec.h). Options: dispatch "auto" |
 "sparse" | "dense" (twell/plan.h Dispatch), decode_max_tokens, dense_neurons (the hot/cold split:
@@ -67,7 +69,7 @@ def _row_stride(op: str, x: Tensor, d_model: int) -> int:
     return ld
 
 
-def _check_weight(op: str, name: str, w: Tensor, shape: tuple, x: Tensor) -> None:
+def _check_weight(op: str, name: str, w: Tensor, shape: tuple, x: Tensor, columns_ok: bool = False) -> None:
     if w.shape == shape and w.dtype == x.dtype and w.stride(1) == 1 and w.stride(0) >= shape[1] and \
             w.device == x.device:
         return  # (the common case in one test: a training step's host time before its first kernel)
@@ -77,8 +79,24 @@ def _check_weight(op: str, name: str, w: Tensor, shape: tuple, x: Tensor) -> Non
         _fail(op, name, f"x's dtype {x.dtype}", w.dtype)
     if w.device != x.device:
         _fail(op, name, f"x's device {x.device}", w.device)
+    if columns_ok and w.stride(0) == 1 and w.stride(1) >= shape[0]:
+        return  # contiguous columns: the in_out layout (down_layout_of)
     if w.stride(1) != 1 or w.stride(0) < shape[1]:
-        _fail(op, name, "contiguous rows (stride (>= columns, 1))", f"strides {w.stride()}; call .contiguous()")
+        _fail(op, name, "contiguous rows (stride (>= columns, 1))" + (
+            " or contiguous columns (stride (1, >= rows)), the in_out layout" if columns_ok else ""),
+            f"strides {w.stride()}; call .contiguous()")
+
+
+def down_layout_of(w_down: Tensor) -> tuple[str, int]:
+    """w_down [d_model, d_ff]'s layout for twell (FfnSpec.down_layout) and its stride in elements:
+    ("out_in", row stride) for nn.Linear's contiguous rows, ("in_out", column stride) for contiguous
+    columns (w_down the transpose of a contiguous [d_ff, d_model], e.g. after
+    SparseGatedMLP.set_down_layout_("in_out")). In in_out each neuron's d_model values are one contiguous
+    row, which the decode kernels read in 16-byte pieces; an out_in neuron is a column, one 2-byte value
+    per 32-byte sector (bench/README.md v73: at 1-16 tokens in_out is up to 1.9x faster)."""
+    if w_down.stride(1) == 1 or w_down.stride(0) != 1:
+        return "out_in", w_down.stride(0)
+    return "in_out", w_down.stride(1)
 
 
 _DTYPE_MAX = {dtype: torch.finfo(dtype).max for dtype in DTYPES}  # (torch.finfo per call: microseconds per step)
@@ -97,9 +115,10 @@ def stream_handle(device: torch.device) -> int:
 
 def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, activation: str,
                threshold: float, dispatch: str, decode_max_tokens: int, dense_neurons: int, max_tokens: int,
-               gated: bool | None = None) -> int:
+               gated: bool | None = None, down_columns: bool = True) -> int:
     """Checks every argument (real and fake tensors alike); returns x's row stride. `op` names the caller
-    in the messages; gated (None: op is "sparse_gated_ffn") says whether w_up is an operand."""
+    in the messages; gated (None: op is "sparse_gated_ffn") says whether w_up is an operand; down_columns
+    whether w_down may have contiguous columns (down_layout_of; the inference operators)."""
     if gated is None:
         gated = op == "sparse_gated_ffn"
     # "meta": shape-only tensors (tracing without a GPU) reach the fake implementation only.
@@ -117,7 +136,7 @@ def check_args(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
     _check_weight(op, "w_gate", w_gate, (d_ff, d_model), x)
     if w_up is not None:
         _check_weight(op, "w_up", w_up, (d_ff, d_model), x)
-    _check_weight(op, "w_down", w_down, (d_model, d_ff), x)
+    _check_weight(op, "w_down", w_down, (d_model, d_ff), x, columns_ok=down_columns)
     check_options(op, d_ff, activation, threshold, dispatch, decode_max_tokens, dense_neurons, max_tokens)
     # The gate's output is rounded to x's dtype: a threshold above its largest finite value keeps nothing.
     if threshold > _DTYPE_MAX[x.dtype]:
@@ -158,12 +177,14 @@ def _forward(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Te
     if tokens == 0:
         return y
     threshold = float(threshold) + 0.0  # -0.0 -> +0.0: equal keys, and the kernels key the threshold's bits
-    key = (d_model, d_ff, w_up is not None, activation, threshold, x.dtype, dispatch, dense_neurons, decode_max_tokens)
+    down_layout, ld_down = down_layout_of(w_down)
+    key = (d_model, d_ff, w_up is not None, activation, threshold, x.dtype, dispatch, dense_neurons, decode_max_tokens,
+           down_layout)
     made = _specs.get(key)
     if made is None:  # built (and validated) once per distinct call signature: per-call host time matters
         made = _specs[key] = (
             runtime.FfnSpec(d_model, d_ff, gated=w_up is not None, activation=activation, threshold=float(threshold),
-                            dtype=DTYPES[x.dtype]),
+                            dtype=DTYPES[x.dtype], down_layout=down_layout),
             runtime.PlanOptions(dispatch=dispatch, dense_neurons=dense_neurons, decode_max_tokens=decode_max_tokens))
     spec, options = made
     capturing = torch.cuda.is_current_stream_capturing()
@@ -172,7 +193,7 @@ def _forward(op: str, x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Te
     elem = x.element_size()
     t = runtime.tensors_struct(x.data_ptr(), w_gate.data_ptr(), w_up.data_ptr() if w_up is not None else None,
                                w_down.data_ptr(), y.data_ptr(), ld_x, w_gate.stride(0),
-                               w_up.stride(0) if w_up is not None else 0, w_down.stride(0), d_model)
+                               w_up.stride(0) if w_up is not None else 0, ld_down, d_model)
     x0, y0 = t.x, t.y
     for first in range(0, tokens, entry.capacity):
         rows = min(entry.capacity, tokens - first)
@@ -282,7 +303,8 @@ def sparse_ffn_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: 
     # (A dtype twell does not take, from a direct call: the dense formula, as off CUDA.)
     if tokens > 0 and x.is_cuda and x.dtype in DTYPES and \
             trainable(x.device, spec_of(x, w_gate, w_up, activation, threshold), tokens):
-        dx, d_w_gate, d_w_up, d_w_down = recompute_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
+        # (The training kernels read w_down's rows: an in_out one, down_layout_of, is copied to rows.)
+        dx, d_w_gate, d_w_up, d_w_down = recompute_backward(x, w_gate, w_up, w_down.contiguous(), dy, activation, threshold)
     else:
         dx, d_w_gate, d_w_up, d_w_down = _dense_backward(x, w_gate, w_up, w_down, dy, activation, threshold)
     # Contiguous in every branch: the fake's strides (torch.compile checks them).

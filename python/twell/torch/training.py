@@ -383,8 +383,12 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
         ops._fail(op, "w_gate", "a 2-D weight [d_ff, d_model]", getattr(w_gate, "shape", type(w_gate).__name__))
     d_ff = w_gate.shape[0]
+    if isinstance(w_down, torch.Tensor) and w_down.dim() == 2 and ops.down_layout_of(w_down)[0] == "in_out":
+        # The training kernels read w_down's rows: an in_out w_down (for decoding, SparseGatedMLP.set_down_layout_)
+        # is copied to rows per call (autograd passes the gradient through the copy); train in out_in.
+        w_down = w_down.contiguous()
     ld_x = ops.check_args(op, x, w_gate, w_up, w_down, activation, threshold, "sparse", 0, 0, ops.DEFAULT_MAX_TOKENS,
-                          gated=w_up is not None)
+                          gated=w_up is not None, down_columns=False)
     if x.device.type != "cuda":
         ops._fail(op, "x", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {x.device}")
     d_model = w_gate.shape[1]
@@ -477,7 +481,7 @@ def prepare(w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, *, tokens: int,
                 if dtype is None or w.dtype == dtype else torch.empty_like(w, dtype=dtype, device="meta")
                 for w in (w_gate, w_up, w_down)]
     ops.check_args(op, x, *stand_in, activation, threshold, "sparse", 0, dense_neurons, ops.DEFAULT_MAX_TOKENS,
-                   gated=w_up is not None)
+                   gated=w_up is not None)  # (an in_out w_down: the call copies it to rows, the same plans)
     if w_gate.device.type != "cuda":
         ops._fail(op, "w_gate", "a CUDA tensor (twell runs on NVIDIA GPUs)", f"a tensor on {w_gate.device}")
     device = w_gate.device if w_gate.device.index is not None else torch.device("cuda", torch.cuda.current_device())
