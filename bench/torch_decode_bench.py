@@ -16,7 +16,7 @@ Weights are random; x's first value is 1 and Wg's first column -z |w_j| (z the n
 quantile), so relu(x Wg^T) keeps --density of the neurons per token (uniform) with threshold 0, as the
 GPU tests' make_random_ffn: a neuron that rounding flips contributes ~0 (a threshold above 0 would make
 each flip a jump of threshold x u, and the paths' roundings do flip a few per token). Wd is
-nn.Linear's [d_model, d_ff] (out_in), as a PyTorch model holds it. Columns: us per call, torch dense
+nn.Linear's [d_model, d_ff] (out_in), as a PyTorch model holds it, except in the "in_out" variants. Columns: us per call, torch dense
 over this, the bytes a call must read over its time (dense: all three weights; twell: Wg and the union
 of the call's active neurons' Wu and Wd rows, counted on the GPU), and that floor at 4.3 TB/s (the
 H200's measured copy bandwidth, PERFORMANCE.md). twell's y is checked against the thresholded dense

@@ -216,8 +216,7 @@ namespace {
   k.down_in_out = consumer.downLayout == DownLayout::InOut;
   k.mainloop = contractMainloop(consumer.gateMainloop);
   // decode_up, decode_down and decode_fused wait for the kernel before them with griddepcontrol.wait
-  // (sm_90 and later: programmatic dependent launch), so their launch latency overlaps it; decode_fused
-  // also streams Wg before the wait.
+  // (sm_90 and later: programmatic dependent launch), so their launch latency overlaps it.
   k.dependent_launch = !gate && sm >= 90;
   return k;
 }

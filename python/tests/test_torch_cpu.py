@@ -223,13 +223,18 @@ def test_auto_path_decides_once_per_bucket(monkeypatch):
     mlp = SparseGatedMLP.from_mlp(ReluMLP(d=64, f=128))
     timed = []
 
-    def fake_median(fn, reps=3):
+    def fake_median(fn, reps=3, before_each=None):
+        assert before_each is evict  # every candidate timed with L2 overwritten before each call (v71)
         name = "twell" if len(timed) % 2 == 0 else "torch"
         timed.append(name)
         return {"twell": 1.0, "torch": 2.0}[name] if current["twell_faster"] else {"twell": 2.0, "torch": 1.0}[name]
 
     current = {"twell_faster": True}
+    def evict():
+        pass
+
     monkeypatch.setattr(modules, "_median_ms", fake_median)
+    monkeypatch.setattr(modules, "l2_eviction", lambda device: evict)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     w = (mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
     assert mlp._path(torch.empty(1, 64), *w) == "twell"

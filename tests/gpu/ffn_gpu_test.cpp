@@ -504,9 +504,16 @@ TEST(GpuFfn, AllZeroAndAllActiveRows) {
   for (int64_t k = 0; k < K; ++k) f.x[3 * K + k] = 0;                 // row 3: g = 0, nothing active, y = 0
   f.x[5 * K] = float_to_bf16(-100.0f);  // row 5: column 0 of Wg holds -shift < 0, so every neuron is active
   for (int64_t k = 1; k < K; ++k) f.x[5 * K + k] = float_to_bf16(0.001f);
-  const Outcome o = run_and_compare(f);
-  expect_good(o, "zero and saturated rows");
+  // The TwELL path (16 rows would take the fused decode kernel, which makes no TwELL matrix): the
+  // saturated row overflows its tile-rows' slots.
+  PlanOptions twell_path = sparse();
+  twell_path.decode_fused_max_tokens = 0;
+  twell_path.decode_max_tokens = 0;
+  const Outcome o = run_and_compare(f, twell_path);
+  expect_good(o, "zero and saturated rows, TwELL path");
   EXPECT_GT(o.overflow.overflowing_tile_rows, 5u);
+  // The fused decode kernel on the same rows: every neuron of row 5 is one of its pairs.
+  expect_good(run_and_compare(f), "zero and saturated rows, fused decode kernel");
 }
 
 TEST(GpuFfn, NaNInXPropagatesLikeDense) {

@@ -44,6 +44,11 @@ TEST(DecodeFusedContract, TheGeneratedKernelPassesAndABrokenOneIsNamed) {
       // It waits with griddepcontrol.wait (sm_90 on): launched as a programmatic dependent there.
       EXPECT_EQ(k.dependent_launch, target.sm >= 90) << what;
       EXPECT_EQ(k.down_in_out, down == WeightLayout::InOut) << what;
+      // Below sm_90 there is no programmatic dependent launch; on sm_90 either launch is correct.
+      compiler::KernelSource flipped = k;
+      flipped.dependent_launch = !k.dependent_launch;
+      EXPECT_EQ(kernels::validate_kernel(flipped, target).find("dependent_launch: expected false below sm_90") != std::string::npos,
+                target.sm < 90) << what;
       // The same description is wrong for the other target's shared memory (163 KiB against 227 KiB).
       const Target other = target.sm == 90 ? Target{80, false} : Target{90, true};
       EXPECT_NE(kernels::validate_kernel(k, other).find("smem_bytes: expected"), std::string::npos) << what;

@@ -93,10 +93,18 @@ def down_layout_of(w_down: Tensor) -> tuple[str, int]:
     columns (w_down the transpose of a contiguous [d_ff, d_model], e.g. after
     SparseGatedMLP.set_down_layout_("in_out")). In in_out each neuron's d_model values are one contiguous
     row, which the decode kernels read in 16-byte pieces; an out_in neuron is a column, one 2-byte value
-    per 32-byte sector (bench/README.md v73: at 1-16 tokens in_out is up to 1.9x faster)."""
-    if w_down.stride(1) == 1 or w_down.stride(0) != 1:
+    per 32-byte sector (bench/README.md v73: at 1-16 tokens and 0.5% density 1.5-1.9x PyTorch dense in_out,
+    1.0-1.56x out_in)."""
+    if w_down.shape[0] == 1:  # one row: its stride is free (PyTorch may give it 1)
+        return "out_in", max(w_down.stride(0), w_down.shape[1])
+    if not columns_contiguous(w_down):
         return "out_in", w_down.stride(0)
-    return "in_out", w_down.stride(1)
+    return "in_out", max(w_down.stride(1), w_down.shape[0])
+
+
+def columns_contiguous(w: Tensor) -> bool:
+    """Whether the 2-D w has contiguous, non-overlapping columns and not contiguous rows (the in_out layout)."""
+    return w.stride(1) != 1 and w.stride(0) == 1 and w.stride(1) >= w.shape[0]
 
 
 _DTYPE_MAX = {dtype: torch.finfo(dtype).max for dtype in DTYPES}  # (torch.finfo per call: microseconds per step)
@@ -292,7 +300,7 @@ def _dense_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tens
 @torch.library.custom_op("twell::sparse_ffn_backward", mutates_args=())
 def sparse_ffn_backward(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Tensor, dy: Tensor, activation: str,
                         threshold: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(dx, dWg, dWu, dWd [d_model, d_ff], each in its weight's layout) of the FFN for dy (dWu empty for
+    """(dx, dWg, dWu, dWd [d_model, d_ff], contiguous rows) of the FFN for dy (dWu empty for
     w_up None): twell's sparse backward after re-running the training forward
     (twell.torch.training.recompute_backward), or the dense formula where the training kernels refuse the
     shape (training.trainable) or there are no rows. The operators' autograd formula, an operator itself so

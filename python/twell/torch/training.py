@@ -15,7 +15,8 @@ twell's dense path keeps g and u (4 bytes per token and neuron: 23 MB per thousa
 scratch is the shared plan's.
 
 x [..., d_model], weights as nn.Linear's (w_down [d_model, d_ff]); bf16 or fp16, one CUDA device, contiguous
-rows. The weight gradients come back in the weights' dtype (each rounded once from an fp32 sum over the
+rows (a w_down with contiguous columns, the decode layout of SparseGatedMLP.set_down_layout_, is copied to
+rows per call: train in out_in). The weight gradients come back in the weights' dtype (each rounded once from an fp32 sum over the
 tokens, in token order: bitwise deterministic); dx in x's dtype. Gradient accumulation and master-weight
 setups work as with nn.Linear (autograd accumulates; a cast of fp32 master weights passes the gradients
 through). Weights may change every step: nothing is precomputed from them.
@@ -383,7 +384,7 @@ def sparse_ffn_train(x: Tensor, w_gate: Tensor, w_up: Tensor | None, w_down: Ten
     if not isinstance(w_gate, torch.Tensor) or w_gate.dim() != 2:
         ops._fail(op, "w_gate", "a 2-D weight [d_ff, d_model]", getattr(w_gate, "shape", type(w_gate).__name__))
     d_ff = w_gate.shape[0]
-    if isinstance(w_down, torch.Tensor) and w_down.dim() == 2 and ops.down_layout_of(w_down)[0] == "in_out":
+    if isinstance(w_down, torch.Tensor) and w_down.dim() == 2 and ops.columns_contiguous(w_down):
         # The training kernels read w_down's rows: an in_out w_down (for decoding, SparseGatedMLP.set_down_layout_)
         # is copied to rows per call (autograd passes the gradient through the copy); train in out_in.
         w_down = w_down.contiguous()

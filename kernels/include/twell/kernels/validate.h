@@ -123,11 +123,13 @@ inline std::string validate_kernel(const KernelSource& k, const Target& target) 
       if (k.kind == KernelKind::DecodeUp)
         return first({expect("threads", D::kUpThreads, k.threads, "decode_up"), expect("cta_m", D::kMaxTokens, k.cta_m, "decode_up"),
                       expect("smem_bytes", 0, k.smem_bytes, "decode_up")});
-      // decode_fused waits with griddepcontrol.wait before its first read of x (dependent_launch.cuh), so
-      // it may be launched as a dependent or not (bundles from before it waited say false).
+      // decode_fused waits with griddepcontrol.wait before its first global read (dependent_launch.cuh), so
+      // on sm_90 it may be launched as a dependent or not (bundles from before it waited say false); below
+      // sm_90 there is no such launch.
       if (k.kind == KernelKind::DecodeFused)
         return first({expect("threads", D::kFusedThreads, k.threads, "decode_fused"), expect("cta_m", D::kFusedMaxTokens, k.cta_m, "decode_fused"),
-                      expect("smem_bytes", D::fusedSharedBytes(target.sm), k.smem_bytes, "decode_fused (all the target allows)")});
+                      expect("smem_bytes", D::fusedSharedBytes(target.sm), k.smem_bytes, "decode_fused (all the target allows)"),
+                      k.dependent_launch && target.sm < 90 ? "dependent_launch: expected false below sm_90 (no programmatic dependent launch)" : ""});
       return first({expect("threads", D::kDownThreads, k.threads, "decode_down"), expect("cta_m", D::kMaxTokens, k.cta_m, "decode_down"),
                     expect("smem_bytes", 0, k.smem_bytes, "decode_down")});
     }

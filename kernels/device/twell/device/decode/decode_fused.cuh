@@ -7,7 +7,8 @@
 //   rows (an n8 mma tile), each group's d_model split into k slices, one warp per (group, slice) unit.
 //   Every lane requests its 16-byte pieces of Wg with plain loads into registers before anything waits
 //   (one window of up to kDecodeFusedWindow k32 blocks: at the paper's shape all ~174 KB of the CTA's
-//   share at once), then (sm_90: after griddepcontrol.wait, the previous kernel done) x by cp.async. A lane (row
+//   share at once), x having gone first by cp.async so that it does not queue behind Wg (sm_90: both after
+//   griddepcontrol.wait, the kernel before complete). A lane (row
 //   n = lane / 4, quad lane q = lane % 4) holds values 8 q .. 8 q + 7 of its row in each k32 block; its
 //   first two words are the B fragment of one mma.m16n8k16 and its last two of another (PTX ISA,
 //   "Matrix Fragments for mma.m16n8k16"), the A fragments being x's row n at the same values (one
@@ -191,22 +192,22 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   unsigned long long seen;  // the barrier's arrivals before this CTA's (thread 0's; fused_barrier)
   {
     // The warp's first unit: its first window requested before x is waited for.
-    uint4 buf[WIN];
-    if (warp < units) issue(buf, warp, 0);
-    // Launched as a programmatic dependent (sm_90: dependent_launch.cuh), this CTA may start while the
-    // kernel before it still runs, e.g. the previous call of this plan: Wg is read before waiting for it
-    // (no kernel writes weights), x, the workspace (its counts, pairs and arrival count) and y after.
-    // The next kernel may then launch at once: its CTAs take this one's SMs as they leave, and stream
-    // their weights while the last CTAs of this call finish (bench/README.md v72).
+    // Launched as a programmatic dependent (sm_90: dependent_launch.cuh), this CTA may become resident
+    // before the kernel before it has finished: every global read comes after the wait, Wg's included
+    // (a kernel before may write the weights in place: a cast, an optimizer step, a weight sync), and so
+    // do the workspace's writes. The next kernel may launch at once (bench/README.md v72).
     wait_for_previous_kernel();
     allow_next_kernel();
-    // x: rows past the call and values past K are zeros (the padded k32 block multiplies zeros).
+    // x first, so that it does not queue behind Wg: rows past the call and values past K are zeros (the
+    // padded k32 block multiplies zeros).
     for (int i = tid; i < xr * (KB * 4); i += THREADS) {
       const int t = i / (KB * 4), k = i % (KB * 4) * 8;
       const bool valid = t < m && k < K;
       cp_async_16(xs + t * LDX + k, p.x + (valid ? static_cast<int64_t>(t) * p.ldx + k : 0), valid);
     }
     cp_async_commit();
+    uint4 buf[WIN];
+    if (warp < units) issue(buf, warp, 0);
     require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr)));
     seen = fused_barrier_seen(b.arrivals);
     cp_async_wait<0>();
