@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "context_impl.h"
+#include "l2_eviction.h"  // Impl::l2_eviction's destructor
 #include "twell/error.h"
 #include "twell/jit_registry.h"
 #include "twell/kernels/constraints.h"
@@ -63,6 +64,7 @@ Context::Impl::~Impl() {
   d.cuCtxGetCurrent(&previous);
   d.cuCtxSetCurrent(context);
   auxiliary_loaded.clear();
+  l2_eviction.reset();
   d.cuCtxSetCurrent(previous == context ? nullptr : previous);
   d.cuDevicePrimaryCtxRelease(device);
 }

@@ -21,6 +21,9 @@
 #include "twell/kernels/launch.h"
 
 namespace twell {
+namespace detail {
+class L2Eviction;
+}
 
 // A kernel ready to launch: its description, its binary and, with a GPU, its module. The module stays
 // loaded as long as any plan holds it (auxiliary kernels: as long as their context).
@@ -70,6 +73,10 @@ struct Context::Impl {
   // waits for the kernel to finish: every training backward blocked the host (bench/README.md v51).
   std::mutex auxiliary_mutex;
   std::map<std::string, std::shared_ptr<LoadedKernel>> auxiliary_loaded;
+
+  // Dispatch::Auto's L2 eviction (l2_eviction.h: context_l2_eviction), made at the first calibration.
+  std::mutex l2_eviction_mutex;
+  std::unique_ptr<detail::L2Eviction> l2_eviction;
 
   explicit Impl(ContextOptions o);
   ~Impl();

@@ -1,5 +1,7 @@
 #include "l2_eviction.h"
 
+#include "twell/error.h"
+
 namespace twell::detail {
 
 L2Eviction::L2Eviction(int l2_bytes, CUstream stream) {
@@ -22,10 +24,25 @@ L2Eviction::L2Eviction(int l2_bytes, CUstream stream) {
   gemv_.m = 1;
   gemv_.n = rows;
   gemv_.k = kColumns;
-  lt_ = std::make_unique<LtGemms>(DType::BF16, /*tuned=*/false, "FfnPlan calibration (L2 eviction)");
+  // No workspace: the GEMV needs none (and no split-K), and the context keeps this object.
+  lt_ = std::make_unique<LtGemms>(DType::BF16, /*tuned=*/false, "FfnPlan calibration (L2 eviction)", 0);
   lt_->prepare(gemv_);
 }
 
 void L2Eviction::enqueue(CUstream stream) { lt_->run(stream, gemv_); }
+
+L2Eviction* context_l2_eviction(Context::Impl& context, CUstream stream) {
+  if (context.l2_bytes <= 0) return nullptr;
+  std::lock_guard<std::mutex> lock(context.l2_eviction_mutex);
+  if (!context.l2_eviction) {
+    try {
+      context.make_current();
+      context.l2_eviction = std::make_unique<L2Eviction>(context.l2_bytes, stream);
+    } catch (const Error&) {
+      return nullptr;
+    }
+  }
+  return context.l2_eviction.get();
+}
 
 }  // namespace twell::detail

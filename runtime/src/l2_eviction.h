@@ -6,10 +6,19 @@
 
 #include <memory>
 
+#include "context_impl.h"
 #include "driver.h"
 #include "lt_gemm.h"
 
 namespace twell::detail {
+
+class L2Eviction;
+
+// The context's eviction (Context::Impl::l2_eviction), made at its first use on `stream` (the context
+// current) and kept for the context's life: twice the L2 (120 MiB on the H200), not one allocation and
+// cuBLASLt handle per calibrated bucket (a model's layers calibrate hundreds of buckets). Null where it
+// could not be made (no memory: calibrations then time back to back; tried again at the next use).
+L2Eviction* context_l2_eviction(Context::Impl& context, CUstream stream);
 
 class L2Eviction {
  public:
@@ -18,6 +27,7 @@ class L2Eviction {
   // (callers then time without eviction).
   L2Eviction(int l2_bytes, CUstream stream);
   // Enqueues the read of the whole scratch on `stream`: every L2 line then holds scratch data, clean.
+  // Callers on several streams may enqueue at once (the scratch is only read; c's values are never used).
   // Reads, not writes: a memset leaves L2 full of dirty lines, whose write-back then lands inside the next
   // timed call (about 6-7 us per call at the paper's decode shape on the H200, bench/README.md v71).
   void enqueue(CUstream stream);

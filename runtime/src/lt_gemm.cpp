@@ -51,11 +51,12 @@ struct LtGemms::Plan {
   }
 };
 
-LtGemms::LtGemms(DType dtype, bool tuned, const char* owner) : dtype_(dtype), tuned_(tuned), owner_(owner) {
+LtGemms::LtGemms(DType dtype, bool tuned, const char* owner, size_t workspace_bytes)
+    : dtype_(dtype), tuned_(tuned), owner_(owner), workspace_bytes_(workspace_bytes) {
   cublasLtHandle_t h = nullptr;
   check_lt(cublasLtCreate(&h), owner_, "cublasLtCreate");
   handle_ = h;
-  workspace_ = std::make_unique<DeviceBuffer>(kWorkspaceBytes);
+  workspace_ = std::make_unique<DeviceBuffer>(workspace_bytes_);
 }
 
 LtGemms::~LtGemms() {
@@ -97,7 +98,7 @@ const LtGemms::Plan& LtGemms::plan(const LtGemm& g, std::optional<CUstream> timi
   check_lt(cublasLtMatrixLayoutCreate(&p->layout_c, c_type, g.n, g.m, g.ldc), owner_, "layout C");
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(cublasLtMatmulPreferenceCreate(&pref), owner_, "cublasLtMatmulPreferenceCreate");
-  const uint64_t ws = kWorkspaceBytes;
+  const uint64_t ws = workspace_bytes_;
   cublasLtMatmulHeuristicResult_t heuristics[kTunedCandidates]{};
   int found = 0;
   cublasStatus_t set = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
@@ -131,13 +132,13 @@ const LtGemms::Plan& LtGemms::plan(const LtGemm& g, std::optional<CUstream> timi
     void* c = reinterpret_cast<void*>(scratch.get());
     double best_ms = 0;
     for (int i = 0; i < found; ++i) {
-      if (heuristics[i].state != CUBLAS_STATUS_SUCCESS || heuristics[i].workspaceSize > kWorkspaceBytes) continue;
+      if (heuristics[i].state != CUBLAS_STATUS_SUCCESS || heuristics[i].workspaceSize > workspace_bytes_) continue;
       const cublasLtMatmulAlgo_t* algo = &heuristics[i].algo;
       bool failed = false;
       const auto ms = time_on_stream(reinterpret_cast<Stream>(*timing_stream), [&] {
         if (failed) return;
         failed = cublasLtMatmul(handle, p->desc, &alpha, g.b, p->layout_b, g.a, p->layout_a, &beta, c, p->layout_c, c, p->layout_c,
-                                algo, workspace(), kWorkspaceBytes, reinterpret_cast<cudaStream_t>(*timing_stream)) != CUBLAS_STATUS_SUCCESS;
+                                algo, workspace(), workspace_bytes_, reinterpret_cast<cudaStream_t>(*timing_stream)) != CUBLAS_STATUS_SUCCESS;
       }, 1, 3);
       if (failed) continue;
       if (best_ms == 0 || ms[1] < best_ms) {
@@ -155,7 +156,7 @@ void LtGemms::run(CUstream stream, const LtGemm& g, float beta) {
   const float alpha = 1.0f;
   const Plan& p = plan(g, stream);
   check_lt(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), p.desc, &alpha, g.b, p.layout_b, g.a, p.layout_a, &beta, g.c,
-                          p.layout_c, g.c, p.layout_c, &p.algo, workspace(), kWorkspaceBytes, reinterpret_cast<cudaStream_t>(stream)),
+                          p.layout_c, g.c, p.layout_c, &p.algo, workspace(), workspace_bytes_, reinterpret_cast<cudaStream_t>(stream)),
            owner_, "cublasLtMatmul");
 }
 

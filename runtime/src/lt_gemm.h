@@ -35,7 +35,8 @@ class LtGemms {
   // `owner` prefixes error messages ("DenseFfn", "FfnTrainingPlan"). tuned: each shape's algorithm is
   // the fastest of cuBLASLt's first heuristic choices, timed on the first run() with a stream outside
   // capture (DenseKernels::CuBlasLtTuned); otherwise its first choice. Needs the context current.
-  LtGemms(DType dtype, bool tuned, const char* owner);
+  // workspace_bytes: device memory cuBLASLt may use (0: none, which rules out split-K algorithms).
+  LtGemms(DType dtype, bool tuned, const char* owner, size_t workspace_bytes = kWorkspaceBytes);
   ~LtGemms();
   LtGemms(const LtGemms&) = delete;
   LtGemms& operator=(const LtGemms&) = delete;
@@ -45,7 +46,7 @@ class LtGemms {
   void prepare(const LtGemm& g);
   // Enqueues g on the stream; D = C (in place). Throws as prepare, Error(Cuda) for a failed launch.
   void run(CUstream stream, const LtGemm& g, float beta = 0.0f);
-  void* workspace() const;   // kWorkspaceBytes of device memory (cuBLAS may share it: one stream at a time)
+  void* workspace() const;   // workspace_bytes of device memory (cuBLAS may share it: one stream at a time)
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
   struct Plan;
@@ -55,6 +56,7 @@ class LtGemms {
   DType dtype_;
   bool tuned_;
   const char* owner_;
+  size_t workspace_bytes_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   std::unique_ptr<DeviceBuffer> workspace_;
   // (m, n, k, lda, ldb, ldc, a_is_k_by_m, b_is_n_by_k, c_fp32, alignments of A, B, C)

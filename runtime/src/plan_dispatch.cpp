@@ -66,20 +66,14 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t d
       // instead, the weights (69 MB at the paper's shape against the H200's 60 MB L2) stay partly in L2,
       // and at 16 tokens the fused decode kernel tied with dense there while it was 1.25x slower from DRAM
       // (bench/README.md v71). Without memory or cuBLASLt for the eviction, the calls are timed back to back.
-      p.context->make_current();  // the scratch and cuBLASLt's handle on the plan's device
-      std::unique_ptr<detail::L2Eviction> eviction;
-      bool evicting = false;
-      try {
-        if (p.context->l2_bytes > 0) eviction = std::make_unique<detail::L2Eviction>(p.context->l2_bytes, reinterpret_cast<CUstream>(stream));
-        evicting = eviction != nullptr;
-      } catch (const Error&) {
-      }
+      detail::L2Eviction* eviction = detail::context_l2_eviction(*p.context, reinterpret_cast<CUstream>(stream));
       const auto evict_l2 = [&] {
-        if (!evicting) return;
+        if (eviction == nullptr) return;
         try {
+          std::lock_guard<std::mutex> lock(p.context->l2_eviction_mutex);
           eviction->enqueue(reinterpret_cast<CUstream>(stream));
         } catch (const Error&) {
-          evicting = false;  // the rest of this calibration back to back (the object lives until after the timing)
+          eviction = nullptr;  // the rest of this calibration back to back
         }
       };
       double best = 0;

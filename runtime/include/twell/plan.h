@@ -21,7 +21,8 @@ enum class Dispatch {
   // Per token-count bucket (powers of two), the first run() times the TwELL path (with each consumer
   // variant the plan holds, FfnSpec::consumer) and the dense path (Dense below) on its inputs (a few calls
   // each, one stream synchronization; before each call a cuBLASLt GEMV reads a scratch of twice the L2
-  // size, freed after, so that the weights come from DRAM as in a model whose weights exceed L2) and keeps
+  // size, so that the weights come from DRAM as in a model whose weights exceed L2: the context makes the
+  // scratch at its first calibration and keeps it, 120 MiB on the H200) and keeps
   // the fastest for later runs of that bucket: never slower than dense beyond the timing noise, on
   // inputs like the first. Later runs do not synchronize.
   Auto,
