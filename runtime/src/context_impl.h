@@ -74,7 +74,8 @@ struct Context::Impl {
   std::mutex auxiliary_mutex;
   std::map<std::string, std::shared_ptr<LoadedKernel>> auxiliary_loaded;
 
-  // Dispatch::Auto's L2 eviction (l2_eviction.h: context_l2_eviction), made at the first calibration.
+  // Dispatch::Auto's L2 eviction (l2_eviction.h: context_l2_eviction), made at the first calibration
+  // (the mutex guards its making).
   std::mutex l2_eviction_mutex;
   std::unique_ptr<detail::L2Eviction> l2_eviction;
 

@@ -29,7 +29,10 @@ L2Eviction::L2Eviction(int l2_bytes, CUstream stream) {
   lt_->prepare(gemv_);
 }
 
-void L2Eviction::enqueue(CUstream stream) { lt_->run(stream, gemv_); }
+void L2Eviction::enqueue(CUstream stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  lt_->run(stream, gemv_);
+}
 
 L2Eviction* context_l2_eviction(Context::Impl& context, CUstream stream) {
   if (context.l2_bytes <= 0) return nullptr;

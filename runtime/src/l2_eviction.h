@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <memory>
+#include <mutex>
 
 #include "context_impl.h"
 #include "driver.h"
@@ -27,7 +28,8 @@ class L2Eviction {
   // (callers then time without eviction).
   L2Eviction(int l2_bytes, CUstream stream);
   // Enqueues the read of the whole scratch on `stream`: every L2 line then holds scratch data, clean.
-  // Callers on several streams may enqueue at once (the scratch is only read; c's values are never used).
+  // Thread-safe: calibrations on several threads and streams share the context's one (a mutex orders the
+  // calls into cuBLASLt; the scratch is only read and c's values are never used).
   // Reads, not writes: a memset leaves L2 full of dirty lines, whose write-back then lands inside the next
   // timed call (about 6-7 us per call at the paper's decode shape on the H200, bench/README.md v71).
   void enqueue(CUstream stream);
@@ -35,6 +37,7 @@ class L2Eviction {
  private:
   // The scratch as a [n, kColumns] bf16 matrix B; the GEMV computes c[1, n] = a[1, kColumns] B^T.
   static constexpr int64_t kColumns = 4096;
+  std::mutex mutex_;
   DeviceBuffer scratch_, a_, c_;
   LtGemm gemv_;
   std::unique_ptr<LtGemms> lt_;

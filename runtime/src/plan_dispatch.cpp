@@ -70,7 +70,6 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t d
       const auto evict_l2 = [&] {
         if (eviction == nullptr) return;
         try {
-          std::lock_guard<std::mutex> lock(p.context->l2_eviction_mutex);
           eviction->enqueue(reinterpret_cast<CUstream>(stream));
         } catch (const Error&) {
           eviction = nullptr;  // the rest of this calibration back to back

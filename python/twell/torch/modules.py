@@ -195,7 +195,6 @@ class SparseGatedMLP(nn.Module):
         with torch.no_grad():
             evict = l2_eviction(x.device)  # each timed call reads its weights from DRAM, as in a model (v71)
             times = {name: _median_ms(fn, before_each=evict) for name, fn in candidates.items()}
-            del evict
         self.paths[bucket] = path = min(times, key=times.get)
         self.path_times[bucket] = times
         return path

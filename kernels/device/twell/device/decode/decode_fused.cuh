@@ -191,7 +191,6 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   };
   unsigned long long seen;  // the barrier's arrivals before this CTA's (thread 0's; fused_barrier)
   {
-    // The warp's first unit: its first window requested before x is waited for.
     // Launched as a programmatic dependent (sm_90: dependent_launch.cuh), this CTA may become resident
     // before the kernel before it has finished: every global read comes after the wait, Wg's included
     // (a kernel before may write the weights in place: a cast, an optimizer step, a weight sync), and so
@@ -206,6 +205,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       cp_async_16(xs + t * LDX + k, p.x + (valid ? static_cast<int64_t>(t) * p.ldx + k : 0), valid);
     }
     cp_async_commit();
+    // The warp's first unit: its first window requested before x is waited for.
     uint4 buf[WIN];
     if (warp < units) issue(buf, warp, 0);
     require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr)));
