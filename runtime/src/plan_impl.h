@@ -68,14 +68,6 @@ struct FfnPlan::Impl {
   std::shared_ptr<LoadedKernel> decode_fused;
   int64_t decode_fused_max_tokens = 0;
   std::unique_ptr<detail::DeviceBuffer> fused_pairs, fused_counts, fused_arrivals;
-  // Gate screens (FfnPlan::screen_gate), by the TwELL part's w_gate pointer: its row stride and the
-  // device copy of detail::GateScreen (q, scales, coefficients at its offsets).
-  struct GateScreenBuffer {
-    int64_t ld = 0;
-    size_t scale_offset = 0, coef_offset = 0;
-    std::unique_ptr<detail::DeviceBuffer> buffer;
-  };
-  std::map<const void*, GateScreenBuffer> gate_screens;
   bool use_block = false;  // the consumer the next launch() runs
   std::string last_path;
   std::string config_source = "heuristic";  // FfnPlan::config_source

@@ -35,20 +35,9 @@ void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDown
   if (fused) {  // one kernel; it writes no TwELL matrix
     device::DecodeFusedBuffers fused{reinterpret_cast<unsigned long long*>(p.fused_pairs->get()),
                                      reinterpret_cast<uint32_t*>(p.fused_counts->get()),
-                                     reinterpret_cast<unsigned long long*>(p.fused_arrivals->get()), nullptr, nullptr, nullptr};
-    kernels::LaunchShape fused_shape = shape;
-    // This w_gate's screen (FfnPlan::screen_gate), for calls of at most kScreenMaxTokens tokens.
-    const auto screen = p.gate_screens.find(down.w_gate);
-    if (screen != p.gate_screens.end() && screen->second.ld == down.ldwg &&
-        tokens <= kernels::DecodeKernelConstraints::kScreenMaxTokens) {
-      const CUdeviceptr base = screen->second.buffer->get();
-      fused.screen_q = reinterpret_cast<const uint8_t*>(base);
-      fused.screen_scale = reinterpret_cast<const float*>(base + screen->second.scale_offset);
-      fused.screen_coef = reinterpret_cast<const float*>(base + screen->second.coef_offset);
-      fused_shape.gate_screen = true;
-    }
+                                     reinterpret_cast<unsigned long long*>(p.fused_arrivals->get())};
     void* args[2] = {&down, &fused};
-    detail::launch(*p.decode_fused, fused_shape, args, cu, "FfnPlan::run");
+    detail::launch(*p.decode_fused, shape, args, cu, "FfnPlan::run");
     return;
   }
   const LoadedKernel& first = tokens <= p.decode_gate_small->source.cta_m ? *p.decode_gate_small : *p.decode_gate;

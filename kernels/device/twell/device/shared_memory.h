@@ -118,29 +118,11 @@ TWELL_HOST_DEVICE constexpr long long decode_fused_phase1_bytes(long long d_mode
 TWELL_HOST_DEVICE constexpr long long decode_fused_phase2_bytes(long long ctas, long long token_rows) {
   return kDecodeFusedBatchPerRow * token_rows * (2 * kDecodeFusedColumns + 4) + (token_rows * ctas + 1) * 4;
 }
-// The gate screen (FfnPlan::screen_gate, decode_fused.cuh): calls of at most kDecodeScreenTokens tokens
-// (token_rows 8), d_model a multiple of kDecodeScreenGroup (the k groups of one int8 scale each). Phase 1
-// then also holds, from decode_fused_screen_offset on: the CTA's rows' group scales and bound
-// coefficients [rows][groups + 1] each, x's group norms [8][groups + 1] (rows padded: distinct banks), u per (row, token) [rows][8], the
-// candidate rows [rows], and the exact recompute's partial dots [rows][chunks][8 tokens][g, u] (chunks of
-// kDecodeScreenChunk values of d_model, a warp each).
-constexpr long long kDecodeScreenTokens = 8, kDecodeScreenGroup = 64, kDecodeScreenChunk = 512;
-TWELL_HOST_DEVICE constexpr long long decode_screen_groups(long long d_model) { return d_model / kDecodeScreenGroup; }
-TWELL_HOST_DEVICE constexpr long long decode_screen_chunks(long long d_model) { return (d_model + kDecodeScreenChunk - 1) / kDecodeScreenChunk; }
-TWELL_HOST_DEVICE constexpr long long decode_fused_screen_offset(long long d_model, long long rows_per_cta) {
-  return (decode_fused_phase1_bytes(d_model, rows_per_cta, 8) + 15) / 16 * 16;
-}
-TWELL_HOST_DEVICE constexpr long long decode_fused_screen_bytes(long long d_model, long long rows_per_cta) {
-  const long long groups = decode_screen_groups(d_model);
-  return rows_per_cta * (groups + 1) * 4 * 2 + 8 * (groups + 1) * 4 + rows_per_cta * 8 * 4 + rows_per_cta * 4 +
-         rows_per_cta * decode_screen_chunks(d_model) * 8 * 2 * 4;
-}
 // A launch's dynamic shared memory: `ctas` CTAs of at most rows_per_cta = ceil(d_ff / ctas) rows each,
-// x tiles of token_rows rows; `screened`: the call reads a gate screen (token_rows 8).
+// x tiles of token_rows rows.
 TWELL_HOST_DEVICE constexpr long long decode_fused_bytes(long long d_model, long long rows_per_cta, long long ctas,
-                                                         long long token_rows, bool screened = false) {
-  const long long a = screened ? decode_fused_screen_offset(d_model, rows_per_cta) + decode_fused_screen_bytes(d_model, rows_per_cta)
-                               : decode_fused_phase1_bytes(d_model, rows_per_cta, token_rows),
+                                                         long long token_rows) {
+  const long long a = decode_fused_phase1_bytes(d_model, rows_per_cta, token_rows),
                   b = decode_fused_phase2_bytes(ctas, token_rows);
   return ((a > b ? a : b) + 15) / 16 * 16;
 }

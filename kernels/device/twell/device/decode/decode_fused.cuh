@@ -41,7 +41,6 @@
 // every run. No TwELL matrix is written (FfnPlan::download_twell says so after such a call).
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
-#include "twell/device/decode/gate_screen.cuh"
 #include "twell/device/primitives/dependent_launch.cuh"
 #include "twell/device/primitives/grid_sync.cuh"  // load_l2_u32
 
@@ -101,18 +100,6 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   constexpr int TILES = (XR + 15) / 16;                          // m16 tiles of x at the most tokens
   static_assert(Config::threads == sm::kDecodeFusedWarps * 32 && Config::max_tokens == XR && K % 8 == 0, "decode_fused shape");
   static_assert(XR <= 32 && THREADS % 32 == 0 && THREADS >= 16 * XR, "a token mask is 32 bits; a thread per (token, column)");
-  // The gate screen (b.screen_q; gate_screen.cuh): ReLU, d_model in k groups of 64, calls of at most 8
-  // tokens. Each group of 64 values is one 16-byte piece per quad lane (16 q values), G groups a row,
-  // PER64 a slice, in windows of at most 16 pieces per lane; CH chunks of 512 values in the recompute.
-  constexpr bool SCREENABLE = Config::activation == kReLU && K % static_cast<int>(sm::kDecodeScreenGroup) == 0;
-  constexpr int G = K / static_cast<int>(sm::kDecodeScreenGroup);
-  constexpr int PER64 = (G + S - 1) / S;
-  constexpr int NW8 = PER64 < 1 ? 1 : (PER64 + 15) / 16;
-  constexpr int WIN8 = PER64 < 1 ? 1 : (PER64 + NW8 - 1) / NW8;
-  constexpr bool EXACT8 = G % S == 0 && PER64 % WIN8 == 0;
-  constexpr int CH = static_cast<int>(sm::decode_screen_chunks(K));
-  constexpr int CHUNK = static_cast<int>(sm::kDecodeScreenChunk);
-  constexpr int GP = G + 1;  // the per-group arrays' row stride in shared memory: rows in distinct banks
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
   __shared__ int scan_total[WARPS];
   __shared__ int active_count;
@@ -121,8 +108,6 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   const int m = static_cast<int>(p.m);
   const int P = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
   if (m < 1 || m > XR) __trap();
-  const bool screened = b.screen_q != nullptr;
-  if (screened && (!SCREENABLE || m > static_cast<int>(sm::kDecodeScreenTokens))) __trap();
   // x's tiles and every per-token array of shared memory: 8 rows (the mma's A rows 0-7), 16 or 32 (two m16 tiles).
   const int xr = static_cast<int>(sm::decode_fused_token_rows(m));
   const int rows_cap = (N + P - 1) / P;
@@ -141,14 +126,6 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   uint32_t* row_mask = reinterpret_cast<uint32_t*>(act + rows_cap * xr);  // [rows_cap]
   int* active = reinterpret_cast<int*>(row_mask + rows_cap);              // [rows_cap]
   uint32_t* tok_bits = reinterpret_cast<uint32_t*>(active + rows_cap);    // [xr][bit_words]
-  // With a gate screen (xr 8; sm::decode_fused_screen_bytes): the CTA's rows' group scales and bound
-  // coefficients, x's group norms, u per (row, token), the candidate rows, the recompute's partial dots.
-  float* s_scale = reinterpret_cast<float*>(dynamic_smem + sm::decode_fused_screen_offset(K, rows_cap));  // [rows_cap][GP]
-  float* s_coef = s_scale + rows_cap * GP;                                // [rows_cap][GP]
-  float* s_xnorm = s_coef + rows_cap * GP;                                // [8][GP]
-  float* s_up = s_xnorm + 8 * GP;                                         // [rows_cap][8]
-  int* s_cand = reinterpret_cast<int*>(s_up + rows_cap * 8);              // [rows_cap]
-  float* s_part = reinterpret_cast<float*>(s_cand + rows_cap);            // [rows_cap][CH][8][2]
 
   // The warp's units u = warp, warp + WARPS, ... (group u / S, slice u % S: k32 blocks [slice * PER,
   // min(KB, (slice + 1) * PER))), each in NW windows of WIN blocks: at the paper's shape one window
@@ -212,55 +189,6 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       }
     }
   };
-  // The screened stream: unit u's window of 64-blocks, a 16-byte piece of q per lane and block (values
-  // 16 q .. 16 q + 15 of row n); each piece is four mma steps (its word w: values 4 w .. 4 w + 3, the B
-  // fragment's k slots 2 q, 2 q + 1 and 2 q + 8, 2 q + 9, with x's words 2 w and 2 w + 1 of the same
-  // values as A), summed per block and scaled by the block's scale of D's columns (rows 2 q, 2 q + 1).
-  auto issue8 = [&](uint4 (&buf)[WIN8], int u, int window) {
-    const int row = 8 * (u / S) + n, first = u % S * PER64 + window * WIN8;
-    const int end = (u % S + 1) * PER64 < G ? (u % S + 1) * PER64 : G;
-    const bool valid_row = row < R;
-    const uint8_t* src = b.screen_q + static_cast<int64_t>(r0 + (valid_row ? row : 0)) * K + 16 * q + 64 * first;
-#pragma unroll
-    for (int i = 0; i < WIN8; ++i)
-      buf[i] = valid_row && (EXACT8 || first + i < end) ? load_stream_16(reinterpret_cast<const uint16_t*>(src + 64 * i))
-                                                        : make_uint4(0u, 0u, 0u, 0u);
-  };
-  auto consume8 = [&](const uint4 (&buf)[WIN8], float (&acc)[4], int u, int window) {
-    const int first = u % S * PER64 + window * WIN8;
-    const int end = (u % S + 1) * PER64 < G ? (u % S + 1) * PER64 : G;
-    const int col_row = 8 * (u / S) + 2 * q;
-#pragma unroll
-    for (int i = 0; i < WIN8; ++i) {
-      const int blk = first + i;
-      if (!EXACT8 && blk >= end) break;
-      const uint4 x0 = *reinterpret_cast<const uint4*>(xs + n * LDX + 64 * blk + 16 * q);
-      const uint4 x1 = *reinterpret_cast<const uint4*>(xs + n * LDX + 64 * blk + 16 * q + 8);
-      const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-      const uint32_t qw[4] = {buf[i].x, buf[i].y, buf[i].z, buf[i].w};
-      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint32_t a[4] = {xw[2 * w], 0u, xw[2 * w + 1], 0u};
-        mma_16816<Value>(part, a, screen_pair<Value, 0x1100u>(qw[w]), screen_pair<Value, 0x3322u>(qw[w]));
-      }
-      const float s0 = col_row < R ? s_scale[col_row * GP + blk] : 0.0f;
-      const float s1 = col_row + 1 < R ? s_scale[(col_row + 1) * GP + blk] : 0.0f;
-      acc[0] = fmaf(s0, part[0], acc[0]);
-      acc[1] = fmaf(s1, part[1], acc[1]);
-    }
-  };
-  auto screened_unit = [&](uint4 (&buf)[WIN8], int u) {  // buf: the unit's first window, in flight
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    consume8(buf, acc, u, 0);
-#pragma unroll 1
-    for (int window = 1; window < NW8; ++window) {
-      issue8(buf, u, window);
-      consume8(buf, acc, u, window);
-    }
-    sums[(u * xr + n) * 8 + 2 * q] = acc[0];
-    sums[(u * xr + n) * 8 + 2 * q + 1] = acc[1];
-  };
   unsigned long long seen;  // the barrier's arrivals before this CTA's (thread 0's; fused_barrier)
   {
     // Launched as a programmatic dependent (sm_90: dependent_launch.cuh), this CTA may become resident
@@ -276,60 +204,28 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       const bool valid = t < m && k < K;
       cp_async_16(xs + t * LDX + k, p.x + (valid ? static_cast<int64_t>(t) * p.ldx + k : 0), valid);
     }
-    if (SCREENABLE && screened) {
-      // The CTA's rows' scales and coefficients with x, then the first window of q.
-      for (int i = tid; i < R * G; i += THREADS) {
-        cp_async_4(s_scale + i / G * GP + i % G, b.screen_scale + static_cast<int64_t>(r0) * G + i);
-        cp_async_4(s_coef + i / G * GP + i % G, b.screen_coef + static_cast<int64_t>(r0) * G + i);
-      }
-      cp_async_commit();
-      uint4 buf[WIN8];
-      if (warp < units) issue8(buf, warp, 0);
-      require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr, true)));
-      seen = fused_barrier_seen(b.arrivals);
-      cp_async_wait<0>();
-      __syncthreads();
-      // x's group norms, rounded up (the bound's factors): a warp per (token, group), two values a lane;
-      // rows past the call 0.
-      for (int i = warp; i < m * G; i += WARPS) {
-        const uint32_t two = *reinterpret_cast<const uint32_t*>(xs + i / G * LDX + i % G * 64 + 2 * lane);
-        const float v0 = Value::to_float(static_cast<uint16_t>(two)), v1 = Value::to_float(static_cast<uint16_t>(two >> 16));
-        float ss = __fmaf_ru(v0, v0, __fmul_ru(v1, v1));
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss = __fadd_ru(ss, __shfl_xor_sync(0xFFFFFFFFu, ss, o));
-        if (lane == 0) s_xnorm[i / G * GP + i % G] = __fsqrt_ru(ss);
-      }
-      for (int i = m * G + tid; i < 8 * G; i += THREADS) s_xnorm[i / G * GP + i % G] = 0.0f;
-      if (warp < units) screened_unit(buf, warp);
-    } else {
-      // The warp's first unit: its first window requested before x is waited for.
-      uint4 buf[WIN];
-      if (warp < units) issue(buf, warp, 0);
-      require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr)));
-      seen = fused_barrier_seen(b.arrivals);
-      cp_async_wait<0>();
-      __syncthreads();
-      if (warp < units) {
-        float acc[TILES][4] = {};
-        consume_rows(buf, acc, warp, 0);
+    cp_async_commit();
+    // The warp's first unit: its first window requested before x is waited for.
+    uint4 buf[WIN];
+    if (warp < units) issue(buf, warp, 0);
+    require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr)));
+    seen = fused_barrier_seen(b.arrivals);
+    cp_async_wait<0>();
+    __syncthreads();
+    if (warp < units) {
+      float acc[TILES][4] = {};
+      consume_rows(buf, acc, warp, 0);
 #pragma unroll 1
-        for (int window = 1; window < NW; ++window) {
-          issue(buf, warp, window);
-          consume_rows(buf, acc, warp, window);
-        }
-        store(acc, warp);
+      for (int window = 1; window < NW; ++window) {
+        issue(buf, warp, window);
+        consume_rows(buf, acc, warp, window);
       }
+      store(acc, warp);
     }
   }
   // More units than warps (rows per CTA above 8 WARPS / S): one window at a time.
 #pragma unroll 1
   for (int u = warp + WARPS; u < units; u += WARPS) {
-    if (SCREENABLE && screened) {
-      uint4 buf[WIN8];
-      issue8(buf, u, 0);
-      screened_unit(buf, u);
-      continue;
-    }
     uint4 buf[WIN];
     float acc[TILES][4] = {};
 #pragma unroll 1
@@ -350,96 +246,14 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       float s = 0.0f;
 #pragma unroll
       for (int sl = 0; sl < S; ++sl) s += sums[((r / 8 * S + sl) * xr + t) * 8 + r % 8];
-      if (SCREENABLE && screened) {
-        // s is the screen's dot; an upper bound of the exact g (sums rounded up; gate_screen.h) that
-        // could be active makes (r, t) a candidate, as do a NaN and sums near the float range's end.
-        float bound = 0.0f;
-        for (int g = 0; g < G; ++g) bound = __fmaf_ru(s_xnorm[t * GP + g], s_coef[r * GP + g], bound);
-        const uint16_t a = activate<Value, Config::activation>(Value::from_float(__fadd_ru(s, bound)));
-        on = t < m && (is_active<Value, Config::activation>(a, Config::threshold) || !(fabsf(s) < 1e37f));
-      } else {
-        const uint16_t a = activate<Value, Config::activation>(Value::from_float(s));
-        on = t < m && is_active<Value, Config::activation>(a, Config::threshold);
-        act[r * xr + t] = Value::to_float(a);
-      }
+      const uint16_t a = activate<Value, Config::activation>(Value::from_float(s));
+      on = t < m && is_active<Value, Config::activation>(a, Config::threshold);
+      act[r * xr + t] = Value::to_float(a);
     }
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
     if (r < R && t == 0) row_mask[r] = (ballot >> (lane & ~(xr - 1))) & (xr == 32 ? ~0u : (1u << xr) - 1u);
   }
   __syncthreads();
-  if (SCREENABLE && screened) {
-    // row_mask holds the candidates' tokens. The candidate rows ascending (warp 0).
-    if (warp == 0) {
-      int count = 0;
-      for (int base = 0; base < R; base += 32) {
-        const uint32_t mask = base + lane < R ? row_mask[base + lane] : 0u;
-        const uint32_t any = __ballot_sync(0xFFFFFFFFu, mask != 0u);
-        if (mask != 0u) s_cand[count + __popc(any & lanemask_lt())] = base + lane;
-        count += __popc(any);
-      }
-      if (lane == 0) active_count = count;
-    }
-    __syncthreads();
-    const int n_cand = active_count;
-    // Per (candidate, chunk of CHUNK values), a warp: the lane's two 16-byte pieces of Wg_j (and Wu_j),
-    // all loads in flight at once, dotted with each candidate token's x and warp-summed into s_part.
-    for (int it = warp; it < n_cand * CH; it += WARPS) {
-      const int e = it / CH, ch = it % CH, r = s_cand[e];
-      const int64_t j = r0 + r;
-      const uint32_t mask = row_mask[r];
-      uint4 wg[2], wu[2];
-#pragma unroll
-      for (int pc = 0; pc < 2; ++pc) {
-        const int k = ch * CHUNK + 8 * lane + 256 * pc;
-        wg[pc] = k < K ? load_stream_16(p.w_gate + j * p.ldwg + k) : make_uint4(0u, 0u, 0u, 0u);
-        if constexpr (Config::gated) wu[pc] = k < K ? load_stream_16(p.w_up + j * p.ldwu + k) : make_uint4(0u, 0u, 0u, 0u);
-      }
-      for (int t = 0; t < 8; ++t) {
-        if (!(mask >> t & 1u)) continue;  // the row's mask: uniform over the warp
-        float gs = 0.0f, us = 0.0f;
-#pragma unroll
-        for (int pc = 0; pc < 2; ++pc) {
-          const int k = ch * CHUNK + 8 * lane + 256 * pc;
-          if (k < K) {
-            const uint4 xv = *reinterpret_cast<const uint4*>(xs + t * LDX + k);
-            gs = dot8<Value>(xv, wg[pc], gs);
-            if constexpr (Config::gated) us = dot8<Value>(xv, wu[pc], us);
-          }
-        }
-        gs = warp_sum(gs);
-        if constexpr (Config::gated) us = warp_sum(us);
-        if (lane == 0) {
-          s_part[((e * CH + ch) * 8 + t) * 2] = gs;
-          s_part[((e * CH + ch) * 8 + t) * 2 + 1] = us;
-        }
-      }
-    }
-    __syncthreads();
-    // Per (candidate, token), a thread (a candidate's 8 in one warp): the exact g and u, the chunks in
-    // order; a as every twell gate rounds and activates it; the row's token mask now its exact actives.
-    for (int base = 0; base < n_cand * 8; base += THREADS) {  // uniform trip count: the ballot below
-      const int i = base + tid, e = i / 8, t = i % 8;
-      bool on = false;
-      int r = 0;
-      if (e < n_cand) {
-        r = s_cand[e];
-        if (row_mask[r] >> t & 1u) {
-          float g = 0.0f, u = 0.0f;
-          for (int ch = 0; ch < CH; ++ch) {
-            g += s_part[((e * CH + ch) * 8 + t) * 2];
-            u += s_part[((e * CH + ch) * 8 + t) * 2 + 1];
-          }
-          const uint16_t a = activate<Value, Config::activation>(Value::from_float(g));
-          on = is_active<Value, Config::activation>(a, Config::threshold);
-          act[r * xr + t] = Value::to_float(a);
-          s_up[r * 8 + t] = u;
-        }
-      }
-      const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
-      if (e < n_cand && t == 0) row_mask[r] = (ballot >> (lane & ~7)) & 0xFFu;
-    }
-    __syncthreads();
-  }
   // Per token t < m, a warp each: its active rows of the CTA as bits (tok_bits[t][w], 32 rows a word:
   // the pairs' ranks below) and their count into the workspace (b.counts[t][c]); warp 0 also the
   // CTA's active rows ascending.
@@ -480,10 +294,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     for (uint32_t left = mask; left != 0; left &= left - 1) {
       const int t = __ffs(left) - 1;
       float h = act[r * xr + t];
-      if constexpr (Config::gated) {  // h = a u (the screened call computed u with g)
-        if (SCREENABLE && screened) h *= s_up[r * 8 + t];
-        else h *= warp_dot_16B<Value, K>(xs + t * LDX, p.w_up + static_cast<int64_t>(j) * p.ldwu, lane);
-      }
+      if constexpr (Config::gated) h *= warp_dot_16B<Value, K>(xs + t * LDX, p.w_up + static_cast<int64_t>(j) * p.ldwu, lane);  // h = a u
       if (lane == 0) {
         int rank = __popc(tok_bits[t * bit_words + r / 32] & ((1u << (r % 32)) - 1u));
         for (int w = 0; w < r / 32; ++w) rank += __popc(tok_bits[t * bit_words + w]);
