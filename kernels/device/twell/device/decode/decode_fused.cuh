@@ -44,6 +44,12 @@
 #include "twell/device/primitives/dependent_launch.cuh"
 #include "twell/device/primitives/grid_sync.cuh"  // load_l2_u32
 
+// A timeline hook: bench/experiments/decode_fused_timeline.cu defines it to stamp each CTA's phases
+// (thread 0, %globaltimer and clock64); empty otherwise.
+#ifndef TWELL_DECODE_FUSED_STAMP
+#define TWELL_DECODE_FUSED_STAMP(stage)
+#endif
+
 namespace twell::device {
 
 // 16 bytes of global memory that no kernel of the call writes (a weight), streamed: no L1 allocation
@@ -195,6 +201,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     // before the kernel before it has finished: every global read comes after the wait, Wg's included
     // (a kernel before may write the weights in place: a cast, an optimizer step, a weight sync), and so
     // do the workspace's writes. The next kernel may launch at once (bench/README.md v72).
+    TWELL_DECODE_FUSED_STAMP(0);  // resident
     wait_for_previous_kernel();
     allow_next_kernel();
     // x first, so that it does not queue behind Wg: rows past the call and values past K are zeros (the
@@ -212,6 +219,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     seen = fused_barrier_seen(b.arrivals);
     cp_async_wait<0>();
     __syncthreads();
+    TWELL_DECODE_FUSED_STAMP(1);  // x arrived
     if (warp < units) {
       float acc[TILES][4] = {};
       consume_rows(buf, acc, warp, 0);
@@ -236,6 +244,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     store(acc, u);
   }
   __syncthreads();
+  TWELL_DECODE_FUSED_STAMP(2);  // the Wg stream and its mma steps done (every warp)
 
   // g per (row, token): the slices in order, rounded, activated; the rows' token masks (xr lanes per
   // row: tokens 0..xr - 1).
@@ -254,6 +263,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     if (r < R && t == 0) row_mask[r] = (ballot >> (lane & ~(xr - 1))) & (xr == 32 ? ~0u : (1u << xr) - 1u);
   }
   __syncthreads();
+  TWELL_DECODE_FUSED_STAMP(8);  // g and the rows' masks
   // Per token t < m, a warp each: its active rows of the CTA as bits (tok_bits[t][w], 32 rows a word:
   // the pairs' ranks below) and their count into the workspace (b.counts[t][c]); warp 0 also the
   // CTA's active rows ascending.
@@ -277,6 +287,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     if (t == 0 && lane == 0) active_count = count;
   }
   __syncthreads();
+  TWELL_DECODE_FUSED_STAMP(3);  // g, masks, bits, counts
   const int n_active = active_count;
   // h per active (row, token), a warp per row: Wd's data into L2 first (phase 2 reads it), then Wu_j
   // once for all the row's tokens (warp_dot_16B, the row consumers' dot); each (j, h) into its pair
@@ -304,7 +315,9 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     }
   }
 
+  TWELL_DECODE_FUSED_STAMP(4);  // h written (before the grid barrier)
   fused_barrier(b.arrivals, seen);
+  TWELL_DECODE_FUSED_STAMP(5);  // past the grid barrier
 
   // ---- phase 2 (its shared memory from the start again: sm::decode_fused_phase2_bytes) ----
   // The call's pairs in one order, token-major: segment s = t P + c holds CTA c's pairs of token t
@@ -339,6 +352,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   }
   if (tid == THREADS - 1) seg_start[segs] = before;
   __syncthreads();
+  TWELL_DECODE_FUSED_STAMP(6);  // phase 2: the counts read and scanned
   const int pairs = seg_start[segs];
   const int col = tid % COLS, tok = tid / COLS;  // y's (token, column) of threads below m COLS
   const int tok_first = tok < m ? seg_start[tok * P] : 0, tok_end = tok < m ? seg_start[(tok + 1) * P] : 0;
@@ -387,6 +401,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     }
     if (tok < m && k0 + col < K) p.y[static_cast<int64_t>(tok) * p.ldy + k0 + col] = Value::from_float(y);
   }
+  TWELL_DECODE_FUSED_STAMP(7);  // y written
 }
 
 }  // namespace twell::device

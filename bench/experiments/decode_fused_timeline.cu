@@ -1,0 +1,198 @@
+// Experiment (issue 17, bench/README.md v75): where a decode_fused call spends its time. The library's
+// kernel (decode/decode_fused.cuh) with its timeline hook defined: thread 0 of every CTA stamps
+// %globaltimer (ns, one clock for the GPU) and clock64 (its SM's cycles) at each phase boundary. Calls
+// run from a CUDA graph of 20 calls over 8 copies of the weights (> L2), as FfnPlan::run launches them
+// (cooperative, programmatic stream serialization); the stamps are the last call's. Uniform weights
+// with column 0 shifting each neuron to the density (tests/common/test_data.h's recipe), Wd in_out.
+// Not part of the library.
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/device -o decode_fused_timeline \
+//     bench/experiments/decode_fused_timeline.cu
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+__device__ unsigned long long g_stamp[256][9][2];
+#define TWELL_DECODE_FUSED_STAMP(stage)                                                    \
+  do {                                                                                     \
+    if (threadIdx.x == 0) {                                                                \
+      unsigned long long t_;                                                               \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                              \
+      g_stamp[blockIdx.x][stage][0] = t_;                                                  \
+      g_stamp[blockIdx.x][stage][1] = clock64();                                           \
+    }                                                                                      \
+  } while (0)
+#include "twell/device/decode/decode_fused.cuh"
+
+#define CHECK(x)                                                                         \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+constexpr int K = 2048, N = 5632, COPIES = 8;
+struct Config {
+  using Value = twell::device::BF16;
+  static constexpr int d_model = K, d_ff = N, tile_n = 256, slots = 31, activation = 0;
+  static constexpr float threshold = 0.0f;
+  static constexpr int threads = 768, max_tokens = 32, cta_m = 32, slice_n = 32, mma_warps = 2;
+  static constexpr bool gated = true, down_in_out = true;
+  static constexpr int down_columns_per_lane = 2, gate_mainloop = 2, gate_cta_k = 64;
+};
+__global__ void __launch_bounds__(768, 1) fused(const twell::device::GatedDownParams p, const twell::device::DecodeFusedBuffers d) {
+  twell::device::decode_fused<Config>(p, d);
+}
+
+static uint16_t bf(float v) {
+  uint32_t u;
+  std::memcpy(&u, &v, 4);
+  u += 0x7FFF + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+static float fl(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+int main() {
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  namespace sm = twell::device::shared_memory;
+  const int rows_cap = (N + sms - 1) / sms;
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const size_t n = static_cast<size_t>(N) * K;
+  const float ws = 1.0f / std::sqrt(float(K));
+  std::vector<uint16_t> wg(n), wu(n), wd(n);
+  for (size_t i = 0; i < n; ++i) wg[i] = bf(u(rng) * ws), wu[i] = bf(u(rng) * ws), wd[i] = bf(u(rng) / std::sqrt(float(N)));
+  const double z = 2.5758;  // P(N(0,1) > z) = 0.5%
+  for (int j = 0; j < N; ++j) {
+    double var = 0;
+    for (int k = 1; k < K; ++k) var += double(fl(wg[size_t(j) * K + k])) * fl(wg[size_t(j) * K + k]) / 3.0;
+    wg[size_t(j) * K] = bf(float(-std::sqrt(var) * z));
+  }
+  std::vector<uint16_t*> dwg(COPIES), dwu(COPIES), dwd(COPIES);
+  for (int c = 0; c < COPIES; ++c) {
+    CHECK(cudaMalloc(&dwg[c], n * 2));
+    CHECK(cudaMalloc(&dwu[c], n * 2));
+    CHECK(cudaMalloc(&dwd[c], n * 2));
+    CHECK(cudaMemcpy(dwg[c], wg.data(), n * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dwu[c], wu.data(), n * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dwd[c], wd.data(), n * 2, cudaMemcpyHostToDevice));
+  }
+  std::vector<uint16_t> x(32 * K);
+  for (auto& v : x) v = bf(u(rng));
+  for (int t = 0; t < 32; ++t) x[t * K] = bf(1.0f);
+  uint16_t *dx, *dy;
+  CHECK(cudaMalloc(&dx, x.size() * 2));
+  CHECK(cudaMalloc(&dy, x.size() * 2));
+  CHECK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  unsigned long long *pairs, *arrivals;
+  uint32_t* counts;
+  CHECK(cudaMalloc(&pairs, size_t(sm::decode_fused_pair_slots(N, sms)) * 8));
+  CHECK(cudaMalloc(&counts, size_t(sm::decode_fused_segments(sms)) * 4));
+  CHECK(cudaMalloc(&arrivals, 8));
+  CHECK(cudaMemset(arrivals, 0, 8));
+  CHECK(cudaFuncSetAttribute(fused, cudaFuncAttributeMaxDynamicSharedMemorySize, 225 * 1024));
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::printf("stage: 0 resident, 1 x arrived (and every warp's Wg loads issued), 2 Wg streamed and multiplied, 3 g/masks/counts (8: g and masks only), 4 h written, 5 past the grid barrier, 6 counts read, 7 y written\n");
+  for (int m : {1, 4, 16, 32}) {
+    const int bytes = static_cast<int>(sm::decode_fused_bytes(K, rows_cap, sms, sm::decode_fused_token_rows(m)));
+    int layer = 0;
+    auto one = [&] {
+      twell::device::GatedDownParams p{};
+      p.x = dx;
+      p.w_gate = dwg[layer];
+      p.w_up = dwu[layer];
+      p.w_down = dwd[layer];
+      p.y = dy;
+      p.m = m;
+      p.ldx = p.ldwg = p.ldwu = p.ldwd = p.ldy = K;
+      layer = (layer + 1) % COPIES;
+      twell::device::DecodeFusedBuffers b{pairs, counts, arrivals};
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(sms);
+      cfg.blockDim = dim3(768);
+      cfg.stream = s;
+      cfg.dynamicSmemBytes = bytes;
+      cudaLaunchAttribute attr[2];
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[1].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 2;
+      CHECK(cudaLaunchKernelEx(&cfg, fused, p, b));
+    };
+    one();
+    CHECK(cudaStreamSynchronize(s));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < 4 * COPIES; ++i) one();
+    CHECK(cudaStreamEndCapture(s, &g));
+    CHECK(cudaGraphInstantiate(&ge, g, 0));
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    std::vector<float> per;
+    for (int rep = 0; rep < 7; ++rep) {
+      CHECK(cudaEventRecord(e0, s));
+      CHECK(cudaGraphLaunch(ge, s));
+      CHECK(cudaEventRecord(e1, s));
+      CHECK(cudaEventSynchronize(e1));
+      float ms;
+      CHECK(cudaEventElapsedTime(&ms, e0, e1));
+      per.push_back(ms * 1e3f / (4 * COPIES));
+    }
+    std::sort(per.begin(), per.end());
+    unsigned long long st[256][9][2];
+    CHECK(cudaMemcpyFromSymbol(st, g_stamp, sizeof(st)));
+    std::vector<uint32_t> cnt(size_t(m) * sms);
+    CHECK(cudaMemcpy(cnt.data(), counts, cnt.size() * 4, cudaMemcpyDeviceToHost));
+    unsigned long long t0 = ~0ull;
+    for (int c = 0; c < sms; ++c) t0 = std::min(t0, st[c][0][0]);
+    std::printf("\nM %d: %.2f us per call in the graph (median of 7); last call's stamps, us after the first CTA's stage 0\n", m, per[3]);
+    std::printf("stage   min    med    max   | per-CTA cycles from the stage before: med   max   | owners med  others med (barrier arrival)\n");
+    for (int k = 0; k < 8; ++k) {
+      std::vector<double> v, d, own, oth;
+      for (int c = 0; c < sms; ++c) {
+        if (k == 7 && c * 16 >= K) continue;  // no column chunk
+        v.push_back((st[c][k][0] - t0) / 1e3);
+        if (k > 0) d.push_back(double(st[c][k][1] - st[c][k - 1][1]));
+        bool owner = false;
+        for (int t = 0; t < m; ++t) owner = owner || cnt[size_t(t) * sms + c] > 0;
+        (owner ? own : oth).push_back((st[c][k][0] - t0) / 1e3);
+      }
+      auto med = [](std::vector<double> a) { if (a.empty()) return -1.0; std::sort(a.begin(), a.end()); return a[a.size() / 2]; };
+      auto mx = [](const std::vector<double>& a) { return a.empty() ? -1.0 : *std::max_element(a.begin(), a.end()); };
+      auto mn = [](const std::vector<double>& a) { return a.empty() ? -1.0 : *std::min_element(a.begin(), a.end()); };
+      std::printf("  %d   %6.2f %6.2f %6.2f   |   %8.0f %8.0f   |   %6.2f (%zu)  %6.2f (%zu)\n", k, mn(v), med(v), mx(v), k ? med(d) : 0.0, k ? mx(d) : 0.0,
+                  med(own), own.size(), med(oth), oth.size());
+    }
+    {
+      std::vector<double> a, b2;
+      for (int c = 0; c < sms; ++c) a.push_back(double(st[c][8][1] - st[c][2][1])), b2.push_back(double(st[c][3][1] - st[c][8][1]));
+      std::sort(a.begin(), a.end());
+      std::sort(b2.begin(), b2.end());
+      std::printf("  stage 2 -> 8 (g, masks) cycles med %.0f max %.0f; 8 -> 3 (bits, counts) med %.0f max %.0f\n", a[a.size() / 2], a.back(), b2[b2.size() / 2], b2.back());
+    }
+    std::vector<uint16_t> y(size_t(m) * K);
+    CHECK(cudaMemcpy(y.data(), dy, y.size() * 2, cudaMemcpyDeviceToHost));
+    double sum = 0;
+    for (auto v : y) sum += std::fabs(fl(v));
+    std::printf("mean |y| %.4g\n", sum / y.size());
+  }
+  return 0;
+}
