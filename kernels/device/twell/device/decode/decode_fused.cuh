@@ -17,8 +17,9 @@
 //   m16 tile of x, rows 16 + n and 24 + n, on the same B fragments): each mma sums 16 of the
 //   block's products, a permutation of the block's k order applied to A and B alike. Each unit's blocks run ascending; the slices' sums are added in slice
 //   order. g is rounded to the value type and activated as every twell gate does (numerics.cuh).
-// Then per token t of the call (a warp each): its active rows of the CTA as bits and their count into
-//   the workspace (b.counts[t][c]); per active row j (a warp each): Wd's data for j into L2 (phase 2
+// In the same pass as g, each token's active rows of the CTA as bits (shared-memory atomics) and each
+//   active row's Wu_j lines into L2 (prefetch), then the count per token into the workspace
+//   (b.counts[t][c]); per active row j (a warp each): Wd's data for j into L2 (phase 2
 //   reads it), and per token t that activates j, h = a (x_t . Wu_j) with the row consumers' warp dot
 //   order (non-gated: h = a), written as the pair (j, h) at t's rank of j among the CTA's rows
 //   (b.pairs[t][c][rank]): Wu_j is read once for all the call's tokens that need it.
@@ -216,6 +217,10 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     uint4 buf[WIN];
     if (warp < units) issue(buf, warp, 0);
     require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr)));
+    // The per-token row bits and the active rows' count, which the g pass sets (the barrier below orders
+    // these writes before it).
+    for (int i = tid; i < xr * bit_words; i += THREADS) tok_bits[i] = 0u;
+    if (tid == 0) active_count = 0;
     seen = fused_barrier_seen(b.arrivals);
     cp_async_wait<0>();
     __syncthreads();
@@ -247,7 +252,9 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   TWELL_DECODE_FUSED_STAMP(2);  // the Wg stream and its mma steps done (every warp)
 
   // g per (row, token): the slices in order, rounded, activated; the rows' token masks (xr lanes per
-  // row: tokens 0..xr - 1).
+  // row: tokens 0..xr - 1), each active (row, token) as a bit of tok_bits[t] (32 rows a word: the pairs'
+  // ranks below), each row with an active token into the active rows (in any order: a warp per row
+  // below, whose results do not depend on it).
   for (int base = 0; base < R * xr; base += THREADS) {  // uniform trip count: the ballot below
     const int i = base + tid, r = i / xr, t = i % xr;
     bool on = false;
@@ -258,35 +265,30 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       const uint16_t a = activate<Value, Config::activation>(Value::from_float(s));
       on = t < m && is_active<Value, Config::activation>(a, Config::threshold);
       act[r * xr + t] = Value::to_float(a);
+      if (on) atomicOr(&tok_bits[t * bit_words + r / 32], 1u << (r % 32));
     }
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
-    if (r < R && t == 0) row_mask[r] = (ballot >> (lane & ~(xr - 1))) & (xr == 32 ? ~0u : (1u << xr) - 1u);
+    const uint32_t mask = (ballot >> (lane & ~(xr - 1))) & (xr == 32 ? ~0u : (1u << xr) - 1u);
+    if (r < R && t == 0) {
+      row_mask[r] = mask;
+      if (mask != 0u) active[atomicAdd(&active_count, 1)] = r;
+    }
+    // An active row's Wu into L2 now, its xr lanes a 128-byte line each in turn: the h pass below reads
+    // it after the counts, so its DRAM round trip starts here (bench/README.md v76).
+    if constexpr (Config::gated) {
+      if (r < R && mask != 0u)
+        for (int k = t * 64; k < K; k += xr * 64)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_up + static_cast<int64_t>(r0 + r) * p.ldwu + k) : "memory");
+    }
   }
   __syncthreads();
   TWELL_DECODE_FUSED_STAMP(8);  // g and the rows' masks
-  // Per token t < m, a warp each: its active rows of the CTA as bits (tok_bits[t][w], 32 rows a word:
-  // the pairs' ranks below) and their count into the workspace (b.counts[t][c]); warp 0 also the
-  // CTA's active rows ascending.
-  for (int t = warp; t < m; t += WARPS) {
-    int count = 0;
-    for (int base = 0; base < R; base += 32) {
-      const uint32_t mask = base + lane < R ? row_mask[base + lane] : 0u;
-      const uint32_t bits = __ballot_sync(0xFFFFFFFFu, mask >> t & 1u);
-      if (lane == 0) tok_bits[t * bit_words + base / 32] = bits;
-      if (t == 0) {  // warp 0
-        const uint32_t any = __ballot_sync(0xFFFFFFFFu, mask != 0u);
-        if (mask != 0u) active[count + __popc(any & lanemask_lt())] = base + lane;
-        count += __popc(any);
-      }
-    }
-    if (lane == 0) {
-      int n_t = 0;
-      for (int w = 0; w * 32 < R; ++w) n_t += __popc(tok_bits[t * bit_words + w]);
-      b.counts[t * P + c] = static_cast<uint32_t>(n_t);
-    }
-    if (t == 0 && lane == 0) active_count = count;
+  // Per token t < m, a thread: its count of active rows into the workspace (b.counts[t][c]).
+  if (tid < m) {
+    int n_t = 0;
+    for (int w = 0; w < bit_words; ++w) n_t += __popc(tok_bits[tid * bit_words + w]);
+    b.counts[tid * P + c] = static_cast<uint32_t>(n_t);
   }
-  __syncthreads();
   TWELL_DECODE_FUSED_STAMP(3);  // g, masks, bits, counts
   const int n_active = active_count;
   // h per active (row, token), a warp per row: Wd's data into L2 first (phase 2 reads it), then Wu_j
