@@ -17,8 +17,8 @@
 //   m16 tile of x, rows 16 + n and 24 + n, on the same B fragments): each mma sums 16 of the
 //   block's products, a permutation of the block's k order applied to A and B alike. Each unit's blocks run ascending; the slices' sums are added in slice
 //   order. g is rounded to the value type and activated as every twell gate does (numerics.cuh).
-// In the same pass as g, each token's active rows of the CTA as bits (shared-memory atomics) and each
-//   active row's Wu_j lines into L2 (prefetch), then the count per token into the workspace
+// In the same pass as g, each token's active rows of the CTA as bits (shared-memory atomics) and (gated)
+//   each active row's Wu_j lines into L2 (prefetch), then the count per token into the workspace
 //   (b.counts[t][c]); per active row j (a warp each): Wd's data for j into L2 (phase 2
 //   reads it), and per token t that activates j, h = a (x_t . Wu_j) with the row consumers' warp dot
 //   order (non-gated: h = a), written as the pair (j, h) at t's rank of j among the CTA's rows
@@ -126,7 +126,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   const int units = (R + 7) / 8 * S;
 
   // Phase 1's shared memory (sm::decode_fused_phase1_bytes): x [xr][LDX], the units' sums [units][xr
-  // tokens][8 rows], a per (row, token), the rows' token masks, the active rows ascending.
+  // tokens][8 rows], a per (row, token), the rows' token masks, the active rows (in the g pass's order).
   uint16_t* xs = reinterpret_cast<uint16_t*>(dynamic_smem);
   float* sums = reinterpret_cast<float*>(xs + xr * LDX);
   float* act = sums + (rows_cap + 7) / 8 * S * xr * 8;                    // [rows_cap][xr]
