@@ -1,5 +1,5 @@
 // decode_fused: the whole FFN of at most 32 token rows in one persistent, cooperative kernel, one CTA per
-// SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64, v67, v68). At a few rows the FFN is bound by
+// SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64, v67, v68, v75, v76). At a few rows the FFN is bound by
 // reading Wg, so the kernel is built around streaming it (bench/experiments/decode_stream.cu measured
 // the forms this one keeps):
 //
@@ -18,8 +18,8 @@
 //   block's products, a permutation of the block's k order applied to A and B alike. Each unit's blocks run ascending; the slices' sums are added in slice
 //   order. g is rounded to the value type and activated as every twell gate does (numerics.cuh).
 // In the same pass as g, each token's active rows of the CTA as bits (shared-memory atomics) and (gated)
-//   each active row's Wu_j lines into L2 (prefetch), then the count per token into the workspace
-//   (b.counts[t][c]); per active row j (a warp each): Wd's data for j into L2 (phase 2
+//   each active row's Wu_j lines into L2 (prefetch), the active rows listed by atomicAdd in no fixed order;
+//   then one thread per token counts its bits into the workspace (b.counts[t][c]); per active row j (a warp each): Wd's data for j into L2 (phase 2
 //   reads it), and per token t that activates j, h = a (x_t . Wu_j) with the row consumers' warp dot
 //   order (non-gated: h = a), written as the pair (j, h) at t's rank of j among the CTA's rows
 //   (b.pairs[t][c][rank]): Wu_j is read once for all the call's tokens that need it.
@@ -38,8 +38,8 @@
 // fmaf chain in row order (the large-M down projection adds per tile), so a value may differ from the
 // large-M path's in its last bits, and a neuron within that of the threshold may be active on one path
 // and not the other; y is then within the documented tolerance (1e-2 relative) of the large-M path's,
-// not its bits. Every order is fixed by the shape and the launch's CTA count, so y is the same bits on
-// every run. No TwELL matrix is written (FfnPlan::download_twell says so after such a call).
+// not its bits. Every order y depends on is fixed by the shape and the launch's CTA count (the active
+// list's order only decides which warp computes a row's h), so y is the same bits on every run. No TwELL matrix is written (FfnPlan::download_twell says so after such a call).
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
 #include "twell/device/primitives/dependent_launch.cuh"
@@ -282,7 +282,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     }
   }
   __syncthreads();
-  TWELL_DECODE_FUSED_STAMP(8);  // g and the rows' masks
+  TWELL_DECODE_FUSED_STAMP(8);  // g, masks, row bits, active list, Wu prefetches issued
   // Per token t < m, a thread: its count of active rows into the workspace (b.counts[t][c]).
   if (tid < m) {
     int n_t = 0;
