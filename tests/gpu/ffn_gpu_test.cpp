@@ -1191,6 +1191,18 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
   }
   EXPECT_EQ(first_difference(h_decode, h_again), "") << what << ": a second decode run's TwELL matrix differs";
   EXPECT_TRUE(y_again == y_decode) << what << ": a second decode run's y differs";
+  // The fused kernel's shared-memory atomics and grid barrier: the same bits over more runs, so that an
+  // intermittent race has more chances to show.
+  if (fused) {
+    for (int i = 0; i < 8; ++i) {
+      std::vector<uint16_t> y_more, h_more;
+      run(decode_plan, y_more, h_more);
+      if (y_more != y_decode) {
+        ADD_FAILURE() << what << ": decode run " << i + 3 << "'s y differs from the first";
+        break;
+      }
+    }
+  }
 }
 }  // namespace
 
