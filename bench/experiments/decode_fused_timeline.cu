@@ -5,38 +5,41 @@
 // (cooperative, programmatic stream serialization); the stamps are the last call's. Uniform weights
 // with column 0 shifting each neuron to the density (tests/common/test_data.h's recipe), Wd in_out.
 // Not part of the library.
-//   (from the repository root) nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/device
-//     -o decode_fused_timeline bench/experiments/decode_fused_timeline.cu
+//   (from the repository root) nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++20 -I kernels/device
+//     -I kernels/include -I runtime/include -o decode_fused_timeline bench/experiments/decode_fused_timeline.cu
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
 __device__ unsigned long long g_stamp[256][9][2];
-#define TWELL_DECODE_FUSED_STAMP(stage)                                                    \
-  do {                                                                                     \
-    if (threadIdx.x == 0) {                                                                \
-      unsigned long long t_;                                                               \
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                              \
-      g_stamp[blockIdx.x][stage][0] = t_;                                                  \
-      g_stamp[blockIdx.x][stage][1] = clock64();                                           \
-    }                                                                                      \
+#define TWELL_DECODE_FUSED_STAMP(stage)                      \
+  do {                                                       \
+    if (threadIdx.x == 0) {                                  \
+      unsigned long long t_;                                 \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_)); \
+      g_stamp[blockIdx.x][stage][0] = t_;                    \
+      g_stamp[blockIdx.x][stage][1] = clock64();             \
+    }                                                        \
   } while (0)
 #include "twell/device/decode/decode_fused.cuh"
+#include "twell/half.h"  // the host's bf16 conversions (round to nearest even, as cvt.rn)
 
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
+using twell::bf16_to_float;
+using twell::float_to_bf16;
+
+#define CHECK(x)                                                                              \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
       std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
+      std::exit(1);                                                                           \
+    }                                                                                         \
   } while (0)
 
 constexpr int K = 2048, N = 5632, COPIES = 8;
@@ -48,21 +51,9 @@ struct Config {
   static constexpr bool gated = true, down_in_out = true;
   static constexpr int down_columns_per_lane = 2, gate_mainloop = 2, gate_cta_k = 64;
 };
-__global__ void __launch_bounds__(768, 1) fused(const twell::device::GatedDownParams p, const twell::device::DecodeFusedBuffers d) {
+__global__ void __launch_bounds__(768, 1)
+    fused(const twell::device::GatedDownParams p, const twell::device::DecodeFusedBuffers d) {
   twell::device::decode_fused<Config>(p, d);
-}
-
-static uint16_t bf(float v) {
-  uint32_t u;
-  std::memcpy(&u, &v, 4);
-  u += 0x7FFF + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-static float fl(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
 }
 
 int main() {
@@ -75,12 +66,15 @@ int main() {
   const size_t n = static_cast<size_t>(N) * K;
   const float ws = 1.0f / std::sqrt(float(K));
   std::vector<uint16_t> wg(n), wu(n), wd(n);
-  for (size_t i = 0; i < n; ++i) wg[i] = bf(u(rng) * ws), wu[i] = bf(u(rng) * ws), wd[i] = bf(u(rng) / std::sqrt(float(N)));
+  for (size_t i = 0; i < n; ++i)
+    wg[i] = float_to_bf16(u(rng) * ws), wu[i] = float_to_bf16(u(rng) * ws),
+    wd[i] = float_to_bf16(u(rng) / std::sqrt(float(N)));
   const double z = 2.5758;  // P(N(0,1) > z) = 0.5%
   for (int j = 0; j < N; ++j) {
     double var = 0;
-    for (int k = 1; k < K; ++k) var += double(fl(wg[size_t(j) * K + k])) * fl(wg[size_t(j) * K + k]) / 3.0;
-    wg[size_t(j) * K] = bf(float(-std::sqrt(var) * z));
+    for (int k = 1; k < K; ++k)
+      var += double(bf16_to_float(wg[size_t(j) * K + k])) * bf16_to_float(wg[size_t(j) * K + k]) / 3.0;
+    wg[size_t(j) * K] = float_to_bf16(float(-std::sqrt(var) * z));
   }
   std::vector<uint16_t*> dwg(COPIES), dwu(COPIES), dwd(COPIES);
   for (int c = 0; c < COPIES; ++c) {
@@ -92,8 +86,8 @@ int main() {
     CHECK(cudaMemcpy(dwd[c], wd.data(), n * 2, cudaMemcpyHostToDevice));
   }
   std::vector<uint16_t> x(32 * K);
-  for (auto& v : x) v = bf(u(rng));
-  for (int t = 0; t < 32; ++t) x[t * K] = bf(1.0f);
+  for (auto& v : x) v = float_to_bf16(u(rng));
+  for (int t = 0; t < 32; ++t) x[t * K] = float_to_bf16(1.0f);
   uint16_t *dx, *dy;
   CHECK(cudaMalloc(&dx, x.size() * 2));
   CHECK(cudaMalloc(&dy, x.size() * 2));
@@ -107,7 +101,10 @@ int main() {
   CHECK(cudaFuncSetAttribute(fused, cudaFuncAttributeMaxDynamicSharedMemorySize, 225 * 1024));
   cudaStream_t s;
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  std::printf("stage: 0 resident, 1 x arrived (and every warp's Wg loads issued), 2 Wg streamed and multiplied, 3 counts stored (8: g, masks, row bits, Wu prefetches), 4 h written, 5 past the grid barrier, 6 counts read, 7 y written\n");
+  std::printf(
+      "stage: 0 resident, 1 x arrived (and every warp's Wg loads issued), 2 Wg streamed and multiplied, 3 counts "
+      "stored (8: g, masks, row bits, Wu prefetches), 4 h written, 5 past the grid barrier, 6 counts read, 7 y "
+      "written\n");
   for (int m : {1, 4, 16, 32}) {
     const int bytes = static_cast<int>(sm::decode_fused_bytes(K, rows_cap, sms, sm::decode_fused_token_rows(m)));
     int layer = 0;
@@ -164,8 +161,12 @@ int main() {
     CHECK(cudaMemcpy(cnt.data(), counts, cnt.size() * 4, cudaMemcpyDeviceToHost));
     unsigned long long t0 = ~0ull;
     for (int c = 0; c < sms; ++c) t0 = std::min(t0, st[c][0][0]);
-    std::printf("\nM %d: %.2f us per call in the graph (median of 7); last call's stamps, us after the first CTA's stage 0\n", m, per[3]);
-    std::printf("stage   min    med    max   | per-CTA cycles from the stage before: med   max   | owners med  others med (barrier arrival)\n");
+    std::printf(
+        "\nM %d: %.2f us per call in the graph (median of 7); last call's stamps, us after the first CTA's stage 0\n",
+        m, per[3]);
+    std::printf(
+        "stage   min    med    max   | per-CTA cycles from the stage before: med   max   | owners med  others med "
+        "(barrier arrival)\n");
     for (int k = 0; k < 8; ++k) {
       std::vector<double> v, d, own, oth;
       for (int c = 0; c < sms; ++c) {
@@ -176,18 +177,24 @@ int main() {
         for (int t = 0; t < m; ++t) owner = owner || cnt[size_t(t) * sms + c] > 0;
         (owner ? own : oth).push_back((st[c][k][0] - t0) / 1e3);
       }
-      auto med = [](std::vector<double> a) { if (a.empty()) return -1.0; std::sort(a.begin(), a.end()); return a[a.size() / 2]; };
+      auto med = [](std::vector<double> a) {
+        if (a.empty()) return -1.0;
+        std::sort(a.begin(), a.end());
+        return a[a.size() / 2];
+      };
       auto mx = [](const std::vector<double>& a) { return a.empty() ? -1.0 : *std::max_element(a.begin(), a.end()); };
       auto mn = [](const std::vector<double>& a) { return a.empty() ? -1.0 : *std::min_element(a.begin(), a.end()); };
-      std::printf("  %d   %6.2f %6.2f %6.2f   |   %8.0f %8.0f   |   %6.2f (%zu)  %6.2f (%zu)\n", k, mn(v), med(v), mx(v), k ? med(d) : 0.0, k ? mx(d) : 0.0,
-                  med(own), own.size(), med(oth), oth.size());
+      std::printf("  %d   %6.2f %6.2f %6.2f   |   %8.0f %8.0f   |   %6.2f (%zu)  %6.2f (%zu)\n", k, mn(v), med(v),
+                  mx(v), k ? med(d) : 0.0, k ? mx(d) : 0.0, med(own), own.size(), med(oth), oth.size());
     }
     {
       std::vector<double> a, b2;
-      for (int c = 0; c < sms; ++c) a.push_back(double(st[c][8][1] - st[c][2][1])), b2.push_back(double(st[c][3][1] - st[c][8][1]));
+      for (int c = 0; c < sms; ++c)
+        a.push_back(double(st[c][8][1] - st[c][2][1])), b2.push_back(double(st[c][3][1] - st[c][8][1]));
       std::sort(a.begin(), a.end());
       std::sort(b2.begin(), b2.end());
-      std::printf("  stage 2 -> 8 (g pass) cycles med %.0f max %.0f; 8 -> 3 (counts) med %.0f max %.0f\n", a[a.size() / 2], a.back(), b2[b2.size() / 2], b2.back());
+      std::printf("  stage 2 -> 8 (g pass) cycles med %.0f max %.0f; 8 -> 3 (counts) med %.0f max %.0f\n",
+                  a[a.size() / 2], a.back(), b2[b2.size() / 2], b2.back());
     }
     // y of the last call (every copy holds the same values) against the CPU (double sums; g rounded to
     // bf16 and activated as the kernel does; neurons within 1e-3 of 0 are counted, "near", since the
@@ -201,16 +208,17 @@ int main() {
       std::vector<double> yr(K, 0.0);
       for (int j = 0; j < N; ++j) {
         double g = 0;
-        for (int k = 0; k < K; ++k) g += double(fl(x[t * K + k])) * fl(wg[size_t(j) * K + k]);
-        const double a = fl(bf(float(g)));
+        for (int k = 0; k < K; ++k) g += double(bf16_to_float(x[t * K + k])) * bf16_to_float(wg[size_t(j) * K + k]);
+        const double a = bf16_to_float(float_to_bf16(float(g)));
         if (std::fabs(g) < 1e-3) ++near;
         if (!(a > 0)) continue;
         ++active;
         double uu = 0;
-        for (int k = 0; k < K; ++k) uu += double(fl(x[t * K + k])) * fl(wu[size_t(j) * K + k]);
-        for (int k = 0; k < K; ++k) yr[k] += a * uu * fl(wd[size_t(j) * K + k]);
+        for (int k = 0; k < K; ++k) uu += double(bf16_to_float(x[t * K + k])) * bf16_to_float(wu[size_t(j) * K + k]);
+        for (int k = 0; k < K; ++k) yr[k] += a * uu * bf16_to_float(wd[size_t(j) * K + k]);
       }
-      for (int k = 0; k < K; ++k) err2 += (fl(y[t * K + k]) - yr[k]) * (fl(y[t * K + k]) - yr[k]), ref2 += yr[k] * yr[k];
+      for (int k = 0; k < K; ++k)
+        err2 += (bf16_to_float(y[t * K + k]) - yr[k]) * (bf16_to_float(y[t * K + k]) - yr[k]), ref2 += yr[k] * yr[k];
     }
     uint64_t h = 1469598103934665603ull;
     for (auto v : y) h = (h ^ v) * 1099511628211ull;
@@ -218,8 +226,9 @@ int main() {
     CHECK(cudaStreamSynchronize(s));
     std::vector<uint16_t> y2(y.size());
     CHECK(cudaMemcpy(y2.data(), dy, y2.size() * 2, cudaMemcpyDeviceToHost));
-    std::printf("y: %d active (%d near 0), relative error %.2e against the CPU, bits %s run to run, hash %016llx\n", active, near,
-                std::sqrt(err2 / ref2), y == y2 ? "the same" : "DIFFERENT", static_cast<unsigned long long>(h));
+    std::printf("y: %d active (%d near 0), relative error %.2e against the CPU, bits %s run to run, hash %016llx\n",
+                active, near, std::sqrt(err2 / ref2), y == y2 ? "the same" : "DIFFERENT",
+                static_cast<unsigned long long>(h));
   }
   return 0;
 }

@@ -1,7 +1,7 @@
 // decode_fused: the whole FFN of at most 32 token rows in one persistent, cooperative kernel, one CTA per
-// SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64, v67, v68, v75, v76). At a few rows the FFN is bound by
-// reading Wg, so the kernel is built around streaming it (bench/experiments/decode_stream.cu measured
-// the forms this one keeps):
+// SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64, v67, v68, v75, v76). At a few rows
+// the FFN is bound by reading Wg, so the kernel is built around streaming it
+// (bench/experiments/decode_stream.cu measured the forms this one keeps):
 //
 // Phase 1, per CTA c of P: the contiguous rows [c d_ff / P, (c + 1) d_ff / P) of Wg, in groups of 8
 //   rows (an n8 mma tile), each group's d_model split into k slices, one warp per (group, slice) unit.
@@ -19,10 +19,11 @@
 //   order. g is rounded to the value type and activated as every twell gate does (numerics.cuh).
 // In the same pass as g, each token's active rows of the CTA as bits (shared-memory atomics) and (gated)
 //   each active row's Wu_j lines into L2 (prefetch), the active rows listed by atomicAdd in no fixed order;
-//   then one thread per token counts its bits into the workspace (b.counts[t][c]); per active row j (a warp each): Wd's data for j into L2 (phase 2
-//   reads it), and per token t that activates j, h = a (x_t . Wu_j) with the row consumers' warp dot
-//   order (non-gated: h = a), written as the pair (j, h) at t's rank of j among the CTA's rows
-//   (b.pairs[t][c][rank]): Wu_j is read once for all the call's tokens that need it.
+//   then one thread per token counts its bits into the workspace (b.counts[t][c]); per active row j (a
+//   warp each): Wd's data for j into L2 (phase 2 reads it), and per token t that activates j,
+//   h = a (x_t . Wu_j) with the row consumers' warp dot order (non-gated: h = a), written as the pair
+//   (j, h) at t's rank of j among the CTA's rows (b.pairs[t][c][rank]): Wu_j is read once for all the
+//   call's tokens that need it.
 // The grid barrier: one release add per CTA on a 64-bit arrival count and acquire polls of it.
 // Phase 2, per CTA: kDecodeFusedColumns (16) output columns of every token. The pairs of the whole call
 //   in one order, token-major and rows ascending (segment t P + c: CTA c's pairs of token t): the
@@ -39,7 +40,8 @@
 // large-M path's in its last bits, and a neuron within that of the threshold may be active on one path
 // and not the other; y is then within the documented tolerance (1e-2 relative) of the large-M path's,
 // not its bits. Every order y depends on is fixed by the shape and the launch's CTA count (the active
-// list's order only decides which warp computes a row's h), so y is the same bits on every run. No TwELL matrix is written (FfnPlan::download_twell says so after such a call).
+// list's order only decides which warp computes a row's h), so y is the same bits on every run. No TwELL
+// matrix is written (FfnPlan::download_twell says so after such a call).
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
 #include "twell/device/primitives/dependent_launch.cuh"
