@@ -208,8 +208,8 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
       namespace sm = device::shared_memory;
       p.fused_pairs = std::make_unique<detail::DeviceBuffer>(size_t(sm::decode_fused_pair_slots(sparse_d_ff, ctas)) * 8);
       p.fused_counts = std::make_unique<detail::DeviceBuffer>(size_t(sm::decode_fused_segments(ctas)) * 4);
-      p.fused_arrivals = std::make_unique<detail::DeviceBuffer>(8);
-      detail::check(detail::Driver::get().cuMemsetD8(p.fused_arrivals->get(), 0, 8), "Context::plan: cuMemsetD8(decode_fused arrivals)");
+      p.fused_arrivals = std::make_unique<detail::DeviceBuffer>(16);  // arrivals, publications
+      detail::check(detail::Driver::get().cuMemsetD8(p.fused_arrivals->get(), 0, 16), "Context::plan: cuMemsetD8(decode_fused arrivals)");
     }
     // cuMemsetD8 runs on the legacy stream, asynchronously: the plan's first call, on any stream (a
     // non-blocking one does not wait for the legacy stream), must find the zeros in place.

@@ -64,7 +64,7 @@ struct FfnPlan::Impl {
   // decode_fused (decode_fused.cuh): the whole FFN of a few rows in one cooperative kernel, which run()
   // takes for decode calls of at most decode_fused_max_tokens rows (null where PlanOptions turn it off
   // or its shared memory does not fit), and its workspace (device::DecodeFusedBuffers; the arrival
-  // count zeroed once).
+  // and publication counts zeroed once).
   std::shared_ptr<LoadedKernel> decode_fused;
   int64_t decode_fused_max_tokens = 0;
   std::unique_ptr<detail::DeviceBuffer> fused_pairs, fused_counts, fused_arrivals;

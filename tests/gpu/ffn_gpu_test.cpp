@@ -1273,6 +1273,13 @@ TEST(GpuFfn, DecodeMatchesLargeBatchKernels) {
   wide.d_ff = 11264;
   for (int64_t tokens : {1, 8, 16, 32})
     check_decode(make_random_ffn(wide, tokens, 0.01, 92 + tokens), sparse(), fmt::format("d_model 2304, d_ff 11264, {} tokens", tokens));
+  // Fewer neurons than CTAs (d_ff 100 on 132 SMs): CTAs without a row still publish their (empty) counts
+  // and reduce their column chunks; every reducer waits for all of them.
+  FfnSpec few;
+  few.d_model = 512;
+  few.d_ff = 100;
+  for (int64_t tokens : {1, 20})
+    check_decode(make_random_ffn(few, tokens, 0.1, 93 + tokens), sparse(), fmt::format("d_model 512, d_ff 100, {} tokens", tokens));
 }
 
 

@@ -96,8 +96,8 @@ TEST(DecodeFusedContract, OneCooperativeCtaPerSmWhateverTheTokens) {
   }
 }
 
-// Where a plan takes it: a launch's shared memory (phase 1's x rows, unit sums and row staging, or
-// phase 2's pair batch and segment starts, whichever is larger) within fusedSharedBytes, for x tiles
+// Where a plan takes it: a launch's shared memory (what the h pass reads, then phase 1's x rows and unit
+// sums or the reduction's pair batch and segment starts, whichever is larger) within fusedSharedBytes, for x tiles
 // of 32 rows (calls of 17-32 tokens), 16 (9-16) or 8 (values worked out by hand from shared_memory.h).
 TEST(DecodeFusedContract, FitsWhereItsCtasRowsFit) {
   namespace sm = device::shared_memory;
@@ -108,18 +108,22 @@ TEST(DecodeFusedContract, FitsWhereItsCtasRowsFit) {
   EXPECT_EQ(D::kFusedMaxTokens, 32);
   for (auto [tokens, rows] : {std::pair{1, 8}, std::pair{8, 8}, std::pair{9, 16}, std::pair{16, 16}, std::pair{17, 32}, std::pair{32, 32}})
     EXPECT_EQ(sm::decode_fused_token_rows(tokens), rows) << tokens;
-  // The paper's layer on an H200: 43 rows per CTA, 6 groups, 24 units. Phase 1 at 8 token rows: x 8 x
-  // 2080 x 2 = 33280, sums 24 x 8 x 8 x 4 = 6144, a 43 x 8 x 4 = 1376, masks and rows 43 x 8 = 344,
-  // the tokens' row bits 8 x 2 x 4 = 64: 41208; at 16: 66560 + 12288 + 2752 + 344 + 128 = 82072; at
-  // 32: 133120 + 24576 + 5504 + 344 + 256 = 163800.
-  // Phase 2 at 8: a batch of 512 pairs x (32 + 4) = 18432 and 8 x 132 + 1 segment starts (4228): 22660;
-  // at 16: 1024 x 36 + 2113 x 4 = 45316; at 32: 2048 x 36 + 4225 x 4 = 90628.
+  // The paper's layer on an H200: 43 rows per CTA, 6 groups, 24 units. What the h pass reads at 8
+  // token rows: a 43 x 8 x 4 = 1376, masks and rows 43 x 8 = 344, the tokens' row bits 8 x 2 x 4 = 64:
+  // 1784, rounded to 1792; at 16: 2752 + 344 + 128 = 3224 (3232); at 32: 5504 + 344 + 256 = 6104 (6112).
+  // Phase 1's x and sums at 8: x 8 x 2080 x 2 = 33280, sums 24 x 8 x 8 x 4 = 6144: 39424; at 16: 66560 +
+  // 12288 = 78848; at 32: 133120 + 24576 = 157696. The reduction (over x and sums) at 8: a batch of 512
+  // pairs x (32 + 4) = 18432 and 8 x 132 + 1 segment starts (4228): 22660; at 16: 1024 x 36 + 2113 x 4 =
+  // 45316; at 32: 2048 x 36 + 4225 x 4 = 90628.
   EXPECT_EQ(sm::decode_fused_x_stride(2048), 2080);
-  EXPECT_EQ(sm::decode_fused_phase1_bytes(2048, 43, 8), 41208);
+  EXPECT_EQ(sm::decode_fused_h_bytes(43, 8), 1792);
+  EXPECT_EQ(sm::decode_fused_h_bytes(43, 16), 3232);
+  EXPECT_EQ(sm::decode_fused_h_bytes(43, 32), 6112);
+  EXPECT_EQ(sm::decode_fused_phase1_bytes(2048, 43, 8), 39424);
   EXPECT_EQ(sm::decode_fused_phase2_bytes(132, 8), 22660);
-  EXPECT_EQ(sm::decode_fused_phase1_bytes(2048, 43, 16), 82072);
+  EXPECT_EQ(sm::decode_fused_phase1_bytes(2048, 43, 16), 78848);
   EXPECT_EQ(sm::decode_fused_phase2_bytes(132, 16), 45316);
-  EXPECT_EQ(sm::decode_fused_phase1_bytes(2048, 43, 32), 163800);
+  EXPECT_EQ(sm::decode_fused_phase1_bytes(2048, 43, 32), 157696);
   EXPECT_EQ(sm::decode_fused_phase2_bytes(132, 32), 90628);
   EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 1), 41216);
   EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 8), 41216);
@@ -127,14 +131,15 @@ TEST(DecodeFusedContract, FitsWhereItsCtasRowsFit) {
   EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 16), 82080);
   EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 17), 163808);
   EXPECT_EQ(D::fusedLaunchBytes(2048, 5632, 132, 32), 163808);
-  // d_model 520, d_ff 1400: 11 rows per CTA, phase 2 the larger (16 rows: x 16 x 608 x 2 = 19456 and
-  // 8 units' sums 4096 against phase 2's 45316; 32 rows: 90628).
-  EXPECT_EQ(D::fusedLaunchBytes(520, 1400, 132, 8), 22672);
-  EXPECT_EQ(D::fusedLaunchBytes(520, 1400, 132, 16), 45328);
-  EXPECT_EQ(D::fusedLaunchBytes(520, 1400, 132, 32), 90640);
+  // d_model 520, d_ff 1400: 11 rows per CTA, the reduction the larger (8 rows: the h pass's 472 (480),
+  // x 8 x 608 x 2 = 9728 and 8 units' sums 2048 against 22660 (22672); 16: 856 (864) + 45328; 32: 1624
+  // (1632) + 90640).
+  EXPECT_EQ(D::fusedLaunchBytes(520, 1400, 132, 8), 23152);
+  EXPECT_EQ(D::fusedLaunchBytes(520, 1400, 132, 16), 46192);
+  EXPECT_EQ(D::fusedLaunchBytes(520, 1400, 132, 32), 92272);
   EXPECT_EQ(D::fusedMaxTokens(2048, 5632, 132, 90), 32);
   // The paper's layer on an A100 (108 SMs, sm_80's 161 KiB): 53 rows per CTA; 32 token rows need
-  // 133120 + 28 units' 28672 + 6784 + 424 + 256 = 169256 (over): calls of at most 16 tokens.
+  // 6784 + 424 + 256 = 7464 (7472) + 133120 + 28 units' 28672 = 169264 (over): calls of at most 16 tokens.
   EXPECT_EQ(D::fusedMaxTokens(2048, 5632, 108, 80), 16);
   // d_model 4096, d_ff 16384 on sm_80's 161 KiB: 152 rows per CTA; 16 token rows need 132096 for x
   // and 38912 for 76 units' sums (over), 8 rows 91744: calls of at most 8 tokens.
@@ -149,8 +154,10 @@ TEST(DecodeFusedContract, FitsWhereItsCtasRowsFit) {
   // Fewer rows than SMs: CTAs with no row still fit.
   EXPECT_EQ(D::fusedMaxTokens(512, 64, 132, 90), 32);
   // d_model 2304, d_ff 11264 on 132 SMs (the GPU test's wide shape): 86 rows per CTA; 32 token rows:
-  // x 32 x 2336 x 2 = 149504, 44 units' sums 45056, a 11008, masks and rows 688, bits 384: 206640.
-  EXPECT_EQ(sm::decode_fused_phase1_bytes(2304, 86, 32), 206640);
+  // a 11008, masks and rows 688, bits 384: 12080; x 32 x 2336 x 2 = 149504, 44 units' sums 45056: 194560.
+  EXPECT_EQ(sm::decode_fused_h_bytes(86, 32), 12080);
+  EXPECT_EQ(sm::decode_fused_phase1_bytes(2304, 86, 32), 194560);
+  EXPECT_EQ(D::fusedLaunchBytes(2304, 11264, 132, 32), 206640);
   EXPECT_EQ(D::fusedMaxTokens(2304, 11264, 132, 90), 32);
   // The workspace: 32 tokens x 132 CTAs segments, each with room for 43 pairs at the paper's shape.
   EXPECT_EQ(sm::decode_fused_segments(132), 4224);

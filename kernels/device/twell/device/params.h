@@ -22,7 +22,7 @@ namespace twell::device {
 // The version of this header's host/device ABI (the structs below and the kernels' argument lists).
 // Ahead-of-time bundles record it per kernel (manifest.json "params_version"); the runtime refuses a
 // kernel built against another version. Bump it with any change to a struct or an argument list.
-constexpr uint32_t kParamsVersion = 10;  // 10: DecodeFusedBuffers' (row, h) pairs per token and CTA; 9: DecodeFusedBuffers' h, token masks, row bits, 64-bit arrivals; 8: TrainDenseForwardParams' accumulate_l1; 7: GatedDownParams' entry_u_after_words, TrainRowBackwardParams' entry_u; 6: TrainRowBackwardParams' pass; 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
+constexpr uint32_t kParamsVersion = 11;  // 11: DecodeFusedBuffers' arrivals two counts (arrivals, publications), no grid barrier; 10: DecodeFusedBuffers' (row, h) pairs per token and CTA; 9: DecodeFusedBuffers' h, token masks, row bits, 64-bit arrivals; 8: TrainDenseForwardParams' accumulate_l1; 7: GatedDownParams' entry_u_after_words, TrainRowBackwardParams' entry_u; 6: TrainRowBackwardParams' pass; 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
 
 // Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
 // recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
@@ -107,13 +107,17 @@ struct DecodeBuffers {
 
 // decode_fused's workspace (decode/decode_fused.cuh). P = the launch's CTAs (one per SM, the same for
 // every launch on it), R = ceil(d_ff / P) rows per CTA at most, T = kDecodeFusedTokens. Not cleared
-// between calls: each call writes what it reads after its grid barrier (the counts of its m tokens and
-// the pairs they count), except the arrival count, which is zeroed once when allocated and only grows.
+// between calls: each call writes the counts of its m tokens and the pairs they count before it
+// publishes them, except the two counts of `arrivals`, which are zeroed once when allocated and only grow.
 struct DecodeFusedBuffers {
-  unsigned long long* pairs;      // [T][P][R] CTA c's active rows of token t, ascending: j | bits(h) << 32
-  uint32_t* counts;               // [T][P] how many rows of CTA c token t activates
-  unsigned long long* arrivals;   // the grid barrier's arrivals over all launches (P per launch)
+  unsigned long long* pairs;     // [T][P][R] CTA c's active rows of token t, ascending: j | bits(h) << 32
+                                 // (bits(h) = kDecodeFusedNoH until h is written)
+  uint32_t* counts;              // [T][P] how many rows of CTA c token t activates
+  unsigned long long* arrivals;  // [2]: the CTAs' arrivals, their publications (P per launch each)
 };
+// A pair's h bits until its owner has written h: a NaN no h is written as (decode_fused writes that NaN
+// as 0x7FFFFFFF).
+constexpr uint32_t kDecodeFusedNoH = 0xFFFFFFFFu;
 
 // Dense path helper: h = act(g) * u elementwise over [M, N] (g, u, h row-major with stride ld).
 struct GatedMulParams {

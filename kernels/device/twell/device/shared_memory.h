@@ -93,27 +93,32 @@ constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile
 
 // decode_fused (decode/decode_fused.cuh), one CTA per SM of kDecodeFusedWarps warps, x tiles of
 // token_rows rows (decode_fused_token_rows: 8, the mma's A rows 0-7, for calls of at most 8 tokens; 16,
-// all its rows, up to 16; 32, two m16 tiles, up to kDecodeFusedTokens), each group of 8 Wg rows in kDecodeFusedSlices k slices (a
-// warp each), a warp's loads in windows of at most kDecodeFusedWindow k32 blocks (16 loads of 16 bytes
-// per lane in flight: the 80 registers a thread of 768 has; bench/README.md v64).
-// Phase 1: x's rows (a stride of d_model rounded up to 64, plus 32 values: 16-byte rows, each two
-// start 16 banks apart, so the mma's 16-byte A reads (8 lanes over 2 rows) do not conflict), the (group, slice) units' sums
-// [units][token_rows][8] (units: groups x kDecodeFusedSlices), a per (row, token), then the rows' token
-// masks, the active rows and per token its active rows as bits (32 a word). Phase 2 (reusing it): a
-// batch of at most kDecodeFusedBatchPerRow x token_rows (row, token) pairs, each with its
-// kDecodeFusedColumns Wd values and h, then the start of every (token, CTA) segment of the pairs.
-// A call's token_rows sizes its shared memory, so that calls of at most 8 tokens keep the smaller
-// carve-out (more of the SM's L1/shared memory left L1; bench/README.md v64, v65).
-constexpr long long kDecodeFusedWarps = 24, kDecodeFusedTokens = 32, kDecodeFusedSlices = 4, kDecodeFusedWindow = 16, kDecodeFusedColumns = 16,
-                    kDecodeFusedBatchPerRow = 64;
+// all its rows, up to 16; 32, two m16 tiles, up to kDecodeFusedTokens), each group of 8 Wg rows in
+// kDecodeFusedSlices k slices (a warp each), a warp's loads in windows of at most kDecodeFusedWindow k32
+// blocks (16 loads of 16 bytes per lane in flight: the 80 registers a thread of 768 has; bench/README.md
+// v64); after the g pass its first kDecodeFusedReducerWarps warps reduce y while the others compute h.
+// Its dynamic shared memory: first what the h pass reads (decode_fused_h_bytes: a per (row, token), the
+// rows' token masks, the active rows, per token its active rows as bits, 32 a word); then phase 1's x
+// rows (a stride of d_model rounded up to 64, plus 32 values: 16-byte rows, each two start 16 banks
+// apart, so the mma's 16-byte A reads (8 lanes over 2 rows) do not conflict) and the (group, slice)
+// units' sums [units][token_rows][8] (units: groups x kDecodeFusedSlices), which the reduction reuses
+// once the g pass is done: a batch of decode_fused_batch_pairs (row, token) pairs, each with its
+// kDecodeFusedColumns Wd values and h, then the start of every (token, CTA) segment of the pairs. A
+// call's token_rows sizes its shared memory, so that calls of at most 8 tokens keep the smaller
+// carve-out (more of the SM's L1/shared memory left L1, which the Wg stream needs: bench/README.md v64,
+// v65, v77).
+constexpr long long kDecodeFusedWarps = 24, kDecodeFusedReducerWarps = 16, kDecodeFusedTokens = 32, kDecodeFusedSlices = 4,
+                    kDecodeFusedWindow = 16, kDecodeFusedColumns = 16, kDecodeFusedBatchPerRow = 64;
 TWELL_HOST_DEVICE constexpr long long decode_fused_token_rows(long long tokens) { return tokens <= 8 ? 8 : tokens <= 16 ? 16 : 32; }
 TWELL_HOST_DEVICE constexpr long long decode_fused_x_stride(long long d_model) { return (d_model + 63) / 64 * 64 + 32; }
 // 32-bit words of row bits per CTA of at most rows_per_cta rows.
 TWELL_HOST_DEVICE constexpr long long decode_fused_bit_words(long long rows_per_cta) { return (rows_per_cta + 31) / 32; }
+TWELL_HOST_DEVICE constexpr long long decode_fused_h_bytes(long long rows_per_cta, long long token_rows) {
+  return (rows_per_cta * token_rows * 4 + rows_per_cta * 4 * 2 + token_rows * decode_fused_bit_words(rows_per_cta) * 4 + 15) / 16 * 16;
+}
 TWELL_HOST_DEVICE constexpr long long decode_fused_phase1_bytes(long long d_model, long long rows_per_cta, long long token_rows) {
   const long long units = (rows_per_cta + 7) / 8 * kDecodeFusedSlices;
-  return token_rows * decode_fused_x_stride(d_model) * 2 + units * token_rows * 8 * 4 + rows_per_cta * token_rows * 4 +
-         rows_per_cta * 4 * 2 + token_rows * decode_fused_bit_words(rows_per_cta) * 4;
+  return token_rows * decode_fused_x_stride(d_model) * 2 + units * token_rows * 8 * 4;
 }
 TWELL_HOST_DEVICE constexpr long long decode_fused_phase2_bytes(long long ctas, long long token_rows) {
   return kDecodeFusedBatchPerRow * token_rows * (2 * kDecodeFusedColumns + 4) + (token_rows * ctas + 1) * 4;
@@ -124,10 +129,11 @@ TWELL_HOST_DEVICE constexpr long long decode_fused_bytes(long long d_model, long
                                                          long long token_rows) {
   const long long a = decode_fused_phase1_bytes(d_model, rows_per_cta, token_rows),
                   b = decode_fused_phase2_bytes(ctas, token_rows);
-  return ((a > b ? a : b) + 15) / 16 * 16;
+  return decode_fused_h_bytes(rows_per_cta, token_rows) + ((a > b ? a : b) + 15) / 16 * 16;
 }
 // Its global workspace (params.h DecodeFusedBuffers) for `ctas` CTAs: a segment per (token, CTA) of
-// up to kDecodeFusedTokens tokens, each a count and room for the CTA's ceil(d_ff / ctas) rows' pairs.
+// up to kDecodeFusedTokens tokens, each a count (a 64-bit word) and room for the CTA's ceil(d_ff / ctas)
+// rows' pairs (64-bit words).
 TWELL_HOST_DEVICE constexpr long long decode_fused_segments(long long ctas) { return kDecodeFusedTokens * ctas; }
 TWELL_HOST_DEVICE constexpr long long decode_fused_pair_slots(long long d_ff, long long ctas) {
   return decode_fused_segments(ctas) * ((d_ff + ctas - 1) / ctas);

@@ -1,5 +1,5 @@
 // decode_fused: the whole FFN of at most 32 token rows in one persistent, cooperative kernel, one CTA per
-// SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64, v67, v68, v75, v76). At a few rows
+// SM (issue 17; PERFORMANCE.md, "Small M"; bench/README.md v38, v64, v67, v68, v75-v77). At a few rows
 // the FFN is bound by reading Wg, so the kernel is built around streaming it
 // (bench/experiments/decode_stream.cu measured the forms this one keeps):
 //
@@ -15,24 +15,32 @@
 //   16-byte read; calls of 9 to 16 tokens also rows n + 8 in A's other registers, calls of at most 8
 //   leave them zero and x's tiles 8 rows: sm::decode_fused_token_rows; calls of 17 to 32 tokens a second
 //   m16 tile of x, rows 16 + n and 24 + n, on the same B fragments): each mma sums 16 of the
-//   block's products, a permutation of the block's k order applied to A and B alike. Each unit's blocks run ascending; the slices' sums are added in slice
-//   order. g is rounded to the value type and activated as every twell gate does (numerics.cuh).
-// In the same pass as g, each token's active rows of the CTA as bits (shared-memory atomics) and (gated)
-//   each active row's Wu_j lines into L2 (prefetch), the active rows listed by atomicAdd in no fixed order;
-//   then one thread per token counts its bits into the workspace (b.counts[t][c]); per active row j (a
-//   warp each): Wd's data for j into L2 (phase 2 reads it), and per token t that activates j,
-//   h = a (x_t . Wu_j) with the row consumers' warp dot order (non-gated: h = a), written as the pair
-//   (j, h) at t's rank of j among the CTA's rows (b.pairs[t][c][rank]): Wu_j is read once for all the
-//   call's tokens that need it.
-// The grid barrier: one release add per CTA on a 64-bit arrival count and acquire polls of it.
-// Phase 2, per CTA: kDecodeFusedColumns (16) output columns of every token. The pairs of the whole call
-//   in one order, token-major and rows ascending (segment t P + c: CTA c's pairs of token t): the
-//   m P counts in one round trip and their exclusive scan; then batches of kDecodeFusedBatchPerRow
-//   pairs per token row, a thread per pair (its (j, h), then its 16 Wd values of the columns: two
-//   16-byte loads in_out, 16 scalar ones out_in; Wd's rows are read once per pair, so the bytes are
-//   the sum over tokens of their active rows, of which only Wd's 32 bytes per pair and CTA). A thread
-//   per (token, column) then sums its token's pairs: y is one fmaf chain from +0 over the token's
-//   active rows ascending, across batches.
+//   block's products, a permutation of the block's k order applied to A and B alike. Each unit's blocks
+//   run ascending; the slices' sums are added in slice order. g is rounded to the value type and
+//   activated as every twell gate does (numerics.cuh).
+// In the same pass as g, each token's active rows of the CTA as bits (shared-memory atomics) and each
+//   active row's Wu_j (gated) and in_out Wd_j lines into L2 (prefetch), the active rows listed by
+//   atomicAdd in no fixed order. Then one thread per token writes its active rows' pairs (j, no h yet:
+//   params.h kDecodeFusedNoH) at their ranks (rows ascending; b.pairs[t][c][rank]) and its count
+//   (b.counts[t][c]), and thread 0 publishes the CTA: a release add on the publication count, which
+//   grows by P per launch (the launch's number comes from the arrival count, one atomic per CTA).
+// Then the CTA's warps split (no grid barrier, bench/README.md v77): the last HWARPS (8) compute h, all
+//   24 where the CTA has more active rows than that: per active row j (a warp each; out_in Wd's data
+//   into L2) and per token t that activates j, h = a (x_t . Wu_j) with the row consumers' warp dot order
+//   (non-gated: h = a), written into its pair as (j, h) by one 64-bit store: Wu_j is read once for all
+//   the call's tokens that need it.
+// The reduction, the first RWARPS (16) warps of each CTA with a column chunk: kDecodeFusedColumns (16)
+//   output columns of every token. The pairs of the whole call in one order, token-major and rows
+//   ascending (segment t P + c: CTA c's pairs of token t): thread 0 polls the publication count (acquire)
+//   until every CTA of this launch has published, then the m P counts in one round trip and their
+//   exclusive scan; then batches of kDecodeFusedBatchPerRow pairs per token row, a thread per pair: its
+//   (j, h) word, its 16 Wd values of the columns (two 16-byte loads in_out, 16 scalar ones out_in),
+//   and, if h was not yet written, its word again until it is (relaxed loads: the Wd round trip
+//   overlaps the wait). Wd's rows are read once per pair, so the bytes are the sum over tokens of their
+//   active rows, of which only Wd's 32 bytes per pair and CTA. A thread per (token, column) then sums
+//   its token's pairs: y is one fmaf chain from +0 over the token's active rows ascending, across batches.
+//   Every CTA's reducers wait only on what every CTA wrote before its own reducers began to wait, and
+//   the cooperative launch keeps all CTAs resident: no wait can be for a CTA that never runs.
 //
 // Rounding and determinism: the gate's g is the dot of the large-M gates in another order (k slices of
 // d_model, each in k16 steps over a permuted k, then the slices), y's sum over the active rows one
@@ -40,12 +48,13 @@
 // large-M path's in its last bits, and a neuron within that of the threshold may be active on one path
 // and not the other; y is then within the documented tolerance (1e-2 relative) of the large-M path's,
 // not its bits. Every order y depends on is fixed by the shape and the launch's CTA count (the active
-// list's order only decides which warp computes a row's h), so y is the same bits on every run. No TwELL
+// list's order only decides which warp computes a row's h; the order in which pairs' h arrive only how
+// long a reducer waits), so y is the same bits on every run. No TwELL
 // matrix is written (FfnPlan::download_twell says so after such a call).
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
 #include "twell/device/primitives/dependent_launch.cuh"
-#include "twell/device/primitives/grid_sync.cuh"  // load_l2_u32
+#include "twell/device/primitives/grid_sync.cuh"  // the relaxed and release accesses
 
 // A timeline hook: bench/experiments/decode_fused_timeline.cu defines it to stamp each CTA's phases
 // (thread 0, %globaltimer and clock64); empty otherwise.
@@ -65,28 +74,18 @@ __device__ __forceinline__ uint4 load_stream_16(const uint16_t* ptr) {
   return v;
 }
 
-// The grid barrier of decode_fused: arrivals only ever grow (P per launch), so a launch's target is the
-// next multiple of P above what a CTA read before its own arrival (at most P - 1 arrivals of its launch
-// precede that read). The count is 64-bit: it does not wrap. The read is issued early (thread 0, once
-// the CTA's Wg loads are in flight) and used at the barrier, so that its round trip is not waited for.
-__device__ __forceinline__ unsigned long long fused_barrier_seen(const unsigned long long* arrivals) {
+// The launch number of decode_fused: each CTA adds 1 to the arrival count once the kernel before it is
+// complete (all P CTAs of the previous launch have added theirs), so a launch's P additions return
+// [n P, (n + 1) P) and its number is n + 1: its CTAs' publications bring the publication count (which
+// grows by P per launch too, from 0) to (n + 1) P. Thread 0's, issued before phase 1's loads and first
+// used by its reducer's poll, so that its round trip is not waited for.
+__device__ __forceinline__ unsigned long long fused_launch_ticket(unsigned long long* arrivals) {
   unsigned long long v = 0;
-  if (threadIdx.x == 0) asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(arrivals) : "memory");
+  if (threadIdx.x == 0) asm volatile("atom.relaxed.gpu.global.add.u64 %0, [%1], 1;" : "=l"(v) : "l"(arrivals) : "memory");
   return v;
 }
-__device__ __forceinline__ void fused_barrier(unsigned long long* arrivals, unsigned long long seen) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned long long target = (seen / gridDim.x + 1) * gridDim.x;
-    __threadfence();  // the CTA's writes before its arrival
-    asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(arrivals) : "memory");
-    unsigned long long v;
-    do {
-      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(arrivals) : "memory");
-    } while (static_cast<long long>(v - target) < 0);
-  }
-  __syncthreads();
-}
+// The reducer warps' barrier (warps [0, threads)), named barrier 1: the h warps do not take part.
+__device__ __forceinline__ void fused_reducer_sync(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
 
 template <class Config>
 __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const DecodeFusedBuffers& b) {
@@ -104,37 +103,43 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   constexpr bool EXACT = K % 32 == 0 && KB % S == 0 && PER % WIN == 0;  // every window's loads inside its slice and K
   constexpr int LDX = static_cast<int>(sm::decode_fused_x_stride(K));
   constexpr int COLS = static_cast<int>(sm::kDecodeFusedColumns);
-  constexpr int BATCH_PER_ROW = static_cast<int>(sm::kDecodeFusedBatchPerRow);
+  constexpr int RWARPS = static_cast<int>(sm::kDecodeFusedReducerWarps);  // the reducer warps [0, RWARPS)
+  constexpr int RTHREADS = RWARPS * 32, HWARPS = WARPS - RWARPS;           // then the h warps
+  constexpr int COUNTS_PER_THREAD = 16;  // the counts a reducer thread reads: T P <= 16 RTHREADS at P <= 256
   constexpr int XR = static_cast<int>(sm::kDecodeFusedTokens);  // the most tokens (register arrays)
   constexpr int TILES = (XR + 15) / 16;                          // m16 tiles of x at the most tokens
+  constexpr int ITERS = static_cast<int>(sm::kDecodeFusedBatchPerRow) * XR / RTHREADS;  // pairs per reducer thread and batch
+  static_assert(ITERS * RTHREADS == static_cast<int>(sm::kDecodeFusedBatchPerRow) * XR, "a batch's pairs over the reducer threads");
   static_assert(Config::threads == sm::kDecodeFusedWarps * 32 && Config::max_tokens == XR && K % 8 == 0, "decode_fused shape");
-  static_assert(XR <= 32 && THREADS % 32 == 0 && THREADS >= 16 * XR, "a token mask is 32 bits; a thread per (token, column)");
+  static_assert(XR <= 32 && THREADS % 32 == 0 && RTHREADS >= COLS * XR && HWARPS >= 1,
+                "a token mask is 32 bits; a reducer thread per (token, column); h warps");
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
-  __shared__ int scan_total[WARPS];
+  __shared__ int scan_total[RWARPS];
   __shared__ int active_count;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int m = static_cast<int>(p.m);
   const int P = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
-  if (m < 1 || m > XR) __trap();
+  if (m < 1 || m > XR || m * P > COUNTS_PER_THREAD * RTHREADS) __trap();
   // x's tiles and every per-token array of shared memory: 8 rows (the mma's A rows 0-7), 16 or 32 (two m16 tiles).
   const int xr = static_cast<int>(sm::decode_fused_token_rows(m));
   const int rows_cap = (N + P - 1) / P;
   const int bit_words = static_cast<int>(sm::decode_fused_bit_words(rows_cap));  // 32-row words per CTA
   // x's rows are written first: their room is checked before, the whole layout's once Wg is in flight.
-  require_dynamic_smem(static_cast<uint32_t>(xr * LDX * 2));
+  const int h_bytes = static_cast<int>(sm::decode_fused_h_bytes(rows_cap, xr));
+  require_dynamic_smem(static_cast<uint32_t>(h_bytes + xr * LDX * 2));
   const int r0 = static_cast<int>(static_cast<int64_t>(c) * N / P);
   const int R = static_cast<int>(static_cast<int64_t>(c + 1) * N / P) - r0;
   const int units = (R + 7) / 8 * S;
 
   // Phase 1's shared memory (sm::decode_fused_phase1_bytes): x [xr][LDX], the units' sums [units][xr
   // tokens][8 rows], a per (row, token), the rows' token masks, the active rows (in the g pass's order).
-  uint16_t* xs = reinterpret_cast<uint16_t*>(dynamic_smem);
-  float* sums = reinterpret_cast<float*>(xs + xr * LDX);
-  float* act = sums + (rows_cap + 7) / 8 * S * xr * 8;                    // [rows_cap][xr]
+  float* act = reinterpret_cast<float*>(dynamic_smem);                     // [rows_cap][xr]
   uint32_t* row_mask = reinterpret_cast<uint32_t*>(act + rows_cap * xr);  // [rows_cap]
   int* active = reinterpret_cast<int*>(row_mask + rows_cap);              // [rows_cap]
   uint32_t* tok_bits = reinterpret_cast<uint32_t*>(active + rows_cap);    // [xr][bit_words]
+  uint16_t* xs = reinterpret_cast<uint16_t*>(dynamic_smem + h_bytes);     // [xr][LDX] (the reduction's after the g pass)
+  float* sums = reinterpret_cast<float*>(xs + xr * LDX);                  // [units][xr][8]
 
   // The warp's units u = warp, warp + WARPS, ... (group u / S, slice u % S: k32 blocks [slice * PER,
   // min(KB, (slice + 1) * PER))), each in NW windows of WIN blocks: at the paper's shape one window
@@ -198,7 +203,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       }
     }
   };
-  unsigned long long seen;  // the barrier's arrivals before this CTA's (thread 0's; fused_barrier)
+  unsigned long long ticket;  // thread 0's arrival (fused_launch_ticket), first used by its reducer
   {
     // Launched as a programmatic dependent (sm_90: dependent_launch.cuh), this CTA may become resident
     // before the kernel before it has finished: every global read comes after the wait, Wg's included
@@ -207,6 +212,9 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     TWELL_DECODE_FUSED_STAMP(0);  // resident
     wait_for_previous_kernel();
     allow_next_kernel();
+    // The launch number first: an atomic issued behind the CTA's Wg loads held the CTA's phase 1 back
+    // (bench/README.md v77).
+    ticket = fused_launch_ticket(b.arrivals);
     // x first, so that it does not queue behind Wg: rows past the call and values past K are zeros (the
     // padded k32 block multiplies zeros).
     for (int i = tid; i < xr * (KB * 4); i += THREADS) {
@@ -223,7 +231,6 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     // these writes before it).
     for (int i = tid; i < xr * bit_words; i += THREADS) tok_bits[i] = 0u;
     if (tid == 0) active_count = 0;
-    seen = fused_barrier_seen(b.arrivals);
     cp_async_wait<0>();
     __syncthreads();
     TWELL_DECODE_FUSED_STAMP(1);  // x arrived
@@ -275,70 +282,105 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
       row_mask[r] = mask;
       if (mask != 0u) active[atomicAdd(&active_count, 1)] = r;
     }
-    // An active row's Wu into L2 now, its xr lanes a 128-byte line each in turn: the h pass below reads
-    // it after the counts, so its DRAM round trip starts here (bench/README.md v76).
-    if constexpr (Config::gated) {
-      if (r < R && mask != 0u)
+    // An active row's Wu (and in_out Wd) into L2 now, its xr lanes a 128-byte line each in turn: the h
+    // pass and the reducers read them later, so their DRAM round trips start here (bench/README.md v76).
+    if (r < R && mask != 0u) {
+      if constexpr (Config::gated)
         for (int k = t * 64; k < K; k += xr * 64)
           asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_up + static_cast<int64_t>(r0 + r) * p.ldwu + k) : "memory");
+      if constexpr (Config::down_in_out)
+        for (int k = t * 64; k < K; k += xr * 64)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_down + static_cast<int64_t>(r0 + r) * p.ldwd + k) : "memory");
     }
   }
   __syncthreads();
   TWELL_DECODE_FUSED_STAMP(8);  // g, masks, row bits, active list, Wu prefetches issued
-  // Per token t < m, a thread: its count of active rows into the workspace (b.counts[t][c]).
+  // Per token t < m, a thread: its active rows' pairs (j, no h yet) at their ranks (rows ascending),
+  // and its count (b.counts[t][c]); then the CTA's publication (thread 0, a release add after the barrier
+  // below, so that the reducers that see it read these j and can fetch Wd while h is computed).
+  unsigned long long* const pairs_of = b.pairs + static_cast<int64_t>(c) * rows_cap;  // + t P rows_cap: segment t P + c
   if (tid < m) {
+    unsigned long long* seg = pairs_of + static_cast<int64_t>(tid) * P * rows_cap;
     int n_t = 0;
-    for (int w = 0; w < bit_words; ++w) n_t += __popc(tok_bits[tid * bit_words + w]);
+    for (int w = 0; w < bit_words; ++w)
+      for (uint32_t bits = tok_bits[tid * bit_words + w]; bits != 0u; bits &= bits - 1u)
+        store_relaxed_u64(seg + n_t++, static_cast<unsigned long long>(kDecodeFusedNoH) << 32 | static_cast<uint32_t>(r0 + 32 * w + __ffs(bits) - 1));
     b.counts[tid * P + c] = static_cast<uint32_t>(n_t);
   }
-  TWELL_DECODE_FUSED_STAMP(3);  // g, masks, bits, counts
+  TWELL_DECODE_FUSED_STAMP(3);  // g, masks, bits, pairs' j and counts published
   const int n_active = active_count;
-  // h per active (row, token), a warp per row: Wd's data into L2 first (phase 2 reads it), then Wu_j
-  // once for all the row's tokens (warp_dot_16B, the row consumers' dot); each (j, h) into its pair
-  // slot: token t's rank-th active row of the CTA (ascending rows).
-  for (int e = warp; e < n_active; e += WARPS) {
-    const int r = active[e], j = r0 + r;
-    const uint32_t mask = row_mask[r];
-    if constexpr (Config::down_in_out) {
-      for (int k = lane * 64; k < K; k += 32 * 64)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_down + static_cast<int64_t>(j) * p.ldwd + k) : "memory");
-    } else {
-      for (int k = lane; k < K; k += 32)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_down + static_cast<int64_t>(k) * p.ldwd + j) : "memory");
-    }
-    for (uint32_t left = mask; left != 0; left &= left - 1) {
-      const int t = __ffs(left) - 1;
-      float h = act[r * xr + t];
-      if constexpr (Config::gated) h *= warp_dot_16B<Value, K>(xs + t * LDX, p.w_up + static_cast<int64_t>(j) * p.ldwu, lane);  // h = a u
-      if (lane == 0) {
-        int rank = __popc(tok_bits[t * bit_words + r / 32] & ((1u << (r % 32)) - 1u));
-        for (int w = 0; w < r / 32; ++w) rank += __popc(tok_bits[t * bit_words + w]);
-        b.pairs[(static_cast<int64_t>(t) * P + c) * rows_cap + rank] =
-            static_cast<unsigned long long>(__float_as_uint(h)) << 32 | static_cast<uint32_t>(j);
+  // The pairs' j above come before their (j, h) below in the slots' order (the barrier orders the two
+  // threads' stores to the same word), and before the publication.
+  __syncthreads();
+  if (tid == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(b.arrivals + 1) : "memory");
+  // h per active (row, token), a warp per row, the h warps first (the reducer warps help where rows
+  // outnumber them): out_in Wd's data into L2 (the reducers read it), then Wu_j once for all the row's
+  // tokens (warp_dot_16B, the row consumers' dot); each (j, h) into its pair slot: token t's rank-th
+  // active row of the CTA (ascending rows), one 64-bit store.
+  {
+    const int order = warp >= RWARPS ? warp - RWARPS : warp + HWARPS;
+    const int helpers = n_active > HWARPS ? WARPS : HWARPS;
+    for (int e = order; order < helpers && e < n_active; e += helpers) {
+      const int r = active[e], j = r0 + r;
+      const uint32_t mask = row_mask[r];
+      if constexpr (!Config::down_in_out) {
+        for (int k = lane; k < K; k += 32)
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_down + static_cast<int64_t>(k) * p.ldwd + j) : "memory");
+      }
+      for (uint32_t left = mask; left != 0; left &= left - 1) {
+        const int t = __ffs(left) - 1;
+        float h = act[r * xr + t];
+        if constexpr (Config::gated)  // h = a u; x's row from global memory (L2): the reducers reuse xs
+          h *= warp_dot_16B<Value, K>(p.x + static_cast<int64_t>(t) * p.ldx, p.w_up + static_cast<int64_t>(j) * p.ldwu, lane);
+        if (lane == 0) {
+          int rank = __popc(tok_bits[t * bit_words + r / 32] & ((1u << (r % 32)) - 1u));
+          for (int w = 0; w < r / 32; ++w) rank += __popc(tok_bits[t * bit_words + w]);
+          uint32_t h_bits = __float_as_uint(h);
+          if (h_bits == kDecodeFusedNoH) h_bits = 0x7FFFFFFFu;  // another NaN
+          store_relaxed_u64(pairs_of + static_cast<int64_t>(t) * P * rows_cap + rank,
+                            static_cast<unsigned long long>(h_bits) << 32 | static_cast<uint32_t>(j));
+        }
       }
     }
   }
-
-  TWELL_DECODE_FUSED_STAMP(4);  // h written (before the grid barrier)
-  fused_barrier(b.arrivals, seen);
-  TWELL_DECODE_FUSED_STAMP(5);  // past the grid barrier
-
-  // ---- phase 2 (its shared memory from the start again: sm::decode_fused_phase2_bytes) ----
+  // ---- the reduction: the reducer warps of CTAs with a column chunk (the h warps may still run) ----
+  if (warp >= RWARPS || c * COLS >= K) return;
   // The call's pairs in one order, token-major: segment s = t P + c holds CTA c's pairs of token t
   // (rows ascending), so token t's pairs are [seg_start[t P], seg_start[(t + 1) P]), rows ascending.
   const int segs = m * P;
-  const int batch_cap = BATCH_PER_ROW * xr;
-  uint16_t* ew = reinterpret_cast<uint16_t*>(dynamic_smem);      // [batch_cap][COLS] the batch's Wd values
-  float* ph = reinterpret_cast<float*>(ew + batch_cap * COLS);   // [batch_cap] their h
-  int* seg_start = reinterpret_cast<int*>(ph + batch_cap);       // [segs + 1]
-  // Round trip 1: the counts (thread-contiguous runs of them) and their exclusive scan.
-  const int per = (segs + THREADS - 1) / THREADS;
-  int mine = 0;
-  for (int s = tid * per; s < (tid + 1) * per && s < segs; ++s) {
-    const int n_s = static_cast<int>(load_l2_u32(b.counts + s));
-    seg_start[s] = n_s;
-    mine += n_s;
+  const int batch_cap = static_cast<int>(sm::kDecodeFusedBatchPerRow) * xr;
+  // Its shared memory: phase 1's x and sums (the h warps read x from global memory).
+  uint16_t* ew = xs;                                            // [batch_cap][COLS]
+  float* ph = reinterpret_cast<float*>(ew + batch_cap * COLS);  // [batch_cap] their h
+  int* seg_start = reinterpret_cast<int*>(ph + batch_cap);      // [segs + 1]
+  // Every CTA's publication of this launch (launch P in all: thread 0 polls, acquire), then the counts in
+  // one round trip, and their exclusive scan.
+  if (tid == 0) {
+    const unsigned long long target = (ticket / static_cast<unsigned long long>(P) + 1) * static_cast<unsigned long long>(P);
+    unsigned long long v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(b.arrivals + 1) : "memory");
+    } while (static_cast<long long>(v - target) < 0);
   }
+  fused_reducer_sync(RTHREADS);
+  TWELL_DECODE_FUSED_STAMP(6);  // every CTA's publication seen
+  // The counts into shared memory, each warp's loads one contiguous line (every reducer CTA reads all
+  // m P of them: a thread-contiguous run each had a warp touch a line per lane, bench/README.md v77),
+  // then each thread's contiguous run summed for the scan.
+  {
+    uint32_t n[COUNTS_PER_THREAD];  // all of a thread's loads in flight at once
+#pragma unroll
+    for (int i = 0; i < COUNTS_PER_THREAD; ++i)
+      if (tid + i * RTHREADS < segs) n[i] = load_l2_u32(b.counts + tid + i * RTHREADS);
+#pragma unroll
+    for (int i = 0; i < COUNTS_PER_THREAD; ++i)
+      if (tid + i * RTHREADS < segs) seg_start[tid + i * RTHREADS] = static_cast<int>(n[i]);
+  }
+  fused_reducer_sync(RTHREADS);
+  const int per = (segs + RTHREADS - 1) / RTHREADS, s0 = tid * per;
+  const int mine_n = segs - s0 < per ? (segs - s0 > 0 ? segs - s0 : 0) : per;
+  int mine = 0;
+  for (int s = s0; s < s0 + mine_n; ++s) mine += seg_start[s];
   int incl = mine;
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -346,17 +388,17 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     if (lane >= o) incl += v;
   }
   if (lane == 31) scan_total[warp] = incl;
-  __syncthreads();
+  fused_reducer_sync(RTHREADS);
   int before = incl - mine;
   for (int w = 0; w < warp; ++w) before += scan_total[w];
-  for (int s = tid * per; s < (tid + 1) * per && s < segs; ++s) {
+  for (int s = s0; s < s0 + mine_n; ++s) {
     const int n_s = seg_start[s];
     seg_start[s] = before;
     before += n_s;
   }
-  if (tid == THREADS - 1) seg_start[segs] = before;
-  __syncthreads();
-  TWELL_DECODE_FUSED_STAMP(6);  // phase 2: the counts read and scanned
+  if (tid == RTHREADS - 1) seg_start[segs] = before;
+  fused_reducer_sync(RTHREADS);
+  TWELL_DECODE_FUSED_STAMP(4);  // every CTA's publication seen, the counts read and scanned
   const int pairs = seg_start[segs];
   const int col = tid % COLS, tok = tid / COLS;  // y's (token, column) of threads below m COLS
   const int tok_first = tok < m ? seg_start[tok * P] : 0, tok_end = tok < m ? seg_start[(tok + 1) * P] : 0;
@@ -365,43 +407,77 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     float y = 0.0f;
     for (int e0 = 0; e0 < pairs; e0 += batch_cap) {
       const int batch = pairs - e0 < batch_cap ? pairs - e0 : batch_cap;
-      // Round trips 2 and 3, a thread per pair: its segment (a binary search of seg_start), its (j, h),
-      // then its COLS Wd values.
+      // A thread per pair (up to ITERS each): its segment (a binary search of seg_start) and its (j, h)
+      // word, then its COLS Wd values, then its h once the owner has written it; each step's loads of
+      // all the thread's pairs in flight together (the Wd round trip overlaps the wait for h).
+      const unsigned long long* slot[ITERS];
+      unsigned long long pair[ITERS];
 #pragma unroll
-      for (int it = 0; it < (BATCH_PER_ROW * XR + THREADS - 1) / THREADS; ++it) {
-        const int i = tid + it * THREADS;
-        if (i < batch) {
-          const int g = e0 + i;
-          int lo = 0, hi = segs;  // the last segment starting at or before g: seg_start[lo] <= g < seg_start[lo + 1]
-          while (hi - lo > 1) {
-            const int mid = (lo + hi) / 2;
-            if (seg_start[mid] <= g) lo = mid;
-            else hi = mid;
-          }
-          const uint2 pair = load_l2_pair(reinterpret_cast<const uint32_t*>(b.pairs + static_cast<int64_t>(lo) * rows_cap + (g - seg_start[lo])));
-          const int j = static_cast<int>(pair.x);
-          ph[i] = __uint_as_float(pair.y);
-          if constexpr (Config::down_in_out) {
+      for (int it = 0; it < ITERS; ++it) {
+        const int i = tid + it * RTHREADS, g = e0 + i;
+        if (i >= batch) break;
+        int lo = 0, hi = segs;  // the last segment starting at or before g: seg_start[lo] <= g < seg_start[lo + 1]
+        while (hi - lo > 1) {
+          const int mid = (lo + hi) / 2;
+          if (seg_start[mid] <= g) lo = mid;
+          else hi = mid;
+        }
+        slot[it] = b.pairs + static_cast<int64_t>(lo) * rows_cap + (g - seg_start[lo]);
+        pair[it] = load_relaxed_u64(slot[it]);
+      }
+      if constexpr (Config::down_in_out) {
+        uint4 v[ITERS][COLS / 8];
 #pragma unroll
-            for (int h8 = 0; h8 < COLS / 8; ++h8) {
-              uint4 v = make_uint4(0u, 0u, 0u, 0u);
-              if (k0 + 8 * h8 < K) v = *reinterpret_cast<const uint4*>(p.w_down + static_cast<int64_t>(j) * p.ldwd + k0 + 8 * h8);
-              *reinterpret_cast<uint4*>(ew + i * COLS + 8 * h8) = v;
-            }
-          } else {
-            uint16_t w[COLS];
+        for (int it = 0; it < ITERS; ++it) {
+          if (tid + it * RTHREADS >= batch) break;
+          const uint16_t* row = p.w_down + static_cast<int64_t>(static_cast<uint32_t>(pair[it])) * p.ldwd + k0;
 #pragma unroll
-            for (int k = 0; k < COLS; ++k) w[k] = k0 + k < K ? p.w_down[static_cast<int64_t>(k0 + k) * p.ldwd + j] : uint16_t{0};
+          for (int h8 = 0; h8 < COLS / 8; ++h8)
+            v[it][h8] = k0 + 8 * h8 < K ? *reinterpret_cast<const uint4*>(row + 8 * h8) : make_uint4(0u, 0u, 0u, 0u);
+        }
 #pragma unroll
-            for (int k = 0; k < COLS; ++k) ew[i * COLS + k] = w[k];
-          }
+        for (int it = 0; it < ITERS; ++it) {
+          const int i = tid + it * RTHREADS;
+          if (i >= batch) break;
+          while (static_cast<uint32_t>(pair[it] >> 32) == kDecodeFusedNoH) pair[it] = load_relaxed_u64(slot[it]);
+#pragma unroll
+          for (int h8 = 0; h8 < COLS / 8; ++h8) *reinterpret_cast<uint4*>(ew + i * COLS + 8 * h8) = v[it][h8];
+          ph[i] = __uint_as_float(static_cast<uint32_t>(pair[it] >> 32));
+        }
+      } else {  // COLS scalar loads per pair, stored as they come (registers for all ITERS pairs' would spill)
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+          const int i = tid + it * RTHREADS;
+          if (i >= batch) break;
+          const int j = static_cast<int>(static_cast<uint32_t>(pair[it]));
+          uint16_t w[COLS];
+#pragma unroll
+          for (int k = 0; k < COLS; ++k) w[k] = k0 + k < K ? p.w_down[static_cast<int64_t>(k0 + k) * p.ldwd + j] : uint16_t{0};
+#pragma unroll
+          for (int k = 0; k < COLS; ++k) ew[i * COLS + k] = w[k];
+        }
+#pragma unroll
+        for (int it = 0; it < ITERS; ++it) {
+          const int i = tid + it * RTHREADS;
+          if (i >= batch) break;
+          while (static_cast<uint32_t>(pair[it] >> 32) == kDecodeFusedNoH) pair[it] = load_relaxed_u64(slot[it]);
+          ph[i] = __uint_as_float(static_cast<uint32_t>(pair[it] >> 32));
         }
       }
-      __syncthreads();
+      fused_reducer_sync(RTHREADS);
+      if (e0 == 0) TWELL_DECODE_FUSED_STAMP(5);  // the first batch's pairs, Wd and h in shared memory
       // y of (token, column): one fmaf chain over the token's pairs, rows ascending, across batches.
       const int from = tok_first > e0 ? tok_first : e0, to = tok_end < e0 + batch ? tok_end : e0 + batch;
-      for (int e = from; e < to; ++e) y = fmaf(ph[e - e0], Value::to_float(ew[(e - e0) * COLS + col]), y);
-      __syncthreads();
+      int e = from;
+      for (; e + 4 <= to; e += 4) {  // 4 pairs' loads at once, the same chain
+        float hv[4], wv[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) hv[u] = ph[e + u - e0], wv[u] = Value::to_float(ew[(e + u - e0) * COLS + col]);
+#pragma unroll
+        for (int u = 0; u < 4; ++u) y = fmaf(hv[u], wv[u], y);
+      }
+      for (; e < to; ++e) y = fmaf(ph[e - e0], Value::to_float(ew[(e - e0) * COLS + col]), y);
+      fused_reducer_sync(RTHREADS);
     }
     if (tok < m && k0 + col < K) p.y[static_cast<int64_t>(tok) * p.ldy + k0 + col] = Value::from_float(y);
   }

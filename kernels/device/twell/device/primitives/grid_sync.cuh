@@ -41,4 +41,21 @@ __device__ __forceinline__ uint2 load_l2_pair(const uint32_t* ptr) {
   return v;
 }
 
+// Words that CTAs of a running kernel hand to each other without a grid barrier (decode/decode_fused.cuh):
+// relaxed and release stores and relaxed loads at GPU scope (PTX ISA, "Memory Consistency Model"; a
+// 64-bit aligned access is single-copy atomic), a relaxed load's acquire being the fence after it. Relaxed
+// loads, unlike acquire ones, may be in flight together.
+__device__ __forceinline__ unsigned long long load_relaxed_u64(const unsigned long long* ptr) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
+  return v;
+}
+__device__ __forceinline__ void store_relaxed_u64(unsigned long long* ptr, unsigned long long v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
+__device__ __forceinline__ void store_release_u64(unsigned long long* ptr, unsigned long long v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
+}
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+
 }  // namespace twell::device
