@@ -1191,8 +1191,8 @@ void check_decode(const RandomFfn& f, PlanOptions options, const std::string& wh
   }
   EXPECT_EQ(first_difference(h_decode, h_again), "") << what << ": a second decode run's TwELL matrix differs";
   EXPECT_TRUE(y_again == y_decode) << what << ": a second decode run's y differs";
-  // The fused kernel's shared-memory atomics and grid barrier: the same bits over more runs, so that an
-  // intermittent race has more chances to show.
+  // The fused kernel's shared-memory atomics and the hand-over of counts and pairs between its CTAs (no grid
+  // barrier): the same bits over more runs, so that an intermittent race has more chances to show.
   if (fused) {
     for (int i = 0; i < 8; ++i) {
       std::vector<uint16_t> y_more, h_more;
