@@ -1,9 +1,11 @@
-// Experiment (issue 17, bench/README.md v75): where a decode_fused call spends its time. The library's
+// Experiment (issue 17, bench/README.md v75, v77): where a decode_fused call spends its time. The library's
 // kernel (decode/decode_fused.cuh) with its timeline hook defined: thread 0 of every CTA stamps
 // %globaltimer (ns, one clock for the GPU) and clock64 (its SM's cycles) at each phase boundary. Calls
 // run from a CUDA graph of 32 calls (4 per copy) over 8 copies of the weights (> L2), as FfnPlan::run launches them
 // (cooperative, programmatic stream serialization); the stamps are the last call's. Uniform weights
-// with column 0 shifting each neuron to the density (tests/common/test_data.h's recipe), Wd in_out.
+// with column 0 shifting each neuron to the density (tests/common/test_data.h's recipe; 0.5% and 2%), Wd in_out.
+// Another kernel version (bench/README.md v77's forms) can be timed by putting its device headers first
+// on the include path; the workspace is sized for either form.
 // Not part of the library.
 //   (from the repository root) nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++20 -I kernels/device
 //     -I kernels/include -I runtime/include -o decode_fused_timeline bench/experiments/decode_fused_timeline.cu
@@ -97,7 +99,7 @@ int main() {
   unsigned long long *pairs, *arrivals;
   uint32_t* counts;
   CHECK(cudaMalloc(&pairs, size_t(sm::decode_fused_pair_slots(N, sms)) * 8));
-  CHECK(cudaMalloc(&counts, size_t(sm::decode_fused_segments(sms)) * 8));  // room for 64-bit counts (experiments)
+  CHECK(cudaMalloc(&counts, size_t(sm::decode_fused_segments(sms)) * 8));  // room for 64-bit counts (v77's form (a))
   CHECK(cudaMemset(counts, 0, size_t(sm::decode_fused_segments(sms)) * 8));
   CHECK(cudaMalloc(&arrivals, 16));
   CHECK(cudaMemset(arrivals, 0, 16));
@@ -106,7 +108,8 @@ int main() {
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::printf(
       "stage: 0 resident, 1 x arrived (and every warp's Wg loads issued), 2 Wg streamed and multiplied, 8 g, masks, "
-      "row bits, Wu prefetches, 3 pairs' j and counts written; a CTA's reducers (those with a column chunk): 4 "
+      "row bits, Wu and in_out Wd prefetches, 3 pairs' j and counts written; a CTA's reducers (those with a column "
+      "chunk): 4 "
       "the counts read and scanned (6: every CTA's publication seen), 5 the first batch's pairs, Wd and h in shared "
       "memory, 7 y written\n");
   for (const auto& [permille, z] : {std::pair{5, 2.5758}, std::pair{20, 2.0537}}) {
@@ -208,8 +211,9 @@ int main() {
           a.push_back(double(st[c][8][1] - st[c][2][1])), b2.push_back(double(st[c][3][1] - st[c][8][1]));
         std::sort(a.begin(), a.end());
         std::sort(b2.begin(), b2.end());
-        std::printf("  stage 2 -> 8 (g pass) cycles med %.0f max %.0f; 8 -> 3 (counts) med %.0f max %.0f\n",
-                    a[a.size() / 2], a.back(), b2[b2.size() / 2], b2.back());
+        std::printf(
+            "  stage 2 -> 8 (g pass) cycles med %.0f max %.0f; 8 -> 3 (pairs' j and counts) med %.0f max %.0f\n",
+            a[a.size() / 2], a.back(), b2[b2.size() / 2], b2.back());
       }
       // y of the last call (every copy holds the same values) against the CPU (double sums; g rounded to
       // bf16 and activated as the kernel does; neurons within 1e-3 of 0 are counted, "near", since the

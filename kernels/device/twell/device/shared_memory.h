@@ -96,13 +96,15 @@ constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile
 // all its rows, up to 16; 32, two m16 tiles, up to kDecodeFusedTokens), each group of 8 Wg rows in
 // kDecodeFusedSlices k slices (a warp each), a warp's loads in windows of at most kDecodeFusedWindow k32
 // blocks (16 loads of 16 bytes per lane in flight: the 80 registers a thread of 768 has; bench/README.md
-// v64); after the g pass its first kDecodeFusedReducerWarps warps reduce y while the others compute h.
+// v64); after the g pass its first kDecodeFusedReducerWarps warps reduce y while the others compute h
+// (all of them compute h first where the CTA has more active rows than the others are warps).
 // Its dynamic shared memory: first what the h pass reads (decode_fused_h_bytes: a per (row, token), the
 // rows' token masks, the active rows, per token its active rows as bits, 32 a word); then phase 1's x
 // rows (a stride of d_model rounded up to 64, plus 32 values: 16-byte rows, each two start 16 banks
 // apart, so the mma's 16-byte A reads (8 lanes over 2 rows) do not conflict) and the (group, slice)
 // units' sums [units][token_rows][8] (units: groups x kDecodeFusedSlices), which the reduction reuses
-// once the g pass is done: a batch of decode_fused_batch_pairs (row, token) pairs, each with its
+// once the g pass is done (decode_fused_phase2_bytes): a batch of kDecodeFusedBatchPerRow x token_rows
+// (row, token) pairs, each with its
 // kDecodeFusedColumns Wd values and h, then the start of every (token, CTA) segment of the pairs. A
 // call's token_rows sizes its shared memory, so that calls of at most 8 tokens keep the smaller
 // carve-out (more of the SM's L1/shared memory left L1, which the Wg stream needs: bench/README.md v64,
@@ -132,7 +134,7 @@ TWELL_HOST_DEVICE constexpr long long decode_fused_bytes(long long d_model, long
   return decode_fused_h_bytes(rows_per_cta, token_rows) + ((a > b ? a : b) + 15) / 16 * 16;
 }
 // Its global workspace (params.h DecodeFusedBuffers) for `ctas` CTAs: a segment per (token, CTA) of
-// up to kDecodeFusedTokens tokens, each a count (a 64-bit word) and room for the CTA's ceil(d_ff / ctas)
+// up to kDecodeFusedTokens tokens, each a count (a 32-bit word) and room for the CTA's ceil(d_ff / ctas)
 // rows' pairs (64-bit words).
 TWELL_HOST_DEVICE constexpr long long decode_fused_segments(long long ctas) { return kDecodeFusedTokens * ctas; }
 TWELL_HOST_DEVICE constexpr long long decode_fused_pair_slots(long long d_ff, long long ctas) {

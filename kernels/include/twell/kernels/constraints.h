@@ -445,9 +445,10 @@ struct DecodeKernelConstraints {
   // decode_fused (at most kFusedMaxTokens rows; PlanOptions::decode_fused_max_tokens): one CTA of
   // kFusedThreads per SM (at most kFusedMaxCtas), launched cooperatively. The kernel may take all the
   // shared memory the target allows (fusedSharedBytes, its attribute); a launch passes what its shape
-  // and token count need (fusedLaunchBytes: x's 8, 16 or 32 rows, the CTA's ceil(d_ff / CTAs) rows'
-  // staging, phase 2's batches), no more, so that the rest stays L1 (a larger carve-out slowed the Wg
-  // stream, bench/README.md v64). fusedMaxTokens: the most tokens whose launch fits the target (32,
+  // and token count need (fusedLaunchBytes: the h pass's arrays for the CTA's ceil(d_ff / CTAs) rows, then
+  // the larger of x's 8, 16 or 32 rows with the units' sums and the reduction's batch, which reuses
+  // them), no more, so that the rest stays L1 (a larger carve-out slowed the Wg stream, bench/README.md
+  // v64, v77). fusedMaxTokens: the most tokens whose launch fits the target (32,
   // else 16 or 8 where only x tiles of that many rows fit, 0 where none does).
   static constexpr int64_t kFusedMaxTokens = smem::kDecodeFusedTokens;
   static constexpr int64_t kFusedThreads = smem::kDecodeFusedWarps * 32;

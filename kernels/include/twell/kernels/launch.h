@@ -34,7 +34,8 @@ struct LaunchConfig {
   uint32_t cluster_x = 1;       // compiled in (__cluster_dims__) where > 1; the launcher does not set it again
   uint32_t shared_bytes = 0;    // dynamic shared memory of this launch
   bool dependent_launch = false;
-  bool cooperative = false;  // CU_LAUNCH_ATTRIBUTE_COOPERATIVE: every CTA resident at once (a grid barrier)
+  bool cooperative = false;  // CU_LAUNCH_ATTRIBUTE_COOPERATIVE: every CTA resident at once (a grid barrier, or
+                             // CTAs waiting on each other's words: decode_fused)
 
   std::string describe() const {
     std::string s = "grid (" + std::to_string(grid_x) + ", " + std::to_string(grid_y) + ", " + std::to_string(grid_z) +

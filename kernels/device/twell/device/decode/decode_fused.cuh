@@ -39,8 +39,9 @@
 //   overlaps the wait). Wd's rows are read once per pair, so the bytes are the sum over tokens of their
 //   active rows, of which only Wd's 32 bytes per pair and CTA. A thread per (token, column) then sums
 //   its token's pairs: y is one fmaf chain from +0 over the token's active rows ascending, across batches.
-//   Every CTA's reducers wait only on what every CTA wrote before its own reducers began to wait, and
-//   the cooperative launch keeps all CTAs resident: no wait can be for a CTA that never runs.
+//   Nothing that a reducer waits for waits itself: every CTA publishes before any of its warps waits,
+//   and the warps that write h never wait (reducer warps that help with h write theirs before they
+//   reduce); the cooperative launch keeps all CTAs resident, so every awaited write is made.
 //
 // Rounding and determinism: the gate's g is the dot of the large-M gates in another order (k slices of
 // d_model, each in k16 steps over a permuted k, then the slices), y's sum over the active rows one
@@ -132,8 +133,10 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   const int R = static_cast<int>(static_cast<int64_t>(c + 1) * N / P) - r0;
   const int units = (R + 7) / 8 * S;
 
-  // Phase 1's shared memory (sm::decode_fused_phase1_bytes): x [xr][LDX], the units' sums [units][xr
-  // tokens][8 rows], a per (row, token), the rows' token masks, the active rows (in the g pass's order).
+  // Shared memory (shared_memory.h): first what the h pass reads (sm::decode_fused_h_bytes: a per (row,
+  // token), the rows' token masks, the active rows in the g pass's order, the tokens' row bits), then
+  // phase 1's x [xr][LDX] and the units' sums [units][xr tokens][8 rows] (sm::decode_fused_phase1_bytes),
+  // which the reduction reuses.
   float* act = reinterpret_cast<float*>(dynamic_smem);                     // [rows_cap][xr]
   uint32_t* row_mask = reinterpret_cast<uint32_t*>(act + rows_cap * xr);  // [rows_cap]
   int* active = reinterpret_cast<int*>(row_mask + rows_cap);              // [rows_cap]
@@ -307,7 +310,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
         store_relaxed_u64(seg + n_t++, static_cast<unsigned long long>(kDecodeFusedNoH) << 32 | static_cast<uint32_t>(r0 + 32 * w + __ffs(bits) - 1));
     b.counts[tid * P + c] = static_cast<uint32_t>(n_t);
   }
-  TWELL_DECODE_FUSED_STAMP(3);  // g, masks, bits, pairs' j and counts published
+  TWELL_DECODE_FUSED_STAMP(3);  // g, masks, bits, pairs' j and counts written (published after the barrier below)
   const int n_active = active_count;
   // The pairs' j above come before their (j, h) below in the slots' order (the barrier orders the two
   // threads' stores to the same word), and before the publication.

@@ -1,6 +1,7 @@
 // Grid-wide synchronization of a kernel whose CTAs are all resident at once (a cooperative launch:
-// CU_LAUNCH_ATTRIBUTE_COOPERATIVE, which the driver refuses where they cannot be), and the loads that
-// read what other CTAs wrote before it. Used by decode/decode_fused.cuh and train/weight_grad.cuh.
+// CU_LAUNCH_ATTRIBUTE_COOPERATIVE, which the driver refuses where they cannot be), and the loads and
+// stores by which its CTAs read what others wrote. The barrier: train/weight_grad.cuh; the loads and
+// stores: it and decode/decode_fused.cuh (which waits on other CTAs' words instead of a barrier).
 #pragma once
 #include "twell/device/params.h"  // uint32_t, as every device header gets it under NVRTC
 
@@ -28,8 +29,8 @@ __device__ __forceinline__ void grid_barrier(uint32_t* barrier) {
   __syncthreads();
 }
 
-// Words other CTAs of this kernel wrote before the grid barrier, through L2 (ld.global.cg: a
-// non-coherent L1 line might hold them stale).
+// Words other CTAs of this kernel wrote before a grid barrier (or a release this CTA acquired), through L2
+// (ld.global.cg: a non-coherent L1 line might hold them stale).
 __device__ __forceinline__ uint32_t load_l2_u32(const uint32_t* ptr) {
   uint32_t v;
   asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(ptr));
@@ -41,10 +42,11 @@ __device__ __forceinline__ uint2 load_l2_pair(const uint32_t* ptr) {
   return v;
 }
 
-// Words that CTAs of a running kernel hand to each other without a grid barrier (decode/decode_fused.cuh):
-// relaxed and release stores and relaxed loads at GPU scope (PTX ISA, "Memory Consistency Model"; a
-// 64-bit aligned access is single-copy atomic), a relaxed load's acquire being the fence after it. Relaxed
-// loads, unlike acquire ones, may be in flight together.
+// Words that CTAs of a running kernel hand to each other without a grid barrier (decode/decode_fused.cuh:
+// a word written twice, first without and then with its value, read until the value is there): relaxed
+// stores and loads at GPU scope (PTX ISA, "Memory Consistency Model": morally strong, so the reads see
+// the writes' coherence order, never a torn word; a 64-bit aligned access is single-copy atomic), which
+// bypass a non-coherent L1 line. Relaxed loads, unlike acquire ones, may be in flight together.
 __device__ __forceinline__ unsigned long long load_relaxed_u64(const unsigned long long* ptr) {
   unsigned long long v;
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(ptr) : "memory");
@@ -53,9 +55,5 @@ __device__ __forceinline__ unsigned long long load_relaxed_u64(const unsigned lo
 __device__ __forceinline__ void store_relaxed_u64(unsigned long long* ptr, unsigned long long v) {
   asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
 }
-__device__ __forceinline__ void store_release_u64(unsigned long long* ptr, unsigned long long v) {
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(ptr), "l"(v) : "memory");
-}
-__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 }  // namespace twell::device
