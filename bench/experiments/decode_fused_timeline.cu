@@ -62,6 +62,10 @@ __global__ void __launch_bounds__(768, 1)
 int main() {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  if (sms > 256) {  // g_stamp's rows; FfnPlan launches at most 256 CTAs (kFusedMaxCtas)
+    std::fprintf(stderr, "decode_fused_timeline: %d SMs, at most 256 supported\n", sms);
+    return 1;
+  }
   namespace sm = twell::device::shared_memory;
   const int rows_cap = (N + sms - 1) / sms;
   std::mt19937 rng(3);

@@ -33,7 +33,8 @@
 //   output columns of every token. The pairs of the whole call in one order, token-major and rows
 //   ascending (segment t P + c: CTA c's pairs of token t): thread 0 polls the publication count (acquire)
 //   until every CTA of this launch has published, then the m P counts in one round trip and their
-//   exclusive scan; then batches of kDecodeFusedBatchPerRow pairs per token row, a thread per pair: its
+//   exclusive scan; then batches of kDecodeFusedBatchPerRow pairs per token row, a thread per pair (up to
+//   ITERS of them per thread and batch, their loads in flight together): its
 //   (j, h) word, its 16 Wd values of the columns (two 16-byte loads in_out, 16 scalar ones out_in),
 //   and, if h was not yet written, its word again until it is (relaxed loads: the Wd round trip
 //   overlaps the wait). Wd's rows are read once per pair, so the bytes are the sum over tokens of their
@@ -79,7 +80,9 @@ __device__ __forceinline__ uint4 load_stream_16(const uint16_t* ptr) {
 // complete (all P CTAs of the previous launch have added theirs), so a launch's P additions return
 // [n P, (n + 1) P) and its number is n + 1: its CTAs' publications bring the publication count (which
 // grows by P per launch too, from 0) to (n + 1) P. Thread 0's, issued before phase 1's loads and first
-// used by its reducer's poll, so that its round trip is not waited for.
+// used by its reducer's poll, so that its round trip is not waited for. This holds while every launch on
+// the workspace has the same P and runs to its end: FfnPlan launches fusedCtas(SM count) CTAs on its own
+// workspace every time, and a launch that faults leaves the context unusable.
 __device__ __forceinline__ unsigned long long fused_launch_ticket(unsigned long long* arrivals) {
   unsigned long long v = 0;
   if (threadIdx.x == 0) asm volatile("atom.relaxed.gpu.global.add.u64 %0, [%1], 1;" : "=l"(v) : "l"(arrivals) : "memory");
@@ -468,7 +471,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
         }
       }
       fused_reducer_sync(RTHREADS);
-      if (e0 == 0) TWELL_DECODE_FUSED_STAMP(5);  // the first batch's pairs, Wd and h in shared memory
+      if (e0 == 0) TWELL_DECODE_FUSED_STAMP(5);  // the first batch's pairs, Wd and h in shared memory (none: no stamp)
       // y of (token, column): one fmaf chain over the token's pairs, rows ascending, across batches.
       const int from = tok_first > e0 ? tok_first : e0, to = tok_end < e0 + batch ? tok_end : e0 + batch;
       int e = from;
