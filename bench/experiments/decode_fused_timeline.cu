@@ -62,7 +62,7 @@ __global__ void __launch_bounds__(768, 1)
 int main() {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  if (sms > 256) {  // g_stamp's rows; FfnPlan launches at most 256 CTAs (kFusedMaxCtas)
+  if (sms > twell::device::shared_memory::kDecodeFusedMaxCtas) {  // g_stamp's rows: FfnPlan's most CTAs
     std::fprintf(stderr, "decode_fused_timeline: %d SMs, at most 256 supported\n", sms);
     return 1;
   }

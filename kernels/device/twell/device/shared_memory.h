@@ -109,8 +109,9 @@ constexpr long long decode_gate_small_bytes(long long max_tokens, long long tile
 // call's token_rows sizes its shared memory, so that calls of at most 8 tokens keep the smaller
 // carve-out (more of the SM's L1/shared memory left L1, which the Wg stream needs: bench/README.md v64,
 // v65, v77).
+// At most kDecodeFusedMaxCtas CTAs (one per SM): its reducers read all m x CTAs counts in one round trip.
 constexpr long long kDecodeFusedWarps = 24, kDecodeFusedReducerWarps = 16, kDecodeFusedTokens = 32, kDecodeFusedSlices = 4,
-                    kDecodeFusedWindow = 16, kDecodeFusedColumns = 16, kDecodeFusedBatchPerRow = 64;
+                    kDecodeFusedWindow = 16, kDecodeFusedColumns = 16, kDecodeFusedBatchPerRow = 64, kDecodeFusedMaxCtas = 256;
 TWELL_HOST_DEVICE constexpr long long decode_fused_token_rows(long long tokens) { return tokens <= 8 ? 8 : tokens <= 16 ? 16 : 32; }
 TWELL_HOST_DEVICE constexpr long long decode_fused_x_stride(long long d_model) { return (d_model + 63) / 64 * 64 + 32; }
 // 32-bit words of row bits per CTA of at most rows_per_cta rows.

@@ -452,7 +452,7 @@ struct DecodeKernelConstraints {
   // else 16 or 8 where only x tiles of that many rows fit, 0 where none does).
   static constexpr int64_t kFusedMaxTokens = smem::kDecodeFusedTokens;
   static constexpr int64_t kFusedThreads = smem::kDecodeFusedWarps * 32;
-  static constexpr int64_t kFusedMaxCtas = 256;
+  static constexpr int64_t kFusedMaxCtas = smem::kDecodeFusedMaxCtas;
   // Its static shared memory (the scan's totals, the compiler's) stays under kFusedStaticReserve.
   static constexpr int64_t kFusedStaticReserve = 2048;
   static constexpr int64_t fusedSharedBytes(int sm) {

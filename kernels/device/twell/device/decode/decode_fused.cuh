@@ -88,6 +88,11 @@ __device__ __forceinline__ unsigned long long fused_launch_ticket(unsigned long 
   if (threadIdx.x == 0) asm volatile("atom.relaxed.gpu.global.add.u64 %0, [%1], 1;" : "=l"(v) : "l"(arrivals) : "memory");
   return v;
 }
+// A pair's 64-bit word (params.h DecodeFusedBuffers::pairs): its row j and the bits of its h
+// (kDecodeFusedNoH until h is written), stored and read whole.
+__device__ __forceinline__ unsigned long long fused_pair_word(uint32_t h_bits, int j) {
+  return static_cast<unsigned long long>(h_bits) << 32 | static_cast<uint32_t>(j);
+}
 // The reducer warps' barrier (warps [0, threads)), named barrier 1: the h warps do not take part.
 __device__ __forceinline__ void fused_reducer_sync(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
 
@@ -109,7 +114,8 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   constexpr int COLS = static_cast<int>(sm::kDecodeFusedColumns);
   constexpr int RWARPS = static_cast<int>(sm::kDecodeFusedReducerWarps);  // the reducer warps [0, RWARPS)
   constexpr int RTHREADS = RWARPS * 32, HWARPS = WARPS - RWARPS;           // then the h warps
-  constexpr int COUNTS_PER_THREAD = 16;  // the counts a reducer thread reads: T P <= 16 RTHREADS at P <= 256
+  constexpr int COUNTS_PER_THREAD =  // the counts a reducer thread reads: all T P at the most CTAs
+      static_cast<int>((sm::kDecodeFusedTokens * sm::kDecodeFusedMaxCtas + RTHREADS - 1) / RTHREADS);
   constexpr int XR = static_cast<int>(sm::kDecodeFusedTokens);  // the most tokens (register arrays)
   constexpr int TILES = (XR + 15) / 16;                          // m16 tiles of x at the most tokens
   constexpr int ITERS = static_cast<int>(sm::kDecodeFusedBatchPerRow) * XR / RTHREADS;  // pairs per reducer thread and batch
@@ -300,7 +306,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     }
   }
   __syncthreads();
-  TWELL_DECODE_FUSED_STAMP(8);  // g, masks, row bits, active list, Wu prefetches issued
+  TWELL_DECODE_FUSED_STAMP(8);  // g, masks, row bits, active list, Wu and in_out Wd prefetches issued
   // Per token t < m, a thread: its active rows' pairs (j, no h yet) at their ranks (rows ascending),
   // and its count (b.counts[t][c]); then the CTA's publication (thread 0, a release add after the barrier
   // below, so that the reducers that see it read these j and can fetch Wd while h is computed).
@@ -310,7 +316,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     int n_t = 0;
     for (int w = 0; w < bit_words; ++w)
       for (uint32_t bits = tok_bits[tid * bit_words + w]; bits != 0u; bits &= bits - 1u)
-        store_relaxed_u64(seg + n_t++, static_cast<unsigned long long>(kDecodeFusedNoH) << 32 | static_cast<uint32_t>(r0 + 32 * w + __ffs(bits) - 1));
+        store_relaxed_u64(seg + n_t++, fused_pair_word(kDecodeFusedNoH, r0 + 32 * w + __ffs(bits) - 1));
     b.counts[tid * P + c] = static_cast<uint32_t>(n_t);
   }
   TWELL_DECODE_FUSED_STAMP(3);  // g, masks, bits, pairs' j and counts written (published after the barrier below)
@@ -343,8 +349,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
           for (int w = 0; w < r / 32; ++w) rank += __popc(tok_bits[t * bit_words + w]);
           uint32_t h_bits = __float_as_uint(h);
           if (h_bits == kDecodeFusedNoH) h_bits = 0x7FFFFFFFu;  // another NaN
-          store_relaxed_u64(pairs_of + static_cast<int64_t>(t) * P * rows_cap + rank,
-                            static_cast<unsigned long long>(h_bits) << 32 | static_cast<uint32_t>(j));
+          store_relaxed_u64(pairs_of + static_cast<int64_t>(t) * P * rows_cap + rank, fused_pair_word(h_bits, j));
         }
       }
     }
@@ -431,6 +436,11 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
         slot[it] = b.pairs + static_cast<int64_t>(lo) * rows_cap + (g - seg_start[lo]);
         pair[it] = load_relaxed_u64(slot[it]);
       }
+      // Pair `it`'s h once its owner has written it (its word read again until then).
+      auto await_h = [&](int it) {
+        while (static_cast<uint32_t>(pair[it] >> 32) == kDecodeFusedNoH) pair[it] = load_relaxed_u64(slot[it]);
+        return __uint_as_float(static_cast<uint32_t>(pair[it] >> 32));
+      };
       if constexpr (Config::down_in_out) {
         uint4 v[ITERS][COLS / 8];
 #pragma unroll
@@ -445,10 +455,10 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
         for (int it = 0; it < ITERS; ++it) {
           const int i = tid + it * RTHREADS;
           if (i >= batch) break;
-          while (static_cast<uint32_t>(pair[it] >> 32) == kDecodeFusedNoH) pair[it] = load_relaxed_u64(slot[it]);
+          const float h = await_h(it);
 #pragma unroll
           for (int h8 = 0; h8 < COLS / 8; ++h8) *reinterpret_cast<uint4*>(ew + i * COLS + 8 * h8) = v[it][h8];
-          ph[i] = __uint_as_float(static_cast<uint32_t>(pair[it] >> 32));
+          ph[i] = h;
         }
       } else {  // COLS scalar loads per pair, stored as they come (registers for all ITERS pairs' would spill)
 #pragma unroll
@@ -466,8 +476,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
         for (int it = 0; it < ITERS; ++it) {
           const int i = tid + it * RTHREADS;
           if (i >= batch) break;
-          while (static_cast<uint32_t>(pair[it] >> 32) == kDecodeFusedNoH) pair[it] = load_relaxed_u64(slot[it]);
-          ph[i] = __uint_as_float(static_cast<uint32_t>(pair[it] >> 32));
+          ph[i] = await_h(it);
         }
       }
       fused_reducer_sync(RTHREADS);
