@@ -45,7 +45,10 @@ using twell::float_to_bf16;
     }                                                                                         \
   } while (0)
 
-constexpr int K = 2048, N = 5632, COPIES = 8;
+#ifndef TWELL_TIMELINE_K  // d_model (a half-width Wg stream: -DTWELL_TIMELINE_K=1024, bench/README.md v78)
+#define TWELL_TIMELINE_K 2048
+#endif
+constexpr int K = TWELL_TIMELINE_K, N = 5632, COPIES = 8;
 struct Config {
   using Value = twell::device::BF16;
   static constexpr int d_model = K, d_ff = N, tile_n = 256, slots = 31, activation = 0;
