@@ -1309,3 +1309,215 @@ TEST(GpuFfnRealData, DecodeOnRealLayers) {
                                      1, true);
   for (int64_t tokens : {1, 16}) check_decode(first_rows(paper, tokens), sparse(), fmt::format("paper layer 1, {} rows", tokens));
 }
+
+namespace {
+// Plants, for each of the first min(tokens, 8) tokens t, `per_token` neurons inactive for every token
+// whose gate at t is a small positive value (the bf16 shift of column 0 just above -sum_{k>=1} x_tk w_jk,
+// x_t0 = 1: g in [1e-3, 1e-3 + one ulp], far above the fp32 sums' error and far below the screen's
+// bound), their Wu rows scaled by 64: a screen that missed one would change y by tens of percent.
+void plant_near_threshold(RandomFfn& f, int per_token) {
+  const int64_t K = f.spec.d_model, N = f.spec.d_ff;
+  const DType t16 = f.spec.dtype;
+  std::vector<char> used(N, 0);
+  for (int64_t t = 0; t < f.tokens; ++t)
+    for (int64_t j = 0; j < N; ++j) {
+      double g = 0;
+      for (int64_t k = 0; k < K; ++k) g += double(to_float(t16, f.x[t * K + k])) * to_float(t16, f.w_gate[j * K + k]);
+      if (g > -0.05) used[j] = 1;  // active, or close enough that planting could disturb another token
+    }
+  int64_t j = 0;
+  for (int64_t t = 0; t < std::min<int64_t>(f.tokens, 8); ++t)
+    for (int n = 0; n < per_token; ++n) {
+      while (used[j]) ++j;
+      used[j] = 1;
+      double rest = 0;
+      for (int64_t k = 1; k < K; ++k) rest += double(to_float(t16, f.x[t * K + k])) * to_float(t16, f.w_gate[j * K + k]);
+      uint16_t w0 = from_float(t16, static_cast<float>(-rest + 1e-3));
+      while (double(to_float(t16, w0)) + rest < 1e-3) w0 = from_float(t16, std::nextafter(to_float(t16, w0), 1e30f) * 1.001f);
+      f.w_gate[j * K] = w0;
+      for (int64_t k = 0; k < K; ++k) f.w_up[j * K + k] = from_float(t16, 64.0f * to_float(t16, f.w_up[j * K + k]));
+      ++j;
+    }
+}
+
+// The gate screen (FfnPlan::screen_gate): y of the screened fused kernel against the CPU reference
+// (1e-2) and the unscreened fused kernel (its tolerance), the same bits run to run; calls above 8 tokens
+// and after forget_gate_screens the unscreened bits. `split`: PlanOptions::dense_neurons.
+void check_screen(const RandomFfn& f, const std::string& what, Context& ctx = context(), int64_t split = 0) {
+  std::fprintf(stderr, "check_screen: %s\n", what.c_str());
+  StreamHandle stream(ctx);
+  const int64_t K = f.spec.d_model;
+  PlanOptions o = sparse();
+  o.dense_neurons = split;
+  FfnPlan plan = ctx.plan(f.spec, 64, o);
+  ASSERT_GT(plan.gate_screen_bytes(), 0u) << what;
+  DeviceFfn dev(ctx, f);
+  const FfnTensors t = dev.tensors();
+  auto run = [&](int64_t tokens) {
+    dev.y.fill(0xFF);
+    plan.run(stream.get(), t, tokens);
+    stream.synchronize();
+    return dev.y.download_vector<uint16_t>(tokens * K);
+  };
+  const int64_t small = std::min<int64_t>(f.tokens, 8);
+  const auto y_plain = run(small);
+  EXPECT_EQ(plan.last_path(), "decode") << what;
+  const auto y_plain_all = run(f.tokens);
+  plan.screen_gate(stream.get(), t.w_gate, 0);
+  EXPECT_EQ(plan.gate_screens(), 1u) << what;
+  const auto y_screen = run(small);
+  const auto y_again = run(small);
+  EXPECT_EQ(std::count(y_screen.begin(), y_screen.end(), uint16_t{0xFFFF}), 0) << what << ": unwritten outputs";
+  const auto ref = reference_gated_ffn(f.spec, std::span(f.x).first(small * K), small, f.weights());
+  EXPECT_LT(relative_error(to_float(f.spec.dtype, y_screen), ref), 1e-2) << what << ": screened y against the CPU reference";
+  EXPECT_LT(relative_error(to_float(f.spec.dtype, y_plain), ref), 1e-2) << what << ": unscreened y against the CPU reference";
+  EXPECT_LT(relative_error(to_float(f.spec.dtype, y_screen), to_float(f.spec.dtype, y_plain)), 1e-2) << what;
+  EXPECT_TRUE(y_again == y_screen) << what << ": a second screened run's y differs";
+  if (f.tokens > 8) {
+    EXPECT_TRUE(run(f.tokens) == y_plain_all) << what << ": a call above 8 tokens must not read the screen";
+  }
+  plan.screen_gate(stream.get(), t.w_gate, 0);  // again: in place, the same result
+  EXPECT_TRUE(run(small) == y_screen) << what << ": screened again";
+  plan.forget_gate_screens();
+  EXPECT_EQ(plan.gate_screens(), 0u) << what;
+  EXPECT_TRUE(run(small) == y_plain) << what << ": after forget_gate_screens";
+}
+}  // namespace
+
+// The gate screen on the paper's shape at 0.5% and 2% (1, 3 and 8 tokens, near-threshold neurons planted
+// with large Wu rows), both Wd layouts, fp16, non-gated, a hot/cold split, a call of 16 tokens beside a
+// screen, the sm_80 code, the paper's real layer 1; and the errors of screen_gate.
+TEST(GpuFfn, GateScreenFindsEveryActiveNeuron) {
+  FfnSpec paper;
+  paper.d_model = 2048;
+  paper.d_ff = 5632;
+  for (double density : {0.005, 0.02})
+    for (int64_t tokens : {1, 3, 8}) {
+      RandomFfn f = make_random_ffn(paper, tokens, density, 300 + tokens);
+      plant_near_threshold(f, 4);
+      check_screen(f, fmt::format("paper shape {}%, {} tokens, planted", density * 100, tokens));
+    }
+  FfnSpec in_out = paper;
+  in_out.down_layout = WeightLayout::InOut;
+  check_screen(make_random_ffn(in_out, 2, 0.005, 310), "in_out Wd, 2 tokens");
+  FfnSpec fp16 = paper;
+  fp16.dtype = DType::FP16;
+  check_screen(make_random_ffn(fp16, 5, 0.01, 311), "fp16, 5 tokens");
+  FfnSpec plain;
+  plain.d_model = 512;
+  plain.d_ff = 1408;
+  plain.gated = false;
+  check_screen(make_random_ffn(plain, 4, 0.02, 312), "non-gated d_model 512, 4 tokens");
+  check_screen(make_random_ffn(paper, 16, 0.005, 313), "16 tokens (the screen for the first 8)");
+  check_screen(make_random_ffn(paper, 6, 0.01, 314), "hot/cold split of 256", context(), 256);
+  ContextOptions portable_options;
+  portable_options.target = Target{80, false};
+  Context portable(portable_options);
+  check_screen(make_random_ffn(paper, 3, 0.005, 315), "sm_80 code, 3 tokens", portable);
+  const auto dir = shared_data_dir();
+  bool real = true;
+  for (const char* n : {"paper_l1_gate_a.safetensors", "paper_l1_gate_b.safetensors", "paper_l1_x.safetensors"})
+    if (!std::filesystem::exists(dir / n)) {
+      real = false;
+      std::fprintf(stderr, "[ SKIPPED ] the gate screen on paper layer 1: real data not found: %s\n", (dir / n).string().c_str());
+    }
+  if (real) {
+    const LayerData d = load_layer({SafeTensors::read(dir / "paper_l1_gate_a.safetensors"), SafeTensors::read(dir / "paper_l1_gate_b.safetensors"),
+                                    SafeTensors::read(dir / "paper_l1_x.safetensors")},
+                                   1, true);
+    for (int64_t tokens : {1, 8}) {
+      RandomFfn f;
+      f.spec.d_model = d.d_model;
+      f.spec.d_ff = d.d_ff;
+      f.tokens = tokens;
+      f.x.assign(d.x.begin(), d.x.begin() + tokens * d.d_model);
+      f.w_gate = d.w_gate;
+      f.w_up = d.w_up;
+      f.w_down = d.w_down;
+      check_screen(f, fmt::format("paper layer 1, real x and Wg, {} tokens", tokens));
+    }
+  }
+
+  // A NaN and an infinity in x (rows 1 and 2 of 4): every screened neuron of those tokens is a candidate,
+  // so y's non-finite values are where the unscreened kernel's are (NaN for the NaN row, as the CPU
+  // reference's), and the finite tokens match the CPU reference.
+  {
+    RandomFfn f = make_random_ffn(paper, 4, 0.005, 316);
+    f.x[1 * paper.d_model + 100] = 0x7FC0;  // NaN
+    f.x[2 * paper.d_model + 9] = 0x7F80;    // +inf
+    StreamHandle s(context());
+    FfnPlan plan = context().plan(paper, 8, sparse());
+    DeviceFfn dev(context(), f);
+    auto run = [&] {
+      dev.y.fill(0xFF);
+      plan.run(s.get(), dev.tensors(), f.tokens);
+      s.synchronize();
+      return to_float(paper.dtype, dev.y.download_vector<uint16_t>(f.tokens * paper.d_model));
+    };
+    const auto y_plain = run();
+    plan.screen_gate(s.get(), dev.tensors().w_gate);
+    const auto y = run();
+    const auto ref = reference_gated_ffn(paper, f.x, f.tokens, f.weights());
+    const int64_t K = paper.d_model;
+    for (int64_t i = 0; i < K; ++i) {
+      ASSERT_TRUE(std::isnan(y[K + i]) && std::isnan(ref[K + i])) << "NaN row, column " << i;
+      ASSERT_EQ(std::isnan(y[2 * K + i]), std::isnan(y_plain[2 * K + i])) << "inf row, column " << i;
+      ASSERT_EQ(std::isinf(y[2 * K + i]), std::isinf(y_plain[2 * K + i])) << "inf row, column " << i;
+    }
+    for (int64_t row : {0, 3}) {
+      std::vector<float> yr(y.begin() + row * K, y.begin() + (row + 1) * K), rr(ref.begin() + row * K, ref.begin() + (row + 1) * K);
+      EXPECT_LT(relative_error(yr, rr), 1e-2) << "finite token " << row;
+    }
+  }
+  // Dispatch::Auto with a screen: it times the call with and without the screen (and dense) and runs the
+  // fastest; y is the same function either way.
+  {
+    const RandomFfn f = make_random_ffn(paper, 2, 0.005, 317);
+    StreamHandle s(context());
+    FfnPlan plan = context().plan(paper, 8);
+    DeviceFfn dev(context(), f);
+    plan.screen_gate(s.get(), dev.tensors().w_gate);
+    for (int64_t tokens : {1, 2}) {
+      dev.y.fill(0xFF);
+      plan.run(s.get(), dev.tensors(), tokens);
+      s.synchronize();
+      const auto y = dev.y.download_vector<uint16_t>(tokens * paper.d_model);
+      const auto ref = reference_gated_ffn(paper, std::span(f.x).first(tokens * paper.d_model), tokens, f.weights());
+      EXPECT_LT(relative_error(to_float(paper.dtype, y), ref), 1e-2) << "Auto with a screen, " << tokens << " tokens, ran " << plan.last_path();
+      plan.run(s.get(), dev.tensors(), tokens);
+      s.synchronize();
+      EXPECT_TRUE(dev.y.download_vector<uint16_t>(tokens * paper.d_model) == y) << "Auto's decision is kept: the same bits";
+    }
+  }
+
+  // Errors: named, and the plan keeps working.
+  StreamHandle stream(context());
+  FfnPlan plan = context().plan(paper, 8, sparse());
+  DeviceMemory w(context(), 2048 * 5632 * 2);
+  auto message = [&](auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { plan.screen_gate(stream.get(), nullptr); }).find("w_gate"), std::string::npos);
+  EXPECT_NE(message([&] { plan.screen_gate(stream.get(), static_cast<const char*>(w.data()) + 1); }).find("w_gate"), std::string::npos);
+  EXPECT_NE(message([&] { plan.screen_gate(stream.get(), w.data(), 100); }).find("ld_gate"), std::string::npos);
+  std::vector<uint16_t> host_weights(64);
+  EXPECT_NE(message([&] { plan.screen_gate(stream.get(), host_weights.data()); }).find("device memory"), std::string::npos);
+  EXPECT_EQ(plan.gate_screens(), 0u);
+  FfnSpec silu = paper;
+  silu.activation = Activation::SiLU;
+  silu.threshold = 0.05f;
+  FfnPlan silu_plan = context().plan(silu, 8, sparse());
+  EXPECT_EQ(silu_plan.gate_screen_bytes(), 0u);
+  EXPECT_NE(message([&] { silu_plan.screen_gate(stream.get(), w.data()); }).find("ReLU"), std::string::npos);
+  FfnPlan odd = context().plan(odd_spec(), 8, sparse());
+  EXPECT_NE(message([&] { odd.screen_gate(stream.get(), w.data()); }).find("d_model"), std::string::npos);
+  PlanOptions no_fused = sparse();
+  no_fused.decode_fused_max_tokens = 0;
+  FfnPlan four = context().plan(paper, 8, no_fused);
+  EXPECT_NE(message([&] { four.screen_gate(stream.get(), w.data()); }).find("fused decode"), std::string::npos);
+}
