@@ -485,13 +485,11 @@ void PaperLayer1Args(benchmark::internal::Benchmark* b) {
 // at 0.5%). Paths: 0 cuBLASLt (three GEMMs + elementwise), 1 twell with the decode kernels
 // (PlanOptions::decode_max_tokens; the fused decode kernel up to its most, 32 rows), 2 twell
 // with the large-M kernels only, 3 the dense path a plan runs (DenseKernels::FusedGatedUp: cuBLASLt at these token counts since v69), 4 the four decode
-// kernels without the fused one, 6 path 1 with a gate screen of every copy's Wg (FfnPlan::screen_gate: the
-// fused kernel streams int8 Wg up to 8 tokens); Wd out_in (nn.Linear) or in_out (in_out 1). Each call reads another of kDecodeLayers copies of the weights (nn.Linear
+// kernels without the fused one; Wd out_in (nn.Linear) or in_out (in_out 1). Each call reads another of kDecodeLayers copies of the weights (nn.Linear
 // layouts), so the weights come from DRAM as in a model whose layers do not all fit the L2; the calls
 // run from a CUDA graph (time_graph_on_stream), so the host's launch overhead is not timed: what a
 // serving loop that captures its decode step sees.
-// 8 copies: a screened call reads about 13 MB, so 4 copies' screens (52 MB) could stay in the 60 MB L2.
-constexpr int kDecodeLayers = 8;
+constexpr int kDecodeLayers = 4;
 
 // The device copy bandwidth this machine's H200 measured (PERFORMANCE.md: about 4.3 TB/s): a decode
 // call's floor is the bytes it must read over it.
@@ -519,7 +517,7 @@ std::vector<std::unique_ptr<DeviceMemory>> decode_weight_copies(Context& ctx, in
 // CUDA graph of 5 kDecodeLayers calls; the median per call. A plan runs every copy once first (Auto
 // times its paths, the backup is sized), outside the capture.
 void time_decode(benchmark::State& state, Stream stream, const std::vector<std::unique_ptr<DeviceMemory>>& copies, const FfnTensors& base,
-                 int64_t tokens, FfnPlan* plan, DenseFfn* dense, bool screen = false) {
+                 int64_t tokens, FfnPlan* plan, DenseFfn* dense) {
   auto tensors = [&](int l) {
     FfnTensors t = base;
     t.w_gate = copies[3 * l]->data();
@@ -528,8 +526,6 @@ void time_decode(benchmark::State& state, Stream stream, const std::vector<std::
     return t;
   };
   if (plan) {
-    if (screen)
-      for (int l = 0; l < kDecodeLayers; ++l) plan->screen_gate(stream, copies[3 * l]->data());
     for (int l = 0; l < kDecodeLayers; ++l) plan->run(stream, tensors(l), tokens);
     if (plan->last_path() == "twell")  // the fused decode kernel and the dense path make no TwELL matrix
       plan->last_overflow(stream);     // the backup's size for these inputs: no recompute in the timed calls
@@ -567,11 +563,11 @@ void BM_Decode(benchmark::State& state) {
   } else {
     PlanOptions o;
     o.dispatch = Dispatch::Sparse;
-    o.decode_max_tokens = path == 1 || path == 4 || path == 6 ? 64 : 0;
+    o.decode_max_tokens = path == 1 || path == 4 ? 64 : 0;
     o.decode_fused_max_tokens = path == 4 ? 0 : kernels::DecodeKernelConstraints::kFusedMaxTokens;
     plan = std::make_unique<FfnPlan>(ctx.plan(spec, tokens, o));
   }
-  time_decode(state, stream.get(), layers, p.tensors(), tokens, plan.get(), dense.get(), path == 6);
+  time_decode(state, stream.get(), layers, p.tensors(), tokens, plan.get(), dense.get());
   // The bytes a call must read: dense, all three weights; sparse, Wg and the active rows of Wu and Wd.
   const double weight_bytes = 3.0 * kDModel * kDff * 2;
   state.counters["GB/s(dense bytes)"] = benchmark::Counter(weight_bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
@@ -581,8 +577,7 @@ void BM_Decode(benchmark::State& state) {
 // files hold none): the first M of its 1024 real tokens, so the active neurons are the real ones (5%
 // of d_ff per token on average, with hot neurons: the union over 64 tokens is far below 64 times it).
 // Paths: 0 cuBLASLt, 1 twell's decode kernels (Sparse: the fused one up to its most, the four beyond),
-// 5 PlanOptions' defaults (Dispatch::Auto: what a user gets; the label says what it picked), 6 path 1 with gate
-// screens (FfnPlan::screen_gate); Wd out_in
+// 5 PlanOptions' defaults (Dispatch::Auto: what a user gets; the label says what it picked); Wd out_in
 // or in_out. Counters: the active neurons per token and their union (the gate on the host in fp32,
 // so a neuron within rounding of 0 may count otherwise), the bytes a sparse call must read (Wg, and
 // the union's Wu and Wd rows), its floor at kCopyBytesPerSecond and the bytes per second achieved.
@@ -624,10 +619,10 @@ void BM_DecodeRealLayer1(benchmark::State& state) {
     dense = std::make_unique<DenseFfn>(ctx, spec, tokens, DenseKernels::CuBlasLt);
   } else {
     PlanOptions o;
-    if (path == 1 || path == 6) o.dispatch = Dispatch::Sparse;
+    if (path == 1) o.dispatch = Dispatch::Sparse;
     plan = std::make_unique<FfnPlan>(ctx.plan(spec, tokens, o));
   }
-  time_decode(state, stream.get(), layers, base, tokens, plan.get(), dense.get(), path == 6);
+  time_decode(state, stream.get(), layers, base, tokens, plan.get(), dense.get());
   if (plan) state.SetLabel("ran " + plan->last_path());
   std::vector<bool> in_union(d->d_ff, false);
   int64_t per_token = 0, union_rows = 0;
@@ -645,7 +640,7 @@ void BM_DecodeRealLayer1(benchmark::State& state) {
 
 void DecodeRealLayer1Args(benchmark::internal::Benchmark* b) {
   for (int64_t m : {1, 2, 4, 8, 16, 32, 64})
-    for (int path : {0, 1, 5, 6})
+    for (int path : {0, 1, 5})
       for (int in_out : {0, 1}) b->Args({m, path, in_out});
   b->ArgNames({"M", "path", "in_out"})->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(5);
 }
@@ -653,7 +648,7 @@ void DecodeRealLayer1Args(benchmark::internal::Benchmark* b) {
 void DecodeArgs(benchmark::internal::Benchmark* b) {
   for (int64_t m : {1, 2, 4, 8, 16, 32, 64})
     for (int permille : {5, 10, 20})
-      for (int path : {0, 1, 2, 3, 4, 6})
+      for (int path : {0, 1, 2, 3, 4})
         for (int in_out : {0, 1}) b->Args({m, permille, path, in_out});
   b->ArgNames({"M", "density_permille", "path", "in_out"})->UseManualTime()->Unit(benchmark::kMicrosecond)->Iterations(5);
 }

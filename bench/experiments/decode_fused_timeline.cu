@@ -7,11 +7,8 @@
 // Another kernel version (bench/README.md v77's forms) can be timed by putting its device headers first
 // on the include path; the workspace is sized for either form.
 // Not part of the library.
-// With the argument "screen", every copy's Wg has a gate screen (FfnPlan::screen_gate's, runtime/src/gate_screen.h;
-// bench/README.md v79) and the calls take 1, 4 and 8 tokens.
-//   (from the repository root) nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++20 -DFMT_HEADER_ONLY
-//     -I kernels/device -I kernels/include -I runtime/include -I runtime/src -o decode_fused_timeline
-//     bench/experiments/decode_fused_timeline.cu runtime/src/gate_screen.cpp
+//   (from the repository root) nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++20 -I kernels/device
+//     -I kernels/include -I runtime/include -o decode_fused_timeline bench/experiments/decode_fused_timeline.cu
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,9 +16,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -37,7 +32,6 @@ __device__ unsigned long long g_stamp[256][9][2];
   } while (0)
 #include "twell/device/decode/decode_fused.cuh"
 #include "twell/half.h"  // the host's bf16 conversions (round to nearest even, as cvt.rn)
-#include "gate_screen.h"   // runtime/src: the gate screen's host builder (argument "screen")
 
 using twell::bf16_to_float;
 using twell::float_to_bf16;
@@ -68,8 +62,7 @@ __global__ void __launch_bounds__(768, 1)
   twell::device::decode_fused<Config>(p, d);
 }
 
-int main(int argc, char** argv) {
-  const bool screen = argc > 1 && std::string(argv[1]) == "screen";
+int main() {
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   if (sms > twell::device::shared_memory::kDecodeFusedMaxCtas) {  // g_stamp's rows: FfnPlan's most CTAs
@@ -126,26 +119,11 @@ int main(int argc, char** argv) {
       "chunk): 4 "
       "the counts read and scanned (6: every CTA's publication seen), 5 the first batch's pairs, Wd and h in shared "
       "memory, 7 y written\n");
-  std::vector<unsigned char*> dscreen(COPIES, nullptr);
   for (const auto& [permille, z] : {std::pair{5, 2.5758}, std::pair{20, 2.0537}}) {
     for (int j = 0; j < N; ++j) wg[size_t(j) * K] = float_to_bf16(float(-sd[j] * z));
     for (int c = 0; c < COPIES; ++c) CHECK(cudaMemcpy(dwg[c], wg.data(), n * 2, cudaMemcpyHostToDevice));
-    twell::detail::GateScreen gs;
-    if (screen) {
-      gs = twell::detail::build_gate_screen(twell::DType::BF16, wg.data(), N, K, K);
-      std::vector<unsigned char> img(gs.device_bytes(), 0);
-      std::memcpy(img.data(), gs.q.data(), gs.q.size());
-      std::memcpy(img.data() + gs.scale_offset(), gs.scale.data(), gs.scale.size() * 4);
-      std::memcpy(img.data() + gs.coef_offset(), gs.coef.data(), gs.coef.size() * 4);
-      std::memcpy(img.data() + gs.norm_offset(), gs.norm.data(), gs.norm.size() * 4);
-      for (int c = 0; c < COPIES; ++c) {
-        if (!dscreen[c]) CHECK(cudaMalloc(&dscreen[c], img.size()));
-        CHECK(cudaMemcpy(dscreen[c], img.data(), img.size(), cudaMemcpyHostToDevice));
-      }
-    }
-    for (int m : screen ? std::vector<int>{1, 4, 8} : std::vector<int>{1, 4, 16, 32}) {
-      if (const char* only = std::getenv("TL_M"); only && std::atoi(only) != m) continue;  // one token count
-      const int bytes = static_cast<int>(sm::decode_fused_bytes(K, rows_cap, sms, sm::decode_fused_token_rows(m), screen ? m : 0));
+    for (int m : {1, 4, 16, 32}) {
+      const int bytes = static_cast<int>(sm::decode_fused_bytes(K, rows_cap, sms, sm::decode_fused_token_rows(m)));
       int layer = 0;
       auto one = [&] {
         twell::device::GatedDownParams p{};
@@ -156,14 +134,8 @@ int main(int argc, char** argv) {
         p.y = dy;
         p.m = m;
         p.ldx = p.ldwg = p.ldwu = p.ldwd = p.ldy = K;
-        twell::device::DecodeFusedBuffers b{pairs, counts, arrivals, nullptr, nullptr, nullptr, nullptr};
-        if (screen) {
-          b.screen_q = reinterpret_cast<const int8_t*>(dscreen[layer]);
-          b.screen_scale = reinterpret_cast<const float*>(dscreen[layer] + gs.scale_offset());
-          b.screen_coef = reinterpret_cast<const float*>(dscreen[layer] + gs.coef_offset());
-          b.screen_norm = reinterpret_cast<const float*>(dscreen[layer] + gs.norm_offset());
-        }
         layer = (layer + 1) % COPIES;
+        twell::device::DecodeFusedBuffers b{pairs, counts, arrivals};
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(sms);
         cfg.blockDim = dim3(768);

@@ -1,6 +1,5 @@
 // FfnPlan::run: which path a call takes (Dispatch, and Dispatch::Auto's per-bucket calibration), and
 // run_gate / run_consumer.
-#include <algorithm>
 #include <bit>
 
 #include <fmt/format.h>
@@ -35,7 +34,6 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t d
   Impl& p = checked_plan(impl_, "run");
   using Path = Impl::Path;
   p.use_block = false;
-  p.use_screen = true;  // Dispatch::Sparse: a screened w_gate's small fused calls read its screen
   if (p.dispatch == Dispatch::Dense && tokens > 0 && p.context->gpu) {
     p.dense->run(stream, t, tokens);
     p.last_path = "dense";
@@ -47,12 +45,6 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t d
     if (p.hot && tokens > 0) p.hot->run(stream, neuron_slice(p.spec, t, 0), tokens, /*accumulate=*/true);
   };
   std::vector<Path> candidates{Path::Rows};
-  // Auto times a screened w_gate's small fused calls with and without the screen: which is faster
-  // depends on the density and the token count (bench/README.md v79).
-  if (p.dispatch == Dispatch::Auto && tokens > 0 && p.context->gpu) {
-    const FfnTensors twell_part = neuron_slice(p.spec, t, p.dense_neurons);
-    if (find_gate_screen(p, twell_part.w_gate, twell_part.ld_gate, tokens) != nullptr) candidates.push_back(Path::Screened);
-  }
   // Only Auto chooses among consumers (the variants round h differently: Sparse stays reproducible).
   if (p.dispatch == Dispatch::Auto && p.block_consumer && tokens > 0 && p.context->gpu &&
       block_operands_aligned(p.sparse_spec, neuron_slice(p.spec, t, p.dense_neurons)))
@@ -87,7 +79,6 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t d
       Path fastest = Path::Rows;
       for (Path c : candidates) {
         p.use_block = c == Path::Block;
-        p.use_screen = c == Path::Screened;
         const auto ms = c == Path::Dense ? time_on_stream(stream, [&] { p.dense->run(stream, t, tokens); }, 1, 3, evict_l2)
                                          : time_on_stream(stream, run_twell, 1, 3, evict_l2);
         if (c == Path::Rows || ms[1] < best) {
@@ -98,9 +89,8 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t d
       it = p.bucket_path.emplace(key, fastest).first;
     }
     path = it->second;
-    // A bucket calibrated with aligned operands may now see unaligned ones: the row consumer takes any;
-    // one calibrated with a screen may now see another w_gate without one (find_gate_screen: none read).
-    if (path == Path::Block && std::find(candidates.begin(), candidates.end(), Path::Block) == candidates.end()) path = Path::Rows;
+    // A bucket calibrated with aligned operands may now see unaligned ones: the row consumer takes any.
+    if (path == Path::Block && candidates[1] != Path::Block) path = Path::Rows;
   }
   if (path == Path::Dense) {
     p.dense->run(stream, t, tokens);
@@ -108,7 +98,6 @@ void FfnPlan::run(Stream stream, const FfnTensors& t, int64_t tokens, uint64_t d
     return;
   }
   p.use_block = path == Path::Block;
-  p.use_screen = p.dispatch != Dispatch::Auto || path == Path::Screened;
   run_twell();
 }
 

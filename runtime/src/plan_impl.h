@@ -15,7 +15,6 @@
 #include "run_arguments.h"
 #include "twell/dense.h"
 #include "twell/device_memory.h"
-#include "twell/kernels/constraints.h"
 #include "twell/plan.h"
 
 namespace twell {
@@ -53,9 +52,7 @@ struct FfnPlan::Impl {
   int64_t last_tokens = -1;
   Dispatch dispatch = Dispatch::Sparse;
   std::unique_ptr<DenseFfn> dense;  // with Dispatch::Auto or Dense
-  // Rows: the row consumer (or the decode kernels), Screened: the same with the call's gate screen
-  // (FfnPlan::screen_gate; Dispatch::Auto times it apart), Block: the token-block consumer, Dense.
-  enum class Path { Rows, Screened, Block, Dense };
+  enum class Path { Rows, Block, Dense };
   // Per (run()'s decision_key, bucket 3 bit_width(tokens - 1) + (2 fused decode | 1 decode | 0)), after calibration.
   std::map<std::pair<uint64_t, int>, Path> bucket_path;
   // The decode kernels (PlanOptions::decode_max_tokens; null when off or not made for this shape),
@@ -71,16 +68,7 @@ struct FfnPlan::Impl {
   std::shared_ptr<LoadedKernel> decode_fused;
   int64_t decode_fused_max_tokens = 0;
   std::unique_ptr<detail::DeviceBuffer> fused_pairs, fused_counts, fused_arrivals;
-  // Gate screens (FfnPlan::screen_gate), by the TwELL part's w_gate pointer: its row stride and the
-  // device copy of detail::GateScreen (q, scales, coefficients at its offsets).
-  struct GateScreenBuffer {
-    int64_t ld = 0;
-    size_t scale_offset = 0, coef_offset = 0, norm_offset = 0;
-    std::unique_ptr<detail::DeviceBuffer> buffer;
-  };
-  std::map<const void*, GateScreenBuffer> gate_screens;
   bool use_block = false;  // the consumer the next launch() runs
-  bool use_screen = true;  // whether the next launch() may read a gate screen (Dispatch::Auto's choice)
   std::string last_path;
   std::string config_source = "heuristic";  // FfnPlan::config_source
 
@@ -107,14 +95,6 @@ enum class LaunchStages { All, GateOnly, ConsumerOnly };
 // fused one: both cut-offs (PlanOptions::decode_max_tokens, decode_fused_max_tokens) and the plan holds it.
 inline bool takes_fused_decode(const FfnPlan::Impl& p, int64_t tokens) {
   return p.decode_gate && p.decode_fused && tokens > 0 && tokens <= p.decode_max_tokens && tokens <= p.decode_fused_max_tokens;
-}
-// The gate screen a fused decode call of `tokens` tokens with this w_gate (the TwELL part's pointer and
-// row stride) reads, or null: calls of at most kScreenMaxTokens tokens of a screened w_gate.
-inline const FfnPlan::Impl::GateScreenBuffer* find_gate_screen(const FfnPlan::Impl& p, const void* w_gate, int64_t ld_gate,
-                                                                int64_t tokens) {
-  if (tokens > kernels::DecodeKernelConstraints::kScreenMaxTokens || !takes_fused_decode(p, tokens)) return nullptr;
-  const auto it = p.gate_screens.find(w_gate);
-  return it != p.gate_screens.end() && it->second.ld == ld_gate ? &it->second : nullptr;
 }
 
 // The launch sequence over the TwELL neurons (t: their slices, checked): memset(overflow counter) ->

@@ -36,18 +36,8 @@ void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDown
     device::DecodeFusedBuffers fused{reinterpret_cast<unsigned long long*>(p.fused_pairs->get()),
                                      reinterpret_cast<uint32_t*>(p.fused_counts->get()),
                                      reinterpret_cast<unsigned long long*>(p.fused_arrivals->get())};
-    kernels::LaunchShape fused_shape = shape;
-    // This w_gate's screen (FfnPlan::screen_gate), where the call may read one (find_gate_screen).
-    if (const FfnPlan::Impl::GateScreenBuffer* screen = p.use_screen ? find_gate_screen(p, down.w_gate, down.ldwg, tokens) : nullptr) {
-      const CUdeviceptr base = screen->buffer->get();
-      fused.screen_q = reinterpret_cast<const int8_t*>(base);
-      fused.screen_scale = reinterpret_cast<const float*>(base + screen->scale_offset);
-      fused.screen_coef = reinterpret_cast<const float*>(base + screen->coef_offset);
-      fused.screen_norm = reinterpret_cast<const float*>(base + screen->norm_offset);
-      fused_shape.gate_screen = true;
-    }
     void* args[2] = {&down, &fused};
-    detail::launch(*p.decode_fused, fused_shape, args, cu, "FfnPlan::run");
+    detail::launch(*p.decode_fused, shape, args, cu, "FfnPlan::run");
     return;
   }
   const LoadedKernel& first = tokens <= p.decode_gate_small->source.cta_m ? *p.decode_gate_small : *p.decode_gate;

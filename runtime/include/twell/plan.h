@@ -176,32 +176,6 @@ class FfnPlan {
   // PlanOptions::dense_neurons of this plan (0: none).
   int64_t dense_neurons() const;
 
-  // Builds the gate screen of one w_gate [d_ff, d_model] (row stride ld_gate elements, 0 = d_model) and
-  // keeps it in the plan: later run() calls of at most 8 tokens that take the fused decode kernel with
-  // this w_gate pointer and stride then stream the screen instead of Wg, about half the bytes (per
-  // neuron: d_model int8 values, and per 64 of them a scale and a bound coefficient; gate_screen_bytes()),
-  // take every neuron whose upper bound of the gate could be active as a candidate, and recompute the
-  // candidates' gate from w_gate itself: y is the same function as without the screen (within the fused
-  // kernel's 1e-2 of the large-M path; every active neuron is found, by a rigorous bound:
-  // runtime/src/gate_screen.h), the same bits on every run. Memory: about half of Wg's bytes per
-  // screened weight, on the device, for the plan's life (forget_gate_screens frees them). Layers that
-  // share the plan each screen their own w_gate. The screen is of the weight's values now: after changing
-  // them, call screen_gate again (else a run may miss active neurons). Synchronizes `stream` (the weight
-  // is copied to the host, screened there, and uploaded; ~0.1 s at the paper's shape), and forgets
-  // Dispatch::Auto's decisions (recalibrate), since the screened kernel's times differ. With
-  // PlanOptions::dense_neurons, the screen covers the TwELL neurons. bench/README.md v74.
-  // Error(InvalidArgument) naming what is wrong: the spec's activation is not ReLU (the screen bounds
-  // relu's zeros), d_model is not a multiple of 64, the plan has no fused decode kernel
-  // (PlanOptions::decode_fused_max_tokens 0, or it did not fit), the screened kernel's shared memory does not
-  // fit this GPU, w_gate is null, misaligned or not device memory, ld_gate < d_model; Error(NoDevice),
-  // Error(Cuda).
-  void screen_gate(Stream stream, const void* w_gate, int64_t ld_gate = 0);
-  // Frees every gate screen of the plan; later runs stream Wg. Forgets Dispatch::Auto's decisions.
-  void forget_gate_screens();
-  // How many gate screens the plan holds, and the device bytes of one (0 where the plan cannot screen).
-  size_t gate_screens() const;
-  size_t gate_screen_bytes() const;
-
   // Only the D2T kernel (gate GEMM + TwELL epilogue): fills the plan's TwELL matrix (see
   // download_twell) without the consumer; y is not written and may be null. Same checks as run().
   // With PlanOptions::dense_neurons, over the TwELL neurons only.

@@ -126,36 +126,11 @@ TWELL_HOST_DEVICE constexpr long long decode_fused_phase1_bytes(long long d_mode
 TWELL_HOST_DEVICE constexpr long long decode_fused_phase2_bytes(long long ctas, long long token_rows) {
   return kDecodeFusedBatchPerRow * token_rows * (2 * kDecodeFusedColumns + 4) + (token_rows * ctas + 1) * 4;
 }
-// The gate screen (FfnPlan::screen_gate, decode_fused.cuh): calls of at most kDecodeScreenTokens tokens
-// (token_rows 8), d_model a multiple of kDecodeScreenGroup (the k groups of one int8 scale each). A
-// screened call's phase 1 holds the units'
-// sums [units][8][8], then x quantized to two int8 planes [2][tokens][d_model + 64] (rows 64 bytes apart
-// in the banks), x's tokens [tokens][decode_fused_x_stride] (copied before the screen's loads, so that they
-// do not queue behind them), the CTA's rows' group scales, bound coefficients and norms [rows][stride] each, x's group
-// scales, residual norms and quantized norms [tokens][stride] each, and the bounds [rows][tokens]
-// (stride: groups + 4 where groups % 4 == 0, so that the rows' 16-byte copies stay aligned and rows fall
-// in different banks; else groups + 1).
-constexpr long long kDecodeScreenTokens = 8, kDecodeScreenGroup = 64;
-TWELL_HOST_DEVICE constexpr long long decode_screen_groups(long long d_model) { return d_model / kDecodeScreenGroup; }
-TWELL_HOST_DEVICE constexpr long long decode_screen_group_stride(long long d_model) {
-  return decode_screen_groups(d_model) % 4 == 0 ? decode_screen_groups(d_model) + 4 : decode_screen_groups(d_model) + 1;
-}
-TWELL_HOST_DEVICE constexpr long long decode_screen_x_stride(long long d_model) { return d_model + 64; }
-TWELL_HOST_DEVICE constexpr long long decode_fused_sums_bytes(long long rows_per_cta) {
-  return (rows_per_cta + 7) / 8 * kDecodeFusedSlices * 8 * 8 * 4;
-}
-TWELL_HOST_DEVICE constexpr long long decode_fused_screen_bytes(long long d_model, long long rows_per_cta, long long tokens) {
-  const long long gs = decode_screen_group_stride(d_model);
-  return decode_fused_sums_bytes(rows_per_cta) + 2 * tokens * decode_screen_x_stride(d_model) +
-         tokens * decode_fused_x_stride(d_model) * 2 + rows_per_cta * gs * 4 * 3 + tokens * gs * 4 * 3 + rows_per_cta * tokens * 4;
-}
 // A launch's dynamic shared memory: `ctas` CTAs of at most rows_per_cta = ceil(d_ff / ctas) rows each,
-// x tiles of token_rows rows; screen_tokens: the call's tokens where it reads a gate screen (token_rows
-// 8), 0 where it does not.
+// x tiles of token_rows rows.
 TWELL_HOST_DEVICE constexpr long long decode_fused_bytes(long long d_model, long long rows_per_cta, long long ctas,
-                                                         long long token_rows, long long screen_tokens = 0) {
-  const long long a = screen_tokens > 0 ? decode_fused_screen_bytes(d_model, rows_per_cta, screen_tokens)
-                                        : decode_fused_phase1_bytes(d_model, rows_per_cta, token_rows),
+                                                         long long token_rows) {
+  const long long a = decode_fused_phase1_bytes(d_model, rows_per_cta, token_rows),
                   b = decode_fused_phase2_bytes(ctas, token_rows);
   return decode_fused_h_bytes(rows_per_cta, token_rows) + ((a > b ? a : b) + 15) / 16 * 16;
 }

@@ -459,10 +459,8 @@ struct DecodeKernelConstraints {
     return GatedDownKernelConstraints::maxDynamicSharedBytes(sm) - kFusedStaticReserve;
   }
   static constexpr int64_t fusedCtas(int64_t smCount) { return smCount < kFusedMaxCtas ? smCount : kFusedMaxCtas; }
-  // `screened`: the call reads a gate screen (FfnPlan::screen_gate: at most kScreenMaxTokens tokens).
-  static constexpr int64_t kScreenMaxTokens = smem::kDecodeScreenTokens;
-  static constexpr int64_t fusedLaunchBytes(int64_t dModel, int64_t dFF, int64_t ctas, int64_t tokens, bool screened = false) {
-    return smem::decode_fused_bytes(dModel, (dFF + ctas - 1) / ctas, ctas, smem::decode_fused_token_rows(tokens), screened ? tokens : 0);
+  static constexpr int64_t fusedLaunchBytes(int64_t dModel, int64_t dFF, int64_t ctas, int64_t tokens) {
+    return smem::decode_fused_bytes(dModel, (dFF + ctas - 1) / ctas, ctas, smem::decode_fused_token_rows(tokens));
   }
   static constexpr int64_t fusedMaxTokens(int64_t dModel, int64_t dFF, int64_t smCount, int sm) {
     const int64_t ctas = fusedCtas(smCount);

@@ -26,7 +26,6 @@ struct LaunchShape {
   int64_t tokens = 0;
   int64_t rows = 0;
   int64_t cols = 0;
-  bool gate_screen = false;  // DecodeFused: the call reads a gate screen (more shared memory)
 };
 
 struct LaunchConfig {
@@ -108,7 +107,7 @@ constexpr LaunchConfig launch_config(const KernelSource& k, const LaunchShape& s
       break;
     case KernelKind::DecodeFused:
       c.grid_x = static_cast<uint32_t>(D::fusedCtas(o.sm_count));
-      c.shared_bytes = static_cast<uint32_t>(D::fusedLaunchBytes(k.d_model, k.d_ff, c.grid_x, shape.tokens, shape.gate_screen));
+      c.shared_bytes = static_cast<uint32_t>(D::fusedLaunchBytes(k.d_model, k.d_ff, c.grid_x, shape.tokens));
       c.cooperative = true;
       break;
     case KernelKind::DecodeDown: {

@@ -55,7 +55,6 @@
 // matrix is written (FfnPlan::download_twell says so after such a call).
 #pragma once
 #include "twell/device/consumer/consumer_common.cuh"
-#include "twell/device/decode/gate_screen.cuh"
 #include "twell/device/primitives/dependent_launch.cuh"
 #include "twell/device/primitives/grid_sync.cuh"  // the relaxed and release accesses
 
@@ -97,10 +96,8 @@ __device__ __forceinline__ unsigned long long fused_pair_word(uint32_t h_bits, i
 // The reducer warps' barrier (warps [0, threads)), named barrier 1: the h warps do not take part.
 __device__ __forceinline__ void fused_reducer_sync(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
 
-// The kernel's body, with or without a gate screen (SCREEN: a compile-time flag, so that the unscreened
-// call's code is the same as without the screen's).
-template <class Config, bool SCREEN>
-__device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, const DecodeFusedBuffers& b) {
+template <class Config>
+__device__ __forceinline__ void decode_fused(const GatedDownParams& p, const DecodeFusedBuffers& b) {
   using Value = typename Config::Value;
   namespace sm = shared_memory;
   constexpr int K = Config::d_model;
@@ -126,16 +123,6 @@ __device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, cons
   static_assert(Config::threads == sm::kDecodeFusedWarps * 32 && Config::max_tokens == XR && K % 8 == 0, "decode_fused shape");
   static_assert(XR <= 32 && THREADS % 32 == 0 && RTHREADS >= COLS * XR && HWARPS >= 1,
                 "a token mask is 32 bits; a reducer thread per (token, column); h warps");
-  // The gate screen (b.screen_q; gate_screen.cuh): ReLU, d_model in k groups of 64, calls of at most 8
-  // tokens. Each group of 64 values is one 16-byte piece per quad lane (16 q values), G groups a row,
-  // PER64 a slice, in windows of at most 16 pieces per lane.
-  constexpr bool SCREENABLE = Config::activation == kReLU && K % static_cast<int>(sm::kDecodeScreenGroup) == 0;
-  constexpr int G = K / static_cast<int>(sm::kDecodeScreenGroup);
-  constexpr int PER64 = (G + S - 1) / S;
-  constexpr int NW8 = PER64 < 1 ? 1 : (PER64 + 15) / 16;
-  constexpr int WIN8 = PER64 < 1 ? 1 : (PER64 + NW8 - 1) / NW8;
-  constexpr bool EXACT8 = G % S == 0 && PER64 % WIN8 == 0;
-  constexpr int GP = static_cast<int>(sm::decode_screen_group_stride(K));  // the per-group arrays' row stride
   extern __shared__ __align__(128) unsigned char dynamic_smem[];
   __shared__ int scan_total[RWARPS];
   __shared__ int active_count;
@@ -144,14 +131,13 @@ __device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, cons
   const int m = static_cast<int>(p.m);
   const int P = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
   if (m < 1 || m > XR || m * P > COUNTS_PER_THREAD * RTHREADS) __trap();
-  constexpr bool screened = SCREENABLE && SCREEN;
   // x's tiles and every per-token array of shared memory: 8 rows (the mma's A rows 0-7), 16 or 32 (two m16 tiles).
   const int xr = static_cast<int>(sm::decode_fused_token_rows(m));
   const int rows_cap = (N + P - 1) / P;
   const int bit_words = static_cast<int>(sm::decode_fused_bit_words(rows_cap));  // 32-row words per CTA
   // x's rows are written first: their room is checked before, the whole layout's once Wg is in flight.
   const int h_bytes = static_cast<int>(sm::decode_fused_h_bytes(rows_cap, xr));
-  if (!screened) require_dynamic_smem(static_cast<uint32_t>(h_bytes + xr * LDX * 2));
+  require_dynamic_smem(static_cast<uint32_t>(h_bytes + xr * LDX * 2));
   const int r0 = static_cast<int>(static_cast<int64_t>(c) * N / P);
   const int R = static_cast<int>(static_cast<int64_t>(c + 1) * N / P) - r0;
   const int units = (R + 7) / 8 * S;
@@ -165,20 +151,7 @@ __device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, cons
   int* active = reinterpret_cast<int*>(row_mask + rows_cap);              // [rows_cap]
   uint32_t* tok_bits = reinterpret_cast<uint32_t*>(active + rows_cap);    // [xr][bit_words]
   uint16_t* xs = reinterpret_cast<uint16_t*>(dynamic_smem + h_bytes);     // [xr][LDX] (the reduction's after the g pass)
-  float* sums = reinterpret_cast<float*>(xs + (screened ? 0 : xr * LDX));  // [units][xr][8] (a screened call: no xs)
-  // With a gate screen (xr 8; sm::decode_fused_screen_bytes), after the sums (the g pass's only: the
-  // reduction may overlay them): x quantized (two planes of m rows), the CTA's rows' group scales, bound
-  // coefficients and norms, x's group scales, residual norms and quantized norms, the bounds.
-  constexpr int XQS = static_cast<int>(sm::decode_screen_x_stride(K));
-  int8_t* xq = reinterpret_cast<int8_t*>(dynamic_smem + h_bytes + sm::decode_fused_sums_bytes(rows_cap));  // [2][m][XQS]
-  uint16_t* xm = reinterpret_cast<uint16_t*>(xq + 2 * m * XQS);  // [m][LDX] x's tokens
-  float* s_scale = reinterpret_cast<float*>(xm + m * LDX);       // [rows_cap][GP]
-  float* s_coef = s_scale + rows_cap * GP;                      // [rows_cap][GP]
-  float* s_norm = s_coef + rows_cap * GP;                       // [rows_cap][GP]
-  float* s_sx = s_norm + rows_cap * GP;                         // [m][GP] x's group scales (the low plane's)
-  float* s_dxn = s_sx + m * GP;                                 // [m][GP] ||x_g - x~_g||, rounded up
-  float* s_xtn = s_dxn + m * GP;                                // [m][GP] ||x~_g||, rounded up
-  float* s_bound = s_xtn + m * GP;                              // [rows_cap][m] the bound of (row, token)
+  float* sums = reinterpret_cast<float*>(xs + xr * LDX);                  // [units][xr][8]
 
   // The warp's units u = warp, warp + WARPS, ... (group u / S, slice u % S: k32 blocks [slice * PER,
   // min(KB, (slice + 1) * PER))), each in NW windows of WIN blocks: at the paper's shape one window
@@ -242,62 +215,6 @@ __device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, cons
       }
     }
   };
-  // The screened stream: unit u's window of 64-blocks (k groups), a 16-byte piece of q per lane and block
-  // (values 16 q .. 16 q + 15 of row n); each piece is two int8 mma steps per plane of x (words 0, 1 the B
-  // fragment's k slots 4 q .. 4 q + 3 and 16 + 4 q .., words 2, 3 the next step's; the plane's same 16
-  // bytes of token n as A), the block's exact integer dot 128 hi + lo scaled by x's and the row's group
-  // scales (D's rows tokens n, columns the group's rows 2 q, 2 q + 1).
-  auto issue8 = [&](uint4 (&buf)[WIN8], int u, int window) {
-    const int row = 8 * (u / S) + n, first = u % S * PER64 + window * WIN8;
-    const int end = (u % S + 1) * PER64 < G ? (u % S + 1) * PER64 : G;
-    const bool valid_row = row < R;
-    const int8_t* src = b.screen_q + static_cast<int64_t>(r0 + (valid_row ? row : 0)) * K + 16 * q + 64 * first;
-#pragma unroll
-    for (int i = 0; i < WIN8; ++i)
-      buf[i] = valid_row && (EXACT8 || first + i < end) ? load_stream_16(reinterpret_cast<const uint16_t*>(src + 64 * i))
-                                                        : make_uint4(0u, 0u, 0u, 0u);
-  };
-  auto consume8 = [&](const uint4 (&buf)[WIN8], float (&acc)[4], int u, int window) {
-    const int first = u % S * PER64 + window * WIN8;
-    const int end = (u % S + 1) * PER64 < G ? (u % S + 1) * PER64 : G;
-    const int col_row = 8 * (u / S) + 2 * q;
-#pragma unroll
-    for (int i = 0; i < WIN8; ++i) {
-      const int blk = first + i;
-      if (!EXACT8 && blk >= end) break;
-      // A's rows n: x's high plane, rows n + 8 its low plane (zeros past the call: x's planes hold m rows),
-      // so D's rows n are the high dots and n + 8 the low ones, in two steps.
-      const uint4 xh = n < m ? *reinterpret_cast<const uint4*>(xq + n * XQS + 64 * blk + 16 * q) : make_uint4(0u, 0u, 0u, 0u);
-      const uint4 xl = n < m ? *reinterpret_cast<const uint4*>(xq + (m + n) * XQS + 64 * blk + 16 * q) : make_uint4(0u, 0u, 0u, 0u);
-      const uint32_t a0[4] = {xh.x, xl.x, xh.y, xl.y}, a1[4] = {xh.z, xl.z, xh.w, xl.w};
-      int d[4] = {0, 0, 0, 0};
-      mma_s8_16832(d, a0, buf[i].x, buf[i].y);
-      mma_s8_16832(d, a1, buf[i].z, buf[i].w);
-      const float sx = n < m ? s_sx[n * GP + blk] : 0.0f;
-      const float s0 = col_row < R ? s_scale[col_row * GP + blk] : 0.0f;
-      const float s1 = col_row + 1 < R ? s_scale[(col_row + 1) * GP + blk] : 0.0f;
-      // |128 high + low| <= 129 * 64 * 127^2 < 2^31; its float rounding is within the bound's slack.
-      acc[0] = fmaf(sx * s0, static_cast<float>(128 * d[0] + d[2]), acc[0]);
-      acc[1] = fmaf(sx * s1, static_cast<float>(128 * d[1] + d[3]), acc[1]);
-    }
-  };
-  auto screened_unit = [&](uint4 (&buf)[WIN8], int u) {  // buf: the unit's first window, in flight
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    consume8(buf, acc, u, 0);
-#pragma unroll 1
-    for (int window = 1; window < NW8; ++window) {
-      issue8(buf, u, window);
-      consume8(buf, acc, u, window);
-    }
-    sums[(u * xr + n) * 8 + 2 * q] = acc[0];
-    sums[(u * xr + n) * 8 + 2 * q + 1] = acc[1];
-  };
-  // The per-token row bits and the active rows' count, which the g pass sets (the barrier after x's
-  // wait orders these writes before it).
-  auto clear_bits = [&]() {
-    for (int i = tid; i < xr * bit_words; i += THREADS) tok_bits[i] = 0u;
-    if (tid == 0) active_count = 0;
-  };
   unsigned long long ticket;  // thread 0's arrival (fused_launch_ticket), first used by its reducer
   {
     // Launched as a programmatic dependent (sm_90: dependent_launch.cuh), this CTA may become resident
@@ -312,120 +229,20 @@ __device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, cons
     ticket = fused_launch_ticket(b.arrivals);
     // x first, so that it does not queue behind Wg: rows past the call and values past K are zeros (the
     // padded k32 block multiplies zeros).
-    if (!screened)
-      for (int i = tid; i < xr * (KB * 4); i += THREADS) {
-        const int t = i / (KB * 4), k = i % (KB * 4) * 8;
-        const bool valid = t < m && k < K;
-        cp_async_16(xs + t * LDX + k, p.x + (valid ? static_cast<int64_t>(t) * p.ldx + k : 0), valid);
-      }
-    if (screened) {
-      // x's tokens first (cp.async group 1), then the CTA's rows' scales, coefficients and norms (group 2;
-      // 16-byte copies where a row's groups are a multiple of 4), then the first window of q: x is
-      // quantized while the scales are on their way.
-      for (int i = tid; i < m * (K / 8); i += THREADS)
-        cp_async_16(xm + i / (K / 8) * LDX + i % (K / 8) * 8, p.x + static_cast<int64_t>(i / (K / 8)) * p.ldx + i % (K / 8) * 8, true);
-      cp_async_commit();
-      if constexpr (G % 4 == 0) {
-        for (int i = tid; i < R * (G / 4); i += THREADS) {
-          const int at = i / (G / 4) * GP + i % (G / 4) * 4;
-          const int64_t from = static_cast<int64_t>(r0) * G + 4 * i;
-          cp_async_16(s_scale + at, b.screen_scale + from, true);
-          cp_async_16(s_coef + at, b.screen_coef + from, true);
-          cp_async_16(s_norm + at, b.screen_norm + from, true);
-        }
-      } else {
-        for (int i = tid; i < R * G; i += THREADS) {
-          cp_async_4(s_scale + i / G * GP + i % G, b.screen_scale + static_cast<int64_t>(r0) * G + i);
-          cp_async_4(s_coef + i / G * GP + i % G, b.screen_coef + static_cast<int64_t>(r0) * G + i);
-          cp_async_4(s_norm + i / G * GP + i % G, b.screen_norm + static_cast<int64_t>(r0) * G + i);
-        }
-      }
-      cp_async_commit();
-      uint4 buf[WIN8];
-      if (warp < units) issue8(buf, warp, 0);
-      require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr, m)));
-      clear_bits();
-      cp_async_wait<1>();  // x's group
-      __syncthreads();
-      TWELL_DECODE_FUSED_STAMP(1);  // x arrived
-      // x quantized per token and group of 64 (8 threads a group, 8 values a thread; warps past the work
-      // skip) in two int8 planes: sx = the group's largest |x| / 127, p = x sx^-1 rounded, pl = (x - sx p)
-      // 128 sx^-1 rounded, sl = sx / 128, so x~ = sl (128 p + pl). With sx^-1 within 2^-21 of 1 / sx (and
-      // sx normal), |p| <= 127 and |x - sx p| <= 0.50007 sx, so |pl| <= 65 and, with the fmas' rounding,
-      // |x - x~| <= 0.50004 sl: ||x_g - x~_g|| <= 4.0004 sl (+ 8 2^-126 for subnormal results). A group whose
-      // sx is below 2^-100 is taken as x~ = 0 (||x_g|| <= 8 max |x|); a non-finite x makes the residual norm
-      // +inf (every row a candidate for that token). ||x~_g|| is summed exactly enough: 128 p + pl is an
-      // exact integer below 2^14, its squares summed rounding up.
-      for (int base = warp * 32; base < m * G * 8; base += THREADS) {  // warp-uniform: the shuffles
-        const int i = base + lane, t = i / (G * 8), g = i / 8 % G, part = i % 8;
-        const bool valid = i < m * G * 8;
-        const uint4 raw = valid ? *reinterpret_cast<const uint4*>(xm + t * LDX + g * 64 + 8 * part) : make_uint4(0u, 0u, 0u, 0u);
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-        float v[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = Value::to_float(static_cast<uint16_t>(words[e / 2] >> (16 * (e % 2))));
-        float amax = 0.0f;
-        int finite = 1;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          finite &= fabsf(v[e]) <= 3.0e38f;  // false for inf and NaN
-          amax = fmaxf(amax, fabsf(v[e]));
-        }
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) {  // the group's 8 threads (8 aligned lanes)
-          amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, o));
-          finite &= __shfl_xor_sync(0xFFFFFFFFu, finite, o);
-        }
-        const bool quantize = finite && amax >= 0x1p-93f;  // sx >= 2^-100
-        const float sx = quantize ? amax * (1.0f / 127.0f) : 0.0f, sl = sx * 0.0078125f;
-        const float inv = quantize ? __fdividef(1.0f, sx) : 0.0f, inv128 = 128.0f * inv;
-        float tt = 0.0f;
-        uint32_t hi[2] = {0u, 0u}, lo[2] = {0u, 0u};
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const int pq = __float2int_rn(v[e] * inv);
-          const float r1 = fmaf(-sx, static_cast<float>(pq), v[e]);
-          const int pl = __float2int_rn(r1 * inv128);
-          const float whole = static_cast<float>(128 * pq + pl);
-          tt = __fmaf_ru(whole, whole, tt);
-          hi[e / 4] |= (static_cast<uint32_t>(pq) & 0xFFu) << (8 * (e % 4));
-          lo[e / 4] |= (static_cast<uint32_t>(pl) & 0xFFu) << (8 * (e % 4));
-        }
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) tt = __fadd_ru(tt, __shfl_xor_sync(0xFFFFFFFFu, tt, o));
-        if (valid) {
-          *reinterpret_cast<uint2*>(xq + t * XQS + g * 64 + 8 * part) = make_uint2(hi[0], hi[1]);
-          *reinterpret_cast<uint2*>(xq + (m + t) * XQS + g * 64 + 8 * part) = make_uint2(lo[0], lo[1]);
-          if (part == 0) {  // sqrt.rn is within half an ulp: times 1 + 2^-22, rounded up, bounds it
-            s_sx[t * GP + g] = sl;
-            s_dxn[t * GP + g] = !finite ? __int_as_float(0x7F800000)
-                                : quantize ? __fmaf_ru(4.0004f, sl, 8.0f * 0x1p-126f)
-                                           : __fmul_ru(8.0f, amax);
-            s_xtn[t * GP + g] = __fmul_ru(sl, __fmul_ru(__fsqrt_rn(tt), 1.0f + 0x1p-22f));
-          }
-        }
-      }
-      cp_async_wait<0>();  // the scales
-      __syncthreads();  // xq and the scales before the mma steps and the bounds
-      // The bound of each (row, token < m), a warp each, a lane per group: it waits for no Wg byte, so it
-      // runs while the stream is still in flight.
-      for (int e = warp; e < R * m; e += WARPS) {
-        const int r = e / m, t = e % m;
-        float bound = 0.0f;
-        for (int g = lane; g < G; g += 32)
-          bound = __fmaf_ru(s_dxn[t * GP + g], s_norm[r * GP + g], __fmaf_ru(s_xtn[t * GP + g], s_coef[r * GP + g], bound));
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) bound = __fadd_ru(bound, __shfl_xor_sync(0xFFFFFFFFu, bound, o));
-        if (lane == 0) s_bound[r * m + t] = bound;
-      }
-      if (warp < units) screened_unit(buf, warp);
-    } else {
+    for (int i = tid; i < xr * (KB * 4); i += THREADS) {
+      const int t = i / (KB * 4), k = i % (KB * 4) * 8;
+      const bool valid = t < m && k < K;
+      cp_async_16(xs + t * LDX + k, p.x + (valid ? static_cast<int64_t>(t) * p.ldx + k : 0), valid);
+    }
     cp_async_commit();
     // The warp's first unit: its first window requested before x is waited for.
     uint4 buf[WIN];
     if (warp < units) issue(buf, warp, 0);
     require_dynamic_smem(static_cast<uint32_t>(sm::decode_fused_bytes(K, rows_cap, P, xr)));
-    clear_bits();
+    // The per-token row bits and the active rows' count, which the g pass sets (the barrier below orders
+    // these writes before it).
+    for (int i = tid; i < xr * bit_words; i += THREADS) tok_bits[i] = 0u;
+    if (tid == 0) active_count = 0;
     cp_async_wait<0>();
     __syncthreads();
     TWELL_DECODE_FUSED_STAMP(1);  // x arrived
@@ -439,17 +256,10 @@ __device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, cons
       }
       store(acc, warp);
     }
-    }
   }
   // More units than warps (rows per CTA above 8 WARPS / S): one window at a time.
 #pragma unroll 1
   for (int u = warp + WARPS; u < units; u += WARPS) {
-    if (screened) {
-      uint4 buf[WIN8];
-      issue8(buf, u, 0);
-      screened_unit(buf, u);
-      continue;
-    }
     uint4 buf[WIN];
     float acc[TILES][4] = {};
 #pragma unroll 1
@@ -473,18 +283,9 @@ __device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, cons
       float s = 0.0f;
 #pragma unroll
       for (int sl = 0; sl < S; ++sl) s += sums[((r / 8 * S + sl) * xr + t) * 8 + r % 8];
-      if (screened) {
-        // s is the screen's dot: an upper bound of the exact g (sums rounded up; runtime/src/gate_screen.h)
-        // that could be active makes (r, t) a candidate, as do a NaN and sums near the float range's end.
-        // The h pass computes the candidates' exact g.
-        const float bound = t < m ? s_bound[r * m + t] : 0.0f;
-        const uint16_t a = activate<Value, Config::activation>(Value::from_float(__fadd_ru(s, bound)));
-        on = t < m && (is_active<Value, Config::activation>(a, Config::threshold) || !(fabsf(s) < 1e37f) || !(bound < 1e37f));
-      } else {
-        const uint16_t a = activate<Value, Config::activation>(Value::from_float(s));
-        on = t < m && is_active<Value, Config::activation>(a, Config::threshold);
-        act[r * xr + t] = Value::to_float(a);
-      }
+      const uint16_t a = activate<Value, Config::activation>(Value::from_float(s));
+      on = t < m && is_active<Value, Config::activation>(a, Config::threshold);
+      act[r * xr + t] = Value::to_float(a);
       if (on) atomicOr(&tok_bits[t * bit_words + r / 32], 1u << (r % 32));
     }
     const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, on);
@@ -496,9 +297,6 @@ __device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, cons
     // An active row's Wu (and in_out Wd) into L2 now, its xr lanes a 128-byte line each in turn: the h
     // pass and the reducers read them later, so their DRAM round trips start here (bench/README.md v76).
     if (r < R && mask != 0u) {
-      if (screened)  // a candidate's Wg row: the h pass computes its exact g
-        for (int k = t * 64; k < K; k += xr * 64)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_gate + static_cast<int64_t>(r0 + r) * p.ldwg + k) : "memory");
       if constexpr (Config::gated)
         for (int k = t * 64; k < K; k += xr * 64)
           asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_up + static_cast<int64_t>(r0 + r) * p.ldwu + k) : "memory");
@@ -543,27 +341,9 @@ __device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, cons
       }
       for (uint32_t left = mask; left != 0; left &= left - 1) {
         const int t = __ffs(left) - 1;
-        const uint16_t* xt = p.x + static_cast<int64_t>(t) * p.ldx;  // x's row from global memory (L2): the reducers reuse xs
-        float h;
-        if (screened) {
-          // A candidate: its exact g and u (Wg's and Wu's loads in flight together), a as every twell gate
-          // rounds and activates it; a candidate found inactive gives h = 0 (its pair adds +0 to y).
-          float gs = 0.0f, us = 0.0f;
-          for (int k = lane * 8; k < K; k += 32 * 8) {
-            const uint4 xv = *reinterpret_cast<const uint4*>(xt + k);
-            gs = dot8<Value>(xv, *reinterpret_cast<const uint4*>(p.w_gate + static_cast<int64_t>(j) * p.ldwg + k), gs);
-            if constexpr (Config::gated)
-              us = dot8<Value>(xv, *reinterpret_cast<const uint4*>(p.w_up + static_cast<int64_t>(j) * p.ldwu + k), us);
-          }
-          const uint16_t a = activate<Value, Config::activation>(Value::from_float(warp_sum(gs)));
-          h = Value::to_float(a);
-          if constexpr (Config::gated) h *= warp_sum(us);
-          if (!is_active<Value, Config::activation>(a, Config::threshold)) h = 0.0f;  // not a*u: u may be NaN
-        } else {
-          h = act[r * xr + t];
-          if constexpr (Config::gated)  // h = a u
-            h *= warp_dot_16B<Value, K>(xt, p.w_up + static_cast<int64_t>(j) * p.ldwu, lane);
-        }
+        float h = act[r * xr + t];
+        if constexpr (Config::gated)  // h = a u; x's row from global memory (L2): the reducers reuse xs
+          h *= warp_dot_16B<Value, K>(p.x + static_cast<int64_t>(t) * p.ldx, p.w_up + static_cast<int64_t>(j) * p.ldwu, lane);
         if (lane == 0) {
           int rank = __popc(tok_bits[t * bit_words + r / 32] & ((1u << (r % 32)) - 1u));
           for (int w = 0; w < r / 32; ++w) rank += __popc(tok_bits[t * bit_words + w]);
@@ -717,17 +497,6 @@ __device__ __forceinline__ void decode_fused_body(const GatedDownParams& p, cons
     if (tok < m && k0 + col < K) p.y[static_cast<int64_t>(tok) * p.ldy + k0 + col] = Value::from_float(y);
   }
   TWELL_DECODE_FUSED_STAMP(7);  // y written
-}
-
-template <class Config>
-__device__ __forceinline__ void decode_fused(const GatedDownParams& p, const DecodeFusedBuffers& b) {
-  constexpr bool SCREENABLE = Config::activation == kReLU && Config::d_model % static_cast<int>(shared_memory::kDecodeScreenGroup) == 0;
-  if (b.screen_q != nullptr) {
-    if (!SCREENABLE || p.m > shared_memory::kDecodeScreenTokens) __trap();  // FfnPlan never launches so
-    decode_fused_body<Config, SCREENABLE>(p, b);
-  } else {
-    decode_fused_body<Config, false>(p, b);
-  }
 }
 
 }  // namespace twell::device
