@@ -1,4 +1,4 @@
-// Experiment (issue 17, bench/README.md v75, v77): where a decode_fused call spends its time. The library's
+// Experiment (issue 17, bench/README.md v75, v77, v78): where a decode_fused call spends its time. The library's
 // kernel (decode/decode_fused.cuh) with its timeline hook defined: thread 0 of every CTA stamps
 // %globaltimer (ns, one clock for the GPU) and clock64 (its SM's cycles) at each phase boundary. Calls
 // run from a CUDA graph of 32 calls (4 per copy) over 8 copies of the weights (> L2), as FfnPlan::run launches them
