@@ -76,6 +76,24 @@ __device__ __forceinline__ uint4 load_stream_16(const uint16_t* ptr) {
   return v;
 }
 
+// A window of WIN 16-byte pieces of a Wg row at src, 64 bytes apart (loaded as load_stream_16 does), all
+// addressed from one base register with immediate offsets (PTX ISA, "Addresses as Operands": [reg+imm]).
+// Each piece through its own pointer operand, ptxas kept one address register pair per load beside the 64
+// data registers and issued the window's last load after a spill store that waits for an earlier piece's
+// data: a DRAM round trip later (bench/README.md v81). `valid`: else zeros (predicated, no branch).
+template <int I, int WIN>
+__device__ __forceinline__ void load_stream_window(uint4 (&buf)[WIN], const uint16_t* src, bool valid) {
+  if constexpr (I < WIN) {
+    buf[I] = make_uint4(0u, 0u, 0u, 0u);
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n"
+        " @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4+%6];\n}"
+        : "+r"(buf[I].x), "+r"(buf[I].y), "+r"(buf[I].z), "+r"(buf[I].w)
+        : "l"(src), "r"(static_cast<int>(valid)), "n"(I * 64));
+    load_stream_window<I + 1, WIN>(buf, src, valid);
+  }
+}
+
 // The launch number of decode_fused: each CTA adds 1 to the arrival count once the kernel before it is
 // complete (all P CTAs of the previous launch have added theirs), so a launch's P additions return
 // [n P, (n + 1) P) and its number is n + 1: its CTAs' publications bring the publication count (which
@@ -165,10 +183,14 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     const int row = 8 * (u / S) + n, first = window_first(u, window), end = slice_end(u);
     const bool valid_row = row < R;
     const uint16_t* src = p.w_gate + static_cast<int64_t>(r0 + (valid_row ? row : 0)) * p.ldwg + 8 * q + 32 * first;
+    if constexpr (EXACT) {
+      load_stream_window<0, WIN>(buf, src, valid_row);
+    } else {
 #pragma unroll
-    for (int i = 0; i < WIN; ++i)
-      buf[i] = valid_row && (EXACT || (first + i < end && 32 * (first + i) + 8 * q < K)) ? load_stream_16(src + 32 * i)
-                                                                                      : make_uint4(0u, 0u, 0u, 0u);
+      for (int i = 0; i < WIN; ++i)
+        buf[i] = valid_row && (first + i < end && 32 * (first + i) + 8 * q < K) ? load_stream_16(src + 32 * i)
+                                                                                : make_uint4(0u, 0u, 0u, 0u);
+    }
   };
   // The window's 2 WIN mma steps per m16 tile of x into the tile's accumulators; hi: tokens 8..15 too
   // (A's rows n + 8; else zeros); two: the second tile too (tokens 16..31), on the same B fragments, so
