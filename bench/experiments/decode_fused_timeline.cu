@@ -33,11 +33,6 @@ __device__ unsigned long long g_stamp[256][9][2];
 #include "twell/device/decode/decode_fused.cuh"
 #include "twell/half.h"  // the host's bf16 conversions (round to nearest even, as cvt.rn)
 
-// v82's DecodeFusedBuffers::partials where the headers have it.
-template <class B>
-auto set_partials(B& b, float* f) -> decltype(b.partials = f, void()) { b.partials = f; }
-inline void set_partials(...) {}
-
 using twell::bf16_to_float;
 using twell::float_to_bf16;
 
@@ -114,8 +109,6 @@ int main() {
   CHECK(cudaMalloc(&counts, size_t(sm::decode_fused_segments(sms)) * 8));  // room for 64-bit counts (v77's form (a))
   CHECK(cudaMemset(counts, 0, size_t(sm::decode_fused_segments(sms)) * 8));
   CHECK(cudaMalloc(&arrivals, 16));
-  float* partials = nullptr;  // the library's v82 form onwards (older headers: unused)
-  CHECK(cudaMalloc(&partials, size_t(4) * sms * K * 4));
   CHECK(cudaMemset(arrivals, 0, 16));
   CHECK(cudaFuncSetAttribute(fused, cudaFuncAttributeMaxDynamicSharedMemorySize, 225 * 1024));
   cudaStream_t s;
@@ -143,7 +136,6 @@ int main() {
         p.ldx = p.ldwg = p.ldwu = p.ldwd = p.ldy = K;
         layer = (layer + 1) % COPIES;
         twell::device::DecodeFusedBuffers b{pairs, counts, arrivals};
-        set_partials(b, partials);
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(sms);
         cfg.blockDim = dim3(768);

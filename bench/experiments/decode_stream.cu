@@ -783,14 +783,12 @@ void run_case(int m, double density, const std::vector<Weights>& W, const std::v
     CHECK(cudaMemcpy(dxl, hx_l.data(), hx_l.size() * 2, cudaMemcpyHostToDevice));
     static uint32_t *lcounts, *scratch;
     static unsigned long long *lpairs, *larrivals;
-    static float* lparts;
     if (!lpairs) {  // the library's DecodeFusedBuffers: 32 tokens' pairs and counts per CTA
       CHECK(cudaMalloc(&lpairs, 32 * (N + P_MAX) * 8));  // 32 P ceil(N / P) <= 32 (N + P)
       CHECK(cudaMalloc(&lcounts, 32 * P_MAX * 4));
       CHECK(cudaMalloc(&scratch, 64));
       CHECK(cudaMalloc(&larrivals, 16));  // arrivals, publications (v77)
       CHECK(cudaMemset(larrivals, 0, 16));
-      CHECK(cudaMalloc(&lparts, size_t(4) * P_MAX * K * 4));  // the parts of calls of at most 4 tokens (v82)
     }
     std::vector<ProbeCall> calls;
     for (size_t i = 0; i < W.size(); ++i) {
@@ -806,7 +804,7 @@ void run_case(int m, double density, const std::vector<Weights>& W, const std::v
       c.p.ldwu = K;
       c.p.ldwd = in_out ? K : N;
       c.p.ldy = K;
-      c.d = twell::device::DecodeFusedBuffers{lpairs, lcounts, larrivals, lparts};
+      c.d = twell::device::DecodeFusedBuffers{lpairs, lcounts, larrivals};
       calls.push_back(c);
     }
     float l[3];

@@ -203,13 +203,12 @@ FfnPlan Context::make_plan(const FfnSpec& spec, int64_t max_tokens, const PlanOp
       detail::check(d.cuMemsetD8(p.twell->get(), 0, size_t(rows * p.layout.words_per_row(sparse_d_ff)) * 4),
                     "Context::plan: cuMemsetD8(TwELL matrix rows of decode calls)");
     }
-    if (p.decode_fused) {  // device::DecodeFusedBuffers: every call writes the counts, pairs or parts it reads
+    if (p.decode_fused) {  // device::DecodeFusedBuffers: every call writes the counts and pairs it reads
       const int64_t ctas = kernels::DecodeKernelConstraints::fusedCtas(ctx->sm_count);
       namespace sm = device::shared_memory;
       p.fused_pairs = std::make_unique<detail::DeviceBuffer>(size_t(sm::decode_fused_pair_slots(sparse_d_ff, ctas)) * 8);
       p.fused_counts = std::make_unique<detail::DeviceBuffer>(size_t(sm::decode_fused_segments(ctas)) * 4);
       p.fused_arrivals = std::make_unique<detail::DeviceBuffer>(16);  // arrivals, publications
-      p.fused_partials = std::make_unique<detail::DeviceBuffer>(size_t(sm::decode_fused_partial_floats(spec.d_model, ctas)) * 4);
       detail::check(detail::Driver::get().cuMemsetD8(p.fused_arrivals->get(), 0, 16), "Context::plan: cuMemsetD8(decode_fused arrivals)");
     }
     // cuMemsetD8 runs on the legacy stream, asynchronously: the plan's first call, on any stream (a

@@ -67,7 +67,7 @@ struct FfnPlan::Impl {
   // and publication counts zeroed once).
   std::shared_ptr<LoadedKernel> decode_fused;
   int64_t decode_fused_max_tokens = 0;
-  std::unique_ptr<detail::DeviceBuffer> fused_pairs, fused_counts, fused_arrivals, fused_partials;
+  std::unique_ptr<detail::DeviceBuffer> fused_pairs, fused_counts, fused_arrivals;
   bool use_block = false;  // the consumer the next launch() runs
   std::string last_path;
   std::string config_source = "heuristic";  // FfnPlan::config_source

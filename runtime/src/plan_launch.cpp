@@ -35,8 +35,7 @@ void launch_decode(FfnPlan::Impl& p, device::GateParams& gate, device::GatedDown
   if (fused) {  // one kernel; it writes no TwELL matrix
     device::DecodeFusedBuffers fused{reinterpret_cast<unsigned long long*>(p.fused_pairs->get()),
                                      reinterpret_cast<uint32_t*>(p.fused_counts->get()),
-                                     reinterpret_cast<unsigned long long*>(p.fused_arrivals->get()),
-                                     reinterpret_cast<float*>(p.fused_partials->get())};
+                                     reinterpret_cast<unsigned long long*>(p.fused_arrivals->get())};
     void* args[2] = {&down, &fused};
     detail::launch(*p.decode_fused, shape, args, cu, "FfnPlan::run");
     return;

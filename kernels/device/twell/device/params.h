@@ -22,7 +22,7 @@ namespace twell::device {
 // The version of this header's host/device ABI (the structs below and the kernels' argument lists).
 // Ahead-of-time bundles record it per kernel (manifest.json "params_version"); the runtime refuses a
 // kernel built against another version. Bump it with any change to a struct or an argument list.
-constexpr uint32_t kParamsVersion = 12;  // 12: DecodeFusedBuffers' partials; 11: DecodeFusedBuffers' arrivals two counts (arrivals, publications), no grid barrier; 10: DecodeFusedBuffers' (row, h) pairs per token and CTA; 9: DecodeFusedBuffers' h, token masks, row bits, 64-bit arrivals; 8: TrainDenseForwardParams' accumulate_l1; 7: GatedDownParams' entry_u_after_words, TrainRowBackwardParams' entry_u; 6: TrainRowBackwardParams' pass; 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
+constexpr uint32_t kParamsVersion = 11;  // 11: DecodeFusedBuffers' arrivals two counts (arrivals, publications), no grid barrier; 10: DecodeFusedBuffers' (row, h) pairs per token and CTA; 9: DecodeFusedBuffers' h, token masks, row bits, 64-bit arrivals; 8: TrainDenseForwardParams' accumulate_l1; 7: GatedDownParams' entry_u_after_words, TrainRowBackwardParams' entry_u; 6: TrainRowBackwardParams' pass; 5: GatedDownParams' row_l1, TrainRowBackwardParams' l1_weight; 4: TrainWeightGradParams' workspace and entry list; 3: DecodeFusedBuffers; 2: TrainRowBackwardParams' per-entry quads, TrainWeightGradParams
 
 // Word 1 of an overflowing tile-row whose dense copy did not fit in the backup area: consumers
 // recompute the tile-row from x and Wg (runtime/include/twell/format.h, the overflow protocol).
@@ -114,8 +114,6 @@ struct DecodeFusedBuffers {
                                  // (bits(h) = kDecodeFusedNoH until h is written)
   uint32_t* counts;              // [T][P] how many rows of CTA c token t activates
   unsigned long long* arrivals;  // [2]: the CTAs' arrivals, their publications (P per launch each)
-  float* partials;               // [TP][P][d_model] CTA c's part of token t's y (calls of at most
-                                 // TP = kDecodeFusedPartialTokens tokens; 16-byte aligned)
 };
 // A pair's h bits until its owner has written h: a NaN no h is written as (decode_fused writes that NaN
 // as 0x7FFFFFFF).

@@ -141,15 +141,6 @@ TWELL_HOST_DEVICE constexpr long long decode_fused_segments(long long ctas) { re
 TWELL_HOST_DEVICE constexpr long long decode_fused_pair_slots(long long d_ff, long long ctas) {
   return decode_fused_segments(ctas) * ((d_ff + ctas - 1) / ctas);
 }
-// Calls of at most kDecodeFusedPartialTokens tokens reduce per-CTA parts of y instead of pairs
-// (decode_fused.cuh, bench/README.md v82): [kDecodeFusedPartialTokens][ctas][d_model] floats. Their
-// reducers' shared memory, kDecodeFusedReducerWarps x 32 x 16 bytes (8 KiB), is within phase 2's.
-constexpr long long kDecodeFusedPartialTokens = 4;
-TWELL_HOST_DEVICE constexpr long long decode_fused_partial_floats(long long d_model, long long ctas) {
-  return kDecodeFusedPartialTokens * ctas * d_model;
-}
-static_assert(kDecodeFusedReducerWarps * 32 * 16 <= kDecodeFusedBatchPerRow * 8 * (2 * kDecodeFusedColumns + 4),
-              "the partial reduction's shared memory within phase 2's at 8 token rows");
 
 // The training weight gradients (train/weight_grad.cuh): a CTA of kTrainWeightGradWarps warps, one per
 // SM (at most kTrainWeightGradMaxCtas, cooperative); each phase-4 warp sums kTrainWeightGradColumns

@@ -111,15 +111,6 @@ __device__ __forceinline__ unsigned long long fused_launch_ticket(unsigned long 
 __device__ __forceinline__ unsigned long long fused_pair_word(uint32_t h_bits, int j) {
   return static_cast<unsigned long long>(h_bits) << 32 | static_cast<uint32_t>(j);
 }
-// Thread 0 of a reducer: until every CTA of its launch has published (the publication count, acquire,
-// reaches the launch's number times P; fused_launch_ticket).
-__device__ __forceinline__ void fused_await_publications(const unsigned long long* arrivals, unsigned long long ticket, int ctas) {
-  const unsigned long long P = static_cast<unsigned long long>(ctas), target = (ticket / P + 1) * P;
-  unsigned long long v;
-  do {
-    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(arrivals + 1) : "memory");
-  } while (static_cast<long long>(v - target) < 0);
-}
 // The reducer warps' barrier (warps [0, threads)), named barrier 1: the h warps do not take part.
 __device__ __forceinline__ void fused_reducer_sync(int threads) { asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory"); }
 
@@ -338,114 +329,6 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   }
   __syncthreads();
   TWELL_DECODE_FUSED_STAMP(8);  // g, masks, row bits, active list, Wu and in_out Wd prefetches issued
-  const int n_active = active_count;
-  if (m <= static_cast<int>(sm::kDecodeFusedPartialTokens)) {
-    // ---- calls of at most kDecodeFusedPartialTokens tokens: per-CTA parts of y (bench/README.md v82) ----
-    // h per active (row, token) into act, a warp per row (all warps): out_in Wd's data into L2, then
-    // Wu_j once for all the row's tokens (the row consumers' warp dot).
-    for (int e = warp; e < n_active; e += WARPS) {
-      const int r = active[e], j = r0 + r;
-      if constexpr (!Config::down_in_out) {
-        for (int k = lane; k < K; k += 32)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(p.w_down + static_cast<int64_t>(k) * p.ldwd + j) : "memory");
-      }
-      for (uint32_t left = row_mask[r]; left != 0; left &= left - 1) {
-        const int t = __ffs(left) - 1;
-        float h = act[r * xr + t];
-        if constexpr (Config::gated)
-          h *= warp_dot_16B<Value, K>(p.x + static_cast<int64_t>(t) * p.ldx, p.w_up + static_cast<int64_t>(j) * p.ldwu, lane);
-        __syncwarp();
-        if (lane == 0) act[r * xr + t] = h;
-      }
-    }
-    __syncthreads();
-    TWELL_DECODE_FUSED_STAMP(3);  // h in shared memory
-    // CTA c's part of token t's y, 8 columns a thread: one fmaf chain from +0 over the token's active rows
-    // of the CTA, ascending (+0 where it has none), into b.partials[t][c]; then the CTA's publication.
-    float* const part_of = b.partials + static_cast<int64_t>(c) * K;  // + t P K
-    for (int i = tid; i < m * (K / 8); i += THREADS) {
-      const int t = i / (K / 8), k = i % (K / 8) * 8;
-      float acc[8] = {};
-      // Up to 4 rows' Wd loads in flight together, then their fmaf steps in row order.
-      int rows[4], nr = 0;
-      auto flush = [&]() {
-        uint32_t wv[4][4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          if (u >= nr) break;
-          const int64_t j = r0 + rows[u];
-          if constexpr (Config::down_in_out) {
-            const uint4 v = *reinterpret_cast<const uint4*>(p.w_down + j * p.ldwd + k);
-            wv[u][0] = v.x, wv[u][1] = v.y, wv[u][2] = v.z, wv[u][3] = v.w;
-          } else {
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              wv[u][e] = static_cast<uint32_t>(p.w_down[static_cast<int64_t>(k + 2 * e) * p.ldwd + j]) |
-                         static_cast<uint32_t>(p.w_down[static_cast<int64_t>(k + 2 * e + 1) * p.ldwd + j]) << 16;
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-          if (u >= nr) break;
-          const float h = act[rows[u] * xr + t];
-#pragma unroll
-          for (int e = 0; e < 8; ++e)
-            acc[e] = fmaf(h, Value::to_float(static_cast<uint16_t>(wv[u][e / 2] >> (16 * (e % 2)))), acc[e]);
-        }
-        nr = 0;
-      };
-      for (int w = 0; w < bit_words; ++w)
-        for (uint32_t bits = tok_bits[t * bit_words + w]; bits != 0u; bits &= bits - 1u) {
-          rows[nr++] = 32 * w + __ffs(bits) - 1;
-          if (nr == 4) flush();
-        }
-      flush();
-      float4* dst = reinterpret_cast<float4*>(part_of + static_cast<int64_t>(t) * P * K + k);
-      dst[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-      dst[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-    }
-    __syncthreads();  // every thread's parts before thread 0's release (grid_sync.cuh's pattern)
-    if (tid == 0) asm volatile("red.release.gpu.global.add.u64 [%0], 1;" ::"l"(b.arrivals + 1) : "memory");
-    if (warp >= RWARPS || c * COLS >= K) return;
-    if (tid == 0) fused_await_publications(b.arrivals, ticket, P);
-    fused_reducer_sync(RTHREADS);
-    TWELL_DECODE_FUSED_STAMP(6);  // every CTA's publication seen
-    // Per column chunk: a thread per (CTA range s of Q, token, 4 columns) sums its range's parts in CTA
-    // order (their loads in flight together), then a thread per (token, column) the Q ranges' sums in order.
-    constexpr int G4 = COLS / 4;
-    constexpr int MAX_RANGE = static_cast<int>((sm::kDecodeFusedMaxCtas * sm::kDecodeFusedPartialTokens * G4 + RTHREADS - 1) / RTHREADS);
-    const int groups = m * G4, Q = RTHREADS / groups;
-    float4* range_sums = reinterpret_cast<float4*>(xs);  // [Q][groups] (phase 1's x and sums: within phase 2's bytes)
-    for (int chunk = c; chunk * COLS < K; chunk += P) {
-      const int k0 = chunk * COLS;
-      if (tid < Q * groups) {
-        const int s = tid / groups, g = tid % groups, t = g / G4, k = k0 + g % G4 * 4;
-        const int cb = s * P / Q, ce = (s + 1) * P / Q;
-        float4 v[MAX_RANGE];
-#pragma unroll
-        for (int i = 0; i < MAX_RANGE; ++i)
-          if (cb + i < ce && k < K) v[i] = load_l2_f4(b.partials + (static_cast<int64_t>(t) * P + cb + i) * K + k);
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-        for (int i = 0; i < MAX_RANGE; ++i)
-          if (cb + i < ce && k < K) sum.x += v[i].x, sum.y += v[i].y, sum.z += v[i].z, sum.w += v[i].w;
-        range_sums[s * groups + g] = sum;
-      }
-      fused_reducer_sync(RTHREADS);
-      TWELL_DECODE_FUSED_STAMP(4);  // the parts read and summed per range
-      TWELL_DECODE_FUSED_STAMP(5);
-      if (tid < m * COLS && k0 + tid % COLS < K) {
-        const int t = tid / COLS, col = tid % COLS;
-        const float* sums_of = reinterpret_cast<const float*>(range_sums) + (t * G4 + col / 4) * 4 + col % 4;
-        float y = 0.0f;
-        for (int s = 0; s < Q; ++s) y += sums_of[s * groups * 4];
-        p.y[static_cast<int64_t>(t) * p.ldy + k0 + col] = Value::from_float(y);
-      }
-      fused_reducer_sync(RTHREADS);
-    }
-    TWELL_DECODE_FUSED_STAMP(7);  // y written
-    return;
-  }
   // Per token t < m, a thread: its active rows' pairs (j, no h yet) at their ranks (rows ascending),
   // and its count (b.counts[t][c]); then the CTA's publication (thread 0, a release add after the barrier
   // below, so that the reducers that see it read these j and can fetch Wd while h is computed).
@@ -459,6 +342,7 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
     b.counts[tid * P + c] = static_cast<uint32_t>(n_t);
   }
   TWELL_DECODE_FUSED_STAMP(3);  // g, masks, bits, pairs' j and counts written (published after the barrier below)
+  const int n_active = active_count;
   // The pairs' j above come before their (j, h) below in the slots' order (the barrier orders the two
   // threads' stores to the same word), and before the publication.
   __syncthreads();
@@ -504,7 +388,13 @@ __device__ __forceinline__ void decode_fused(const GatedDownParams& p, const Dec
   int* seg_start = reinterpret_cast<int*>(ph + batch_cap);      // [segs + 1]
   // Every CTA's publication of this launch (launch P in all: thread 0 polls, acquire), then the counts in
   // one round trip, and their exclusive scan.
-  if (tid == 0) fused_await_publications(b.arrivals, ticket, P);
+  if (tid == 0) {
+    const unsigned long long target = (ticket / static_cast<unsigned long long>(P) + 1) * static_cast<unsigned long long>(P);
+    unsigned long long v;
+    do {
+      asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(b.arrivals + 1) : "memory");
+    } while (static_cast<long long>(v - target) < 0);
+  }
   fused_reducer_sync(RTHREADS);
   TWELL_DECODE_FUSED_STAMP(6);  // every CTA's publication seen
   // The counts into shared memory, each warp's loads one contiguous line (every reducer CTA reads all

@@ -41,11 +41,6 @@ __device__ __forceinline__ uint2 load_l2_pair(const uint32_t* ptr) {
   asm volatile("ld.global.cg.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(ptr));
   return v;
 }
-__device__ __forceinline__ float4 load_l2_f4(const float* ptr) {  // 16-byte aligned
-  float4 v;
-  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(ptr));
-  return v;
-}
 
 // Words that CTAs of a running kernel hand to each other without a grid barrier (decode/decode_fused.cuh:
 // a word written twice, first without and then with its value, read until the value is there): relaxed
