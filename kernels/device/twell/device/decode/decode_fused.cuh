@@ -78,9 +78,10 @@ __device__ __forceinline__ uint4 load_stream_16(const uint16_t* ptr) {
 
 // A window of WIN 16-byte pieces of a Wg row at src, 64 bytes apart (loaded as load_stream_16 does), all
 // addressed from one base register with immediate offsets (PTX ISA, "Addresses as Operands": [reg+imm]).
-// Each piece through its own pointer operand, ptxas kept one address register pair per load beside the 64
-// data registers and issued the window's last load after a spill store that waits for an earlier piece's
-// data: a DRAM round trip later (bench/README.md v81). `valid`: else zeros (predicated, no branch).
+// With a pointer operand per piece (v77), ptxas kept an address register pair per load beside the 64 data
+// registers and issued the window's last load after a spill store that waits for an earlier piece's data
+// (bench/README.md v81: this form measured equal at M <= 4 and 0.1-0.4 us faster at 16-32 tokens).
+// `valid`: else zeros (predicated, no branch).
 template <int I, int WIN>
 __device__ __forceinline__ void load_stream_window(uint4 (&buf)[WIN], const uint16_t* src, bool valid) {
   if constexpr (I < WIN) {
